@@ -1,0 +1,99 @@
+"""TrainConfig: one object holds every setting of a run; each optimization of both ladders is one field.
+
+A stage script changes exactly one group of these fields. The code each field switches on lives in
+`gpt/optimizations.py` (one named function per optimization); gradient accumulation is the loop in
+`gpt/train.py:train_step`.
+"""
+from dataclasses import asdict, dataclass, field, fields
+
+from gpt.errors import UserError
+
+
+@dataclass
+class TrainConfig:
+    # --- model ---
+    preset: str = "gpt-mini"
+    n_layer: int | None = None  # overrides of the preset's shape (None: keep the preset's)
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int = 128
+    dropout: float = 0.1
+    attention: str = "naive"  # "naive" materialises B*H*T*T scores, as the reference model did
+
+    # --- data ---
+    data_dir: str = "data/shakespeare_gpt2"
+    dataset: str = "raw_text"  # "raw_text": per-sample CPU work; "tokens": pre-tokenised windows
+
+    # --- measurement protocol (the reference's: warm up, then R repeats of "train on N samples") ---
+    samples: int = 10240  # N, global: under DDP/FSDP each of the W ranks trains on N/W
+    repeats: int = 5
+    warmup_iters: int = 10
+    seed: int = 3407
+    measure_memory: bool = True  # CPU: one extra instrumented step after timing (see gpt/metrics.py)
+
+    # --- optimizer: AdamW as the reference (two parameter groups) ---
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+    # --- the optimizations: one field per ladder step ---
+    batch_size: int = 32  # samples per optimizer step and rank (micro_batch * grad_accum_steps)
+    num_workers: int = 0  # DataLoader worker processes
+    pin_memory: bool = False  # pinned host batches + non_blocking host-to-device copies
+    compile: bool = False  # torch.compile the model
+    amp: bool = False  # autocast: fp16 + GradScaler on CUDA, bf16 on CPU
+    grad_accum_steps: int = 1  # split each batch into this many micro-batches
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    optimizer_foreach: bool = True  # AdamW multi-tensor path; False = per-parameter for-loop
+    distributed: str | None = None  # None | "ddp" | "fsdp"
+    nproc: int = 2  # processes for a distributed stage
+
+    # --- where it runs ---
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    extra: dict = field(default_factory=dict)  # free-form notes copied into the record
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.grad_accum_steps
+
+    def validate(self) -> "TrainConfig":
+        if self.batch_size < 1:
+            raise UserError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
+            raise UserError(
+                f"batch size {self.batch_size} must be a multiple of grad_accum_steps {self.grad_accum_steps}"
+            )
+        if self.samples < 1 or self.repeats < 1 or self.warmup_iters < 0:
+            raise UserError("samples and repeats must be >= 1 and warmup_iters >= 0")
+        world = self.world_size
+        if self.samples % (self.batch_size * world):
+            raise UserError(
+                f"samples ({self.samples}) must be a multiple of batch size x processes "
+                f"({self.batch_size} x {world}) so every repeat trains on exactly N samples"
+            )
+        if self.distributed not in (None, "ddp", "fsdp"):
+            raise UserError(f"unknown distributed mode {self.distributed!r} (choose ddp or fsdp)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
+        if self.dataset not in ("raw_text", "tokens"):
+            raise UserError(f"unknown dataset kind {self.dataset!r} (choose raw_text or tokens)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc if self.distributed else 1
+
+    @property
+    def steps_per_repeat(self) -> int:
+        return self.samples // (self.batch_size * self.world_size)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        cfg = cls(**{k: v for k, v in d.items() if k in names})
+        cfg.betas = tuple(cfg.betas)
+        return cfg

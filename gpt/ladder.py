@@ -1,0 +1,220 @@
+"""The two ladders: their order (declared here once), how a stage's config is built, and the runner every
+stage script calls.
+
+A stage's config is its profile's baseline settings with the `change()` of every stage up to and including
+it applied in ladder order, so each stage keeps every earlier change of its ladder.
+"""
+import argparse
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from gpt import distributed
+from gpt.config import TrainConfig
+from gpt.data import REPO_ROOT
+from gpt.errors import UserError, exit_on_user_error
+from gpt.profiles import PROFILES, default_profile, profile_settings
+from gpt.records import environment, read_record, write_record
+
+STAGES_DIR = REPO_ROOT / "stages"
+
+LADDERS = {
+    "speed": [
+        "speed_0_baseline",
+        "speed_1_batch_size",
+        "speed_2_num_workers",
+        "speed_3_non_blocking",
+        "speed_4_compile",
+        "speed_5_amp",
+        "speed_6_ddp",
+    ],
+    "memory": [
+        "memory_0_baseline",
+        "memory_1_grad_accum",
+        "memory_2_checkpointing",
+        "memory_3_foreach_off",
+        "memory_4_fsdp",
+    ],
+}
+
+EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
+
+
+def ladder_of(stage: str) -> str:
+    for ladder, stages in LADDERS.items():
+        if stage in stages:
+            return ladder
+    known = ", ".join(s for stages in LADDERS.values() for s in stages)
+    raise UserError(f"unknown stage {stage!r} (known: {known})")
+
+
+def parent_of(stage: str) -> str | None:
+    stages = LADDERS[ladder_of(stage)]
+    i = stages.index(stage)
+    return stages[i - 1] if i else None
+
+
+def load_stage(stage: str):
+    """The stage script as a module (its docstring, CHANGE, REFERENCE and change())."""
+    ladder_of(stage)
+    path = STAGES_DIR / f"{stage}.py"
+    spec = importlib.util.spec_from_file_location(f"stages.{stage}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stage_config(stage: str, profile: str, **overrides) -> TrainConfig:
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides."""
+    ladder = ladder_of(stage)
+    settings = profile_settings(profile, ladder)
+    settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
+    cfg = TrainConfig(**settings)
+    stages = LADDERS[ladder]
+    for name in stages[: stages.index(stage) + 1]:
+        load_stage(name).change(cfg)
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg, key, value)
+    return cfg.validate()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line every stage script shares
+
+
+def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
+    module = load_stage(stage)
+    p = argparse.ArgumentParser(
+        prog=f"python stages/{stage}.py",
+        description=(module.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--profile", help=f"settings profile: {', '.join(PROFILES)} "
+                   "(default: reference with CUDA, cpu without)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    p.add_argument("--out", help="directory for the JSON record (default: runs/<profile>-<device>)")
+    p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
+                   help="Weights & Biases mode (offline needs no account or network)")
+    p.add_argument("--samples", type=int, help="N, samples per timed repeat (all ranks together)")
+    p.add_argument("--repeats", type=int, help="timed repeats of N samples")
+    p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
+    p.add_argument("--preset", help="model preset (gpt-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl)")
+    p.add_argument("--n-layer", type=int, help="override the preset's number of layers")
+    p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
+    return p.parse_args(argv)
+
+
+def device_type(name: str) -> str:
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def record_path(out: Path, stage: str) -> Path:
+    return Path(out) / f"{stage}.json"
+
+
+def stage_main(script: str, argv: list[str] | None = None) -> None:
+    """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
+    raise SystemExit(_stage_main(Path(script).stem, sys.argv[1:] if argv is None else argv, script))
+
+
+@exit_on_user_error
+def _stage_main(stage: str, argv: list[str], script: str) -> int:
+    args = parse_args(stage, argv)
+    dev = device_type(args.device)
+    profile = args.profile or default_profile(dev)
+    out = Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}")
+    data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
+    cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
+                       warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
+                       data_dir=data_dir, device=args.device)
+    path = record_path(out, stage)
+    meta = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
+
+    if cfg.distributed and not distributed.under_torchrun():
+        reason = distributed.why_cannot_run(cfg.nproc, dev)
+        if reason:
+            write_record(path, {**meta, "status": "skipped", "reason": reason, "config": cfg.to_dict(),
+                                "env": environment()})
+            raise UserError(f"{stage} cannot run here: {reason} (recorded as skipped)") from None
+        path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
+        rc = distributed.launch(cfg.nproc, [script, *argv])
+        record = read_record(path)
+        if rc != 0 and (record is None or record.get("status") == "ok"):
+            record = {**meta, "status": "failed", "reason": f"a rank exited with code {rc}",
+                      "config": cfg.to_dict(), "env": environment()}
+            write_record(path, record)
+        if record:
+            print_summary(record, out)
+        return rc
+
+    record = _run_and_record(cfg, meta, path, args.wandb)
+    if record is not None:
+        print_summary(record, out)
+        return 0 if record["status"] == "ok" else 1
+    return 0
+
+
+def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict | None:
+    """Train; on rank 0 write the record, including for a run that failed (OOM, crash)."""
+    import torch
+
+    from gpt import train
+
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        record = {**meta, **train.run(cfg, label=meta["stage"])}
+    except torch.OutOfMemoryError as e:
+        record = {**meta, "status": "oom", "reason": str(e).splitlines()[0]}
+    except UserError:
+        raise
+    except Exception as e:  # recorded so the ladder goes on, then shown in full
+        traceback.print_exc()
+        record = {**meta, "status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0]}
+    if rank != 0:
+        return None
+    record.setdefault("config", cfg.to_dict())
+    record.setdefault("env", environment())
+    write_record(path, record)
+    if record["status"] == "ok" and wandb_mode != "disabled":
+        from gpt.wandb_log import log_run
+
+        log_run(record, mode=wandb_mode)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the human summary at the end of a stage
+
+
+def print_summary(record: dict, out: Path) -> None:
+    stage = record["stage"]
+    if record["status"] != "ok":
+        print(f"\n{stage}: {record['status']}: {record.get('reason', '')}")
+        return
+    m, ch = record["metrics"], record["choices"]
+    cfg = record["config"]
+    print(f"\n== {stage} ({record['profile']} profile, {record['device']['name']} x{record['device']['count']})")
+    print(f"  {m['seconds_mean']:.2f} s +- {m['seconds_std']:.2f} per {m['samples_per_repeat']} samples "
+          f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
+    if m.get("compile_s") is not None:
+        print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step)")
+    mfu = f"{m['mfu_pct']:.1f}% ({m['peak_flops_source']})" if m.get("mfu_pct") is not None else "n/a"
+    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB, MFU {mfu}, data wait {m['data_wait_pct']:.1f}%, "
+          f"loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
+          f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
+    parent = record.get("parent")
+    prev = read_record(record_path(out, parent)) if parent else None
+    if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:
+        pm = prev["metrics"]
+        dt = 100 * (m["seconds_mean"] / pm["seconds_mean"] - 1)
+        dm = 100 * (m["peak_memory_mib"] / pm["peak_memory_mib"] - 1)
+        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm:+.1f}%")
+    print(f"  record: {record_path(out, stage)}")

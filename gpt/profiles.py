@@ -1,0 +1,50 @@
+"""Profiles: the base settings of each ladder's baseline stage, declared here and nowhere else.
+
+- reference: the documented setup (../shared/reference/README.md): character-level Shakespeare,
+  block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
+- cpu: GPT-2 BPE tokens; sized so both ladders finish in about half an hour on 2 CPU cores. The
+  memory ladder keeps GPT-2-large's depth and head count (36 layers, 20 heads) at a quarter of its
+  width (320), so parameters, optimizer state and activations all fit in RAM and time. Default without CUDA.
+- smoke: tiny shapes, seconds per stage; for tests.
+
+Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
+"""
+from gpt.errors import UserError
+
+_REFERENCE_TRAINING = dict(dropout=0.1, attention="naive", seed=3407)
+
+PROFILES = {
+    "reference": {
+        "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_char", dataset="raw_text",
+                      block_size=128, batch_size=32, samples=10240, repeats=5, warmup_iters=10,
+                      **_REFERENCE_TRAINING),
+        "memory": dict(preset="gpt2-large", data_dir="data/shakespeare_char", dataset="tokens",
+                       block_size=128, batch_size=32, samples=1024, repeats=5, warmup_iters=10,
+                       **_REFERENCE_TRAINING),
+    },
+    "cpu": {
+        "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
+                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2,
+                      **_REFERENCE_TRAINING),
+        "memory": dict(preset="gpt2-large", n_embd=320, data_dir="data/shakespeare_gpt2", dataset="tokens",
+                       block_size=64, batch_size=32, samples=32, repeats=2, warmup_iters=1,
+                       **_REFERENCE_TRAINING),
+    },
+    "smoke": {
+        "speed": dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, data_dir="data/shakespeare_char",
+                      dataset="raw_text", block_size=32, batch_size=2, samples=32, repeats=2, warmup_iters=1,
+                      **_REFERENCE_TRAINING),
+        "memory": dict(preset="gpt2-large", n_layer=4, n_head=4, n_embd=64, data_dir="data/shakespeare_char",
+                       dataset="tokens", block_size=32, batch_size=8, samples=16, repeats=2, warmup_iters=1,
+                       **_REFERENCE_TRAINING),
+    },
+}
+
+def default_profile(device_type: str) -> str:
+    return "reference" if device_type == "cuda" else "cpu"
+
+
+def profile_settings(profile: str, ladder: str) -> dict:
+    if profile not in PROFILES:
+        raise UserError(f"unknown profile {profile!r} (choose one of: {', '.join(PROFILES)})")
+    return dict(PROFILES[profile][ladder])

@@ -1,0 +1,269 @@
+"""One training loop for every stage of both ladders, and the measurement protocol around it.
+
+Protocol (the reference's): `warmup_iters` optimizer steps (the first one, which includes torch.compile's
+compilation, is timed on its own), then `repeats` times "train on N samples" between two device
+synchronisations. Under DDP/FSDP each of the W ranks trains on N/W samples and a repeat lasts as long as
+the slowest rank. No `.item()` and no synchronisation inside a timed repeat: losses stay on the device
+until the repeat ends. Peak memory: on CUDA `max_memory_allocated` over the timed repeats (peak reset
+after warm-up); on the CPU, MemTracker's peak of live tensor memory over one extra step after timing.
+"""
+import math
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from gpt import distributed
+from gpt.config import TrainConfig
+from gpt.data import WindowSampler, make_dataset
+from gpt.metrics import (
+    StepClock,
+    TimelineMemTracker,
+    cuda_peak_mib,
+    device_name,
+    memory_breakdown,
+    mfu,
+    peak_flops,
+    reset_cuda_peak,
+    resolve_device,
+    synchronize,
+)
+from gpt.model import GPT, GPTConfig
+from gpt.optimizations import (
+    checkpoint_blocks,
+    compile_mode,
+    compile_model,
+    make_loader,
+    make_optimizer,
+    mixed_precision,
+    parallelize,
+    to_device,
+)
+from gpt.records import environment
+
+MiB = 2**20
+
+
+def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
+    """The model with the ladder's model-side optimizations applied, in the order they compose:
+    checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly
+    sharded) parameters, then compile the whole."""
+    torch.manual_seed(cfg.seed)  # every rank builds identical weights (FSDP does not broadcast them)
+    overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
+    model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
+                                      dropout=cfg.dropout, attention=cfg.attention, **overrides)
+    raw = GPT(model_cfg).to(device)
+    model = checkpoint_blocks(raw, cfg)
+    model = parallelize(model, cfg, device)
+    optimizer = make_optimizer(model, cfg)
+    model = compile_model(model, cfg, device)
+    return raw, model, optimizer
+
+
+def _grad_sync(model, last_micro_batch: bool):
+    """DDP all-reduces gradients in every backward; with accumulation only the last micro-batch needs it.
+    (FSDP reduce-scatters every micro-batch: keeping unsharded gradients would cost the memory FSDP saves.)"""
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, torch.nn.parallel.DistributedDataParallel) and not last_micro_batch:
+        return inner.no_sync()
+    return torch.enable_grad()
+
+
+def train_step(model, optimizer, x, y, cfg: TrainConfig, amp) -> torch.Tensor:
+    """One optimizer step on a batch of `cfg.batch_size` samples; returns the batch's mean loss (on device).
+
+    Gradient accumulation: the batch is split into `grad_accum_steps` micro-batches; each micro-batch
+    loss is divided by their number, so the summed gradients are the gradient of the mean loss over the
+    whole batch: the same update, with the activations of one micro-batch alive at a time."""
+    k = cfg.grad_accum_steps
+    total = torch.zeros((), device=x.device)
+    for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        with _grad_sync(model, last_micro_batch=i == k - 1):
+            with amp.autocast():
+                _, loss = model(xm, ym)
+            loss = loss / k
+            (amp.scaler.scale(loss) if amp.scaler else loss).backward()
+        total += loss.detach()
+    if amp.scaler:
+        amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    if amp.scaler:
+        amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+        amp.scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def run(cfg: TrainConfig, label: str = "train") -> dict:
+    """Train under the measurement protocol and return the run's record (see README: The JSON record)."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    if cfg.distributed:
+        distributed.init(device)
+    try:
+        return _measure(cfg, device, label)
+    finally:
+        distributed.shutdown()
+
+
+def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
+    world, rank = cfg.world_size, distributed.rank()
+    dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
+    raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
+    amp = mixed_precision(cfg, device)
+    cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
+
+    total_steps = cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + int(cfg.measure_memory)
+    sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
+    batches = iter(make_loader(dataset, sampler, cfg, device))
+    progress = tqdm(total=total_steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
+
+    def step():
+        """One step; returns (loss on device, seconds the host spent waiting for the batch)."""
+        t0 = time.perf_counter()
+        x, y = to_device(next(batches), device, cfg)
+        wait = time.perf_counter() - t0
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
+        loss = train_step(model, optimizer, x, y, cfg, amp)
+        progress.update()
+        return (loss.clone() if cuda_graphs else loss), wait
+
+    # ---- warm-up (includes compilation and DataLoader worker start-up) ----
+    model.train()
+    synchronize(device)
+    t0 = time.perf_counter()
+    first_loss, first_step_s = None, None
+    for i in range(cfg.warmup_iters):
+        loss, _ = step()
+        if i == 0:
+            synchronize(device)
+            first_step_s, first_loss = time.perf_counter() - t0, loss.item()
+    synchronize(device)
+    warmup_s = time.perf_counter() - t0
+
+    # ---- timed repeats ----
+    reset_cuda_peak(device)
+    repeat_s, step_s, losses, waits = [], [], [], []
+    for _ in range(cfg.repeats):
+        if world > 1:
+            dist.barrier()  # start together, so a repeat measures the ranks' joint work
+        clock, rep_losses = StepClock(device), []
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(cfg.steps_per_repeat):
+            clock.mark()
+            loss, wait = step()
+            rep_losses.append(loss)
+            waits.append(wait)
+        clock.mark()
+        synchronize(device)
+        repeat_s.append(time.perf_counter() - t0)
+        step_s += clock.durations()
+        losses += torch.stack(rep_losses).float().tolist()  # after the clock stopped
+    peak_mib = cuda_peak_mib(device)
+
+    # ---- memory: one extra, instrumented step ----
+    memory = {}
+    if cfg.measure_memory:
+        tracker = TimelineMemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            tracker.reset_mod_stats()
+            step()
+        memory = {"breakdown_mib": memory_breakdown(tracker),
+                  "timeline_mib": _downsample([b / MiB for b in tracker.timeline], 400)}
+        if peak_mib is None:
+            peak_mib = memory["breakdown_mib"]["total"]
+    progress.close()
+
+    if world > 1:  # a repeat lasts as long as its slowest rank; report rank-averaged losses and peaks
+        repeat_s = _all_reduce(repeat_s, device, dist.ReduceOp.MAX)
+        losses = _all_reduce(losses, device, dist.ReduceOp.SUM, scale=1 / world)
+        waits = _all_reduce(waits, device, dist.ReduceOp.MAX)
+        peak_mib = _all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0]
+
+    mean_s = statistics.fmean(repeat_s)
+    tokens_per_s = cfg.samples * cfg.block_size / mean_s
+    flops, flops_source = peak_flops(device, amp.dtype)
+    steady = statistics.median(step_s)
+    return {
+        "schema": 1,
+        "status": "ok",
+        "label": label,
+        "config": cfg.to_dict(),
+        "model": {**asdict(raw.config), "params": raw.num_params(), "flops_per_token": raw.flops_per_token()},
+        "device": {
+            "type": device.type,
+            "name": device_name(device),
+            "count": world,
+            "threads_per_process": torch.get_num_threads(),
+        },
+        "choices": {
+            "amp_dtype": str(amp.dtype).removeprefix("torch."),
+            "grad_scaler": amp.scaler is not None,
+            "compile_mode": compile_mode(cfg, device),
+            "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
+            "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
+            "memory_method": _memory_method(device, cfg),
+        },
+        "env": environment(),
+        "metrics": {
+            "seconds_mean": mean_s,
+            "seconds_std": statistics.stdev(repeat_s) if len(repeat_s) > 1 else 0.0,
+            "seconds_per_repeat": repeat_s,
+            "samples_per_repeat": cfg.samples,
+            "steps_per_repeat": cfg.steps_per_repeat,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": mean_s / cfg.steps_per_repeat,
+            "step_time_median_s": steady,
+            "step_times_s": step_s,
+            "first_step_s": first_step_s,
+            "warmup_s": warmup_s,
+            # compilation happens in the first step; what it adds over a steady step is its cost
+            "compile_s": (first_step_s - steady) if cfg.compile and first_step_s is not None else None,
+            "data_wait_pct": 100 * sum(waits) / sum(repeat_s),
+            "peak_memory_mib": peak_mib,
+            "memory_breakdown_mib": memory.get("breakdown_mib"),
+            "memory_timeline_mib": memory.get("timeline_mib"),
+            "flops_per_token": raw.flops_per_token(),
+            "peak_flops_per_device": flops,
+            "peak_flops_source": flops_source,
+            "mfu_pct": _pct(mfu(tokens_per_s, raw.flops_per_token(), flops, world)),
+            "loss_first": first_loss,
+            "loss_final": statistics.fmean(losses[-cfg.steps_per_repeat:]),
+            "losses": losses,
+        },
+    }
+
+
+def _memory_method(device: torch.device, cfg: TrainConfig) -> str:
+    if device.type == "cuda":
+        return "torch.cuda.max_memory_allocated over the timed repeats (peak reset after warm-up)"
+    method = "MemTracker: peak live tensor storage during one extra training step after timing"
+    if cfg.compile:
+        method += " (a compiled model runs as traced under the tracker)"
+    return method
+
+
+def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.0) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
+    dist.all_reduce(t, op=op)
+    return (t * scale).tolist()
+
+
+def _downsample(xs: list[float], n: int) -> list[float]:
+    """At most ~n points, keeping each window's maximum so the peak survives."""
+    if len(xs) <= n:
+        return xs
+    w = math.ceil(len(xs) / n)
+    return [max(xs[i : i + w]) for i in range(0, len(xs), w)]
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x

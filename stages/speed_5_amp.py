@@ -1,0 +1,21 @@
+"""Speed ladder, stage 5: mixed precision (autocast; fp16 + GradScaler on CUDA, bf16 on the CPU).
+
+Parent: speed_4_compile. Reference (1x H100): 0.73 s per 10240 samples (-33%).
+
+Matmuls run in 16-bit on tensor cores (or the CPU's bf16 units) at several times the fp32 rate and move
+half the bytes; softmax, layer norm and the loss stay in fp32. fp16's narrow exponent needs the loss
+scaled so small gradients do not flush to zero (GradScaler); bf16 keeps fp32's range and needs no scaler.
+Code: gpt/optimizations.py:mixed_precision.
+"""
+from gpt.ladder import stage_main
+
+CHANGE = "mixed precision (autocast)"
+REFERENCE = {"seconds": 0.73}
+
+
+def change(cfg):
+    cfg.amp = True
+
+
+if __name__ == "__main__":
+    stage_main(__file__)
