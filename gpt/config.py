@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from gpt.errors import UserError
 
+MAX_CONTEXT = 1024  # positions of every GPT-2 model (n_positions); a longer block has no position embedding
+
 
 @dataclass
 class TrainConfig:
@@ -60,6 +62,9 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         if self.batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {self.batch_size}")
+        if not 1 <= self.block_size <= MAX_CONTEXT:
+            raise UserError(f"block size {self.block_size} must be between 1 and the model's context of "
+                            f"{MAX_CONTEXT} positions")
         if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
             raise UserError(
                 f"batch size {self.batch_size} must be a multiple of grad_accum_steps {self.grad_accum_steps}"

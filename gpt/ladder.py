@@ -103,6 +103,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
     p.add_argument("--preset", help="model preset (gpt-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl)")
     p.add_argument("--n-layer", type=int, help="override the preset's number of layers")
+    p.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
+    p.add_argument("--block-size", type=int, help="sequence length (at most the model's 1024 positions)")
     p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
     return p.parse_args(argv)
 
@@ -133,7 +135,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
-                       data_dir=data_dir, device=args.device)
+                       batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
+                       device=args.device)
     path = record_path(out, stage)
     meta = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
 
@@ -142,7 +145,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         if reason:
             write_record(path, {**meta, "status": "skipped", "reason": reason, "config": cfg.to_dict(),
                                 "env": environment()})
-            raise UserError(f"{stage} cannot run here: {reason} (recorded as skipped)") from None
+            print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
+            return EXIT_SKIPPED
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
         rc = distributed.launch(cfg.nproc, [script, *argv])
         record = read_record(path)

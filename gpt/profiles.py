@@ -27,7 +27,7 @@ PROFILES = {
                       block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2,
                       **_REFERENCE_TRAINING),
         "memory": dict(preset="gpt2-large", n_embd=320, data_dir="data/shakespeare_gpt2", dataset="tokens",
-                       block_size=64, batch_size=32, samples=32, repeats=2, warmup_iters=1,
+                       block_size=64, batch_size=32, samples=64, repeats=2, warmup_iters=1,
                        **_REFERENCE_TRAINING),
     },
     "smoke": {

@@ -55,3 +55,32 @@ def read_record(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+# The keys every record has, and those of a finished ("ok") run; README.md documents their meaning.
+RECORD_KEYS = {"stage", "ladder", "profile", "parent", "status", "config", "env"}
+OK_KEYS = {"model", "device", "choices", "metrics"}
+METRIC_KEYS = {
+    "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
+    "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
+    "peak_memory_mib", "memory_breakdown_mib", "memory_timeline_mib", "flops_per_token",
+    "peak_flops_per_device", "peak_flops_source", "mfu_pct", "loss_first", "loss_final", "losses",
+}
+STATUSES = {"ok", "oom", "failed", "skipped"}
+
+
+def record_problems(record: dict) -> list[str]:
+    """What is missing or malformed in a record (an empty list for a valid one)."""
+    problems = [f"missing key {k!r}" for k in sorted(RECORD_KEYS - set(record))]
+    status = record.get("status")
+    if status not in STATUSES:
+        problems.append(f"status {status!r} is not one of {sorted(STATUSES)}")
+    if status == "ok":
+        problems += [f"missing key {k!r}" for k in sorted(OK_KEYS - set(record))]
+        metrics = record.get("metrics", {})
+        problems += [f"missing metric {k!r}" for k in sorted(METRIC_KEYS - set(metrics))]
+        if not metrics.get("seconds_mean", 0) > 0:
+            problems.append("seconds_mean must be positive")
+    elif not record.get("reason"):
+        problems.append(f"a {status!r} record needs a reason")
+    return problems

@@ -55,7 +55,9 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
                                       dropout=cfg.dropout, attention=cfg.attention, **overrides)
-    raw = GPT(model_cfg).to(device)
+    raw = GPT(model_cfg)
+    if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
+        raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
     model = checkpoint_blocks(raw, cfg)
     model = parallelize(model, cfg, device)
     optimizer = make_optimizer(model, cfg)

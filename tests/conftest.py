@@ -1,0 +1,40 @@
+"""Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_prepare_module():
+    """data/prepare.py is a script, not a package module: load it from its path."""
+    spec = importlib.util.spec_from_file_location("prepare", REPO / "data" / "prepare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def shakespeare_excerpt(tmp_path_factory) -> Path:
+    """The first 300k characters of the default corpus (real text, small enough to prepare in a second)."""
+    prepare = load_prepare_module()
+    text, _ = prepare.shakespeare_source()
+    path = tmp_path_factory.mktemp("corpus") / "excerpt.txt"
+    path.write_text(text[:300_000], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def char_data(tmp_path_factory, shakespeare_excerpt) -> Path:
+    """A prepared character-level data set (the smoke profile's tokenizer)."""
+    prepare = load_prepare_module()
+    out = tmp_path_factory.mktemp("data") / "excerpt_char"
+    return prepare.prepare(source="files", files=[str(shakespeare_excerpt)], tokenizer="char", out=str(out))
+
+
+@pytest.fixture()
+def no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    return os.environ

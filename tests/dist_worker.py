@@ -1,0 +1,106 @@
+"""A few training steps through the project's own code, for tests/test_ladder_equivalence.py.
+
+`run_steps` is the one training loop of the equivalence tests: the test process calls it for the
+single-process runs, and this file is also the torchrun entry point of the DDP / FSDP runs:
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_worker.py \
+        --config '{"distributed": "ddp", ...}' --steps 3 --out DIR
+
+Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses and (rank 0) the gradients
+of every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
+DTensor.full_tensor() gathers them).
+"""
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from gpt import distributed
+from gpt.config import TrainConfig
+from gpt.data import WindowSampler, make_dataset
+from gpt.optimizations import make_loader, mixed_precision, to_device
+from gpt.train import build_model, train_step
+
+CPU = torch.device("cpu")
+
+
+@dataclass
+class Run:
+    raw: torch.nn.Module  # the GPT module itself (inside any wrapper)
+    model: torch.nn.Module  # what train_step called (checkpointed / DDP / FSDP / compiled)
+    optimizer: torch.optim.Optimizer
+    inputs: list = field(default_factory=list)  # x of every step, as the model received it
+    losses: list = field(default_factory=list)
+
+
+def param_name(name: str) -> str:
+    """The plain GPT parameter name, without the prefixes wrappers add."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def full_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, whole. A collective under FSDP: all ranks must call it."""
+    return {param_name(n): _whole(p) for n, p in module.named_parameters()}
+
+
+def record_grads(store: list):
+    """A run_steps setup: append {name: whole gradient} each time the optimizer is about to step, i.e.
+    the gradients AdamW uses (accumulated, averaged across ranks, clipped); train_step sets them to
+    None right after the step, so this is where they can be read."""
+    def setup(run):
+        def hook(optimizer, args, kwargs):
+            store.append({param_name(n): _whole(p.grad) for n, p in run.raw.named_parameters()})
+        run.optimizer.register_step_pre_hook(hook)
+    return setup
+
+
+def run_steps(cfg: TrainConfig, steps: int, setup=None) -> Run:
+    """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
+    `setup(run)` is called after the model and optimizer are built (to attach hooks)."""
+    cfg.validate()
+    rank, world = distributed.rank(), cfg.world_size
+    dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
+    raw, model, optimizer = build_model(cfg, dataset.vocab_size, CPU)
+    run = Run(raw, model, optimizer)
+    if setup:
+        setup(run)
+    amp = mixed_precision(cfg, CPU)
+    sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, world)
+    model.train()
+    for batch in make_loader(dataset, sampler, cfg, CPU):
+        x, y = to_device(batch, CPU, cfg)
+        run.inputs.append(x.clone())
+        run.losses.append(train_step(model, optimizer, x, y, cfg, amp).item())
+    assert len(run.losses) == steps
+    return run
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="TrainConfig fields as JSON")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True, help="directory for rank<r>.pt")
+    a = p.parse_args(argv)
+    cfg = TrainConfig.from_dict(json.loads(a.config))
+    distributed.init(CPU)
+    try:
+        grads = []
+        run = run_steps(cfg, a.steps, setup=record_grads(grads))
+        params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
+        rank = distributed.rank()
+        torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses,
+                    "grads": grads if rank == 0 else None, "params": params if rank == 0 else None},
+                   Path(a.out) / f"rank{rank}.pt")
+    finally:
+        distributed.shutdown()  # barrier first: see gpt/distributed.py
+
+
+if __name__ == "__main__":
+    main()

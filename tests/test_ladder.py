@@ -1,0 +1,107 @@
+"""The ladders' structure: one script per stage, each one change away from its parent, and the CLI's edges."""
+import json
+import re
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.ladder import EXIT_SKIPPED, LADDERS, STAGES_DIR, load_stage, parent_of, stage_config
+from gpt.profiles import PROFILES
+
+from conftest import REPO
+
+ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
+# The fields each stage's single change may touch (a change is one optimization, not a bundle).
+CHANGED_FIELDS = {
+    "speed_1_batch_size": {"batch_size"},
+    "speed_2_num_workers": {"num_workers"},
+    "speed_3_non_blocking": {"pin_memory"},
+    "speed_4_compile": {"compile"},
+    "speed_5_amp": {"amp"},
+    "speed_6_ddp": {"distributed", "nproc"},
+    "memory_1_grad_accum": {"grad_accum_steps"},
+    "memory_2_checkpointing": {"activation_checkpointing"},
+    "memory_3_foreach_off": {"optimizer_foreach"},
+    "memory_4_fsdp": {"distributed", "nproc"},
+}
+
+
+def test_every_stage_has_a_script_and_every_script_a_stage():
+    assert sorted(p.stem for p in STAGES_DIR.glob("*.py")) == sorted(ALL_STAGES)
+    assert len(ALL_STAGES) == 12
+
+
+@pytest.mark.parametrize("stage", ALL_STAGES)
+def test_stage_script_documents_its_parent_change_and_reference(stage):
+    module = load_stage(stage)
+    parent = parent_of(stage)
+    assert f"Parent: {parent or 'none'}." in module.__doc__
+    assert module.CHANGE and module.REFERENCE
+    for value in module.REFERENCE.values():  # the figure in the code is the one the docstring cites
+        assert f"{value} " in module.__doc__ or f"{value} MiB" in module.__doc__
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("stage", [s for s in ALL_STAGES if parent_of(s)])
+def test_each_stage_changes_only_its_own_fields(profile, stage):
+    cfg, before = stage_config(stage, profile), stage_config(parent_of(stage), profile)
+    changed = {f.name for f in fields(TrainConfig) if getattr(cfg, f.name) != getattr(before, f.name)}
+    assert changed and changed <= CHANGED_FIELDS[stage]
+
+
+def test_stage_references_match_the_documented_ladder():
+    ladder_json = REPO.parent / "shared" / "reference" / "ladder.json"
+    if not ladder_json.exists():
+        pytest.skip("shared/reference/ladder.json is not beside this checkout")
+    documented = json.loads(ladder_json.read_text())
+    for ladder, stages in LADDERS.items():
+        for stage, doc in zip(stages, documented[ladder]["stages"], strict=True):
+            ref = load_stage(stage).REFERENCE
+            assert ref["seconds"] == doc["seconds"]
+            if "peak_mib" in doc:
+                assert ref["peak_mib"] == doc["peak_mib"]
+
+
+def test_reference_profile_is_the_documented_setup():
+    speed, memory = stage_config("speed_0_baseline", "reference"), stage_config("memory_0_baseline", "reference")
+    assert (speed.batch_size, speed.block_size, speed.samples, speed.repeats, speed.warmup_iters) == (32, 128, 10240, 5, 10)
+    assert stage_config("speed_1_batch_size", "reference").batch_size == 256
+    assert (memory.preset, memory.batch_size, memory.samples) == ("gpt2-large", 32, 1024)
+    assert stage_config("memory_1_grad_accum", "reference").micro_batch_size == 16
+    assert memory.data_dir.endswith("shakespeare_char") and speed.attention == "naive" and speed.dropout == 0.1
+
+
+def test_unknown_stage_is_a_user_error():
+    with pytest.raises(UserError, match="unknown stage"):
+        stage_config("speed_9_magic", "cpu")
+
+
+def run_script(stage, *args):
+    return subprocess.run([sys.executable, str(STAGES_DIR / f"{stage}.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_documents_the_common_flags():
+    r = run_script("speed_1_batch_size", "--help")
+    assert r.returncode == 0
+    for flag in ("--profile", "--device", "--out", "--wandb", "--samples", "--repeats", "--preset"):
+        assert flag in r.stdout
+    assert "Parent: speed_0_baseline" in r.stdout  # the docstring is the help text
+
+
+def test_distributed_stage_that_cannot_run_is_skipped_with_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine can run 2 GPU processes")
+    r = run_script("speed_6_ddp", "--device", "cuda", "--profile", "smoke", "--out", str(tmp_path),
+                   "--wandb", "disabled")
+    assert r.returncode == EXIT_SKIPPED
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"error: speed_6_ddp cannot run here: needs 2 GPUs, found \d", lines[0])
+    record = json.loads((tmp_path / "speed_6_ddp.json").read_text())
+    assert record["status"] == "skipped" and "needs 2 GPUs" in record["reason"]

@@ -1,0 +1,356 @@
+"""Every stage that claims to keep the maths is checked against its parent here, on the CPU.
+
+Each test trains a tiny GPT (2 layers, 32 wide, character vocabulary) through the project's own code:
+gpt.train.build_model / train_step, gpt.optimizations.*, gpt.data.WindowSampler / make_dataset (the
+loop is tests/dist_worker.py:run_steps, shared with the torchrun workers). Tolerances are stated per
+test: 0 where the same floating-point operations run in the same order, otherwise a bound that float32
+reassociation (the same sum added up in another order) or 16-bit rounding explains; the measured
+differences are printed (pytest -s).
+
+Gradients are read where AdamW reads them: an optimizer step pre-hook copies every .grad just before
+the step (after clipping), since train_step sets them to None once it has stepped.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+from conftest import REPO, load_prepare_module
+from dist_worker import full_params, record_grads, run_steps
+from gpt.config import TrainConfig
+from gpt.data import WindowSampler, make_dataset
+from gpt.optimizations import make_loader, mixed_precision, to_device
+
+CPU = torch.device("cpu")
+TINY = dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, dataset="tokens",
+            batch_size=8, device="cpu", measure_memory=False)
+NO_CLIP = 1e9  # grad_clip: at this model's gradient norm (~2) a clip coefficient of 1, i.e. no clipping
+
+
+def tiny_config(data_dir, **overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "data_dir": str(data_dir), **overrides}).validate()
+
+
+def train_with_grads(cfg: TrainConfig, steps: int, *setups):
+    grads = []
+    def setup(run):
+        for s in (record_grads(grads), *setups):
+            s(run)
+    return run_steps(cfg, steps, setup), grads
+
+
+def seeded(seed: int):
+    """A run_steps setup: reseed the global RNG (dropout's) after build_model seeded the weights."""
+    return lambda run: torch.manual_seed(seed)
+
+
+def max_diff(actual: dict, expected: dict) -> tuple[float, float]:
+    """(largest absolute difference, largest difference relative to its tensor's largest magnitude)."""
+    assert actual.keys() == expected.keys()
+    abs_d = max((actual[k] - expected[k]).abs().max().item() for k in expected)
+    rel_d = max(((actual[k] - expected[k]).abs().max() / expected[k].abs().max().clamp_min(1e-30)).item()
+                for k in expected)
+    return abs_d, rel_d
+
+
+def report(what: str, actual: dict, expected: dict, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Print the differences, and how much of assert_close's allowance (atol + rtol * |expected|, per
+    element) the worst element uses."""
+    abs_d, rel_d = max_diff(actual, expected)
+    line = f"\n{what}: max |diff| {abs_d:.3g}, max |diff| / max |value| {rel_d:.3g}"
+    if rtol or atol:
+        used = max(((actual[k] - expected[k]).abs() / (atol + rtol * expected[k].abs())).max().item()
+                   for k in expected)
+        line += f", {used:.2g} of the tolerance"
+    print(line)
+
+
+def global_norm(grads: dict) -> float:
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])).item()
+
+
+# ---- gradient accumulation (memory_1) --------------------------------------------------------------------
+
+# Two micro-batch means over 16 samples, each halved, summed, vs one mean over 32: the same terms added
+# in another order (float32 reassociation, ~1e-7 relative per sum). Step 1 compares gradients at the
+# same weights (measured max 3e-8); step 2's weights already carry step 1's rounding, which AdamW
+# amplifies where a gradient is tiny (measured max 1.1e-7, entries up to ~0.15). The bound is 5x that;
+# the broken patterns below exceed it ~5e4-fold. Clipping is off (NO_CLIP): it would rescale both sides to
+# norm 1 and so hide a wrong scale, such as micro-batch losses not divided by their number.
+ACCUM_RTOL, ACCUM_ATOL = 1e-5, 5e-7
+
+
+def test_grad_accumulation_x2_gives_the_gradients_of_the_whole_batch(char_data):
+    # Dropout 0: a dropout mask is drawn per forward call, so two micro-batches of 16 would get other
+    # masks than one batch of 32 and no gradient could match.
+    cfg = dict(batch_size=32, grad_clip=NO_CLIP)
+    one, grads_one = train_with_grads(tiny_config(char_data, **cfg), 2)
+    two, grads_two = train_with_grads(tiny_config(char_data, grad_accum_steps=2, **cfg), 2)
+    assert all(torch.equal(a, b) for a, b in zip(one.inputs, two.inputs))  # the same 32 samples per step
+    for step, (g2, g1) in enumerate(zip(grads_two, grads_one)):
+        report(f"accumulation x2 vs batch 32, step {step + 1} gradients", g2, g1, ACCUM_RTOL, ACCUM_ATOL)
+        torch.testing.assert_close(g2, g1, rtol=ACCUM_RTOL, atol=ACCUM_ATOL)
+    assert two.losses == pytest.approx(one.losses, rel=1e-6)
+
+
+def zero_grad_per_micro_batch(run):
+    """The reference's bug: gradients reset inside the micro-batch loop (here: before every micro-batch
+    forward of the real train_step), so only the last micro-batch, halved, reaches the optimizer."""
+    run.model.register_forward_pre_hook(lambda module, args: run.optimizer.zero_grad(set_to_none=True))
+
+
+def loss_not_divided(run):
+    """The other classic bug: micro-batch losses summed, not averaged (undoes train_step's `/ k`, k = 2)."""
+    run.model.register_forward_hook(lambda module, args, out: (out[0], out[1] * 2))
+
+
+@pytest.mark.parametrize("bug", [zero_grad_per_micro_batch, loss_not_divided])
+def test_broken_accumulation_fails_that_comparison(bug, char_data):
+    """Negative controls: the comparison above rejects a broken accumulation."""
+    cfg = dict(batch_size=32, grad_clip=NO_CLIP)
+    _, grads_one = train_with_grads(tiny_config(char_data, **cfg), 1)
+    _, grads_bug = train_with_grads(tiny_config(char_data, grad_accum_steps=2, **cfg), 1, bug)
+    report(f"{bug.__name__} vs batch 32 gradients", grads_bug[0], grads_one[0], ACCUM_RTOL, ACCUM_ATOL)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(grads_bug[0], grads_one[0], rtol=ACCUM_RTOL, atol=ACCUM_ATOL)
+
+
+# ---- activation checkpointing (memory_2) -----------------------------------------------------------------
+
+
+def test_activation_checkpointing_gives_identical_gradients_with_dropout(char_data):
+    """Tolerance 0: the recomputed forward runs the same kernels on the same inputs, and checkpointing
+    restores the RNG state before it, so dropout draws the same masks again."""
+    cfg = dict(dropout=0.1, grad_accum_steps=2)  # as memory_2 runs: after the accumulation stage
+    plain, grads_plain = train_with_grads(tiny_config(char_data, **cfg), 2, seeded(1))
+    ckpt, grads_ckpt = train_with_grads(tiny_config(char_data, activation_checkpointing=True, **cfg), 2, seeded(1))
+    assert all(isinstance(b, CheckpointWrapper) for b in ckpt.raw.transformer.h)
+    for step, (gc, gp) in enumerate(zip(grads_ckpt, grads_plain)):
+        report(f"checkpointing vs plain, step {step + 1} gradients", gc, gp)
+        torch.testing.assert_close(gc, gp, rtol=0, atol=0)
+    assert ckpt.losses == plain.losses
+    # Control: dropout is really on, i.e. other masks would have failed the comparison.
+    _, grads_other = train_with_grads(tiny_config(char_data, **cfg), 1, seeded(2))
+    assert max_diff(grads_other[0], grads_plain[0])[1] > 1e-3
+
+
+# ---- AdamW foreach off (memory_3) ------------------------------------------------------------------------
+
+
+def test_adamw_for_loop_matches_foreach(char_data):
+    """Tolerance 0 on parameters and both moments after 4 steps: the per-parameter loop and the
+    multi-tensor kernels do the same elementwise operations in the same order."""
+    cfg = dict(lr=3e-3)  # every step moves every weight by ~lr, far above float32 resolution
+    multi = run_steps(tiny_config(char_data, optimizer_foreach=True, **cfg), steps=4)
+    loop = run_steps(tiny_config(char_data, optimizer_foreach=False, **cfg), steps=4)
+    assert [g["foreach"] for g in loop.optimizer.param_groups] == [False, False]
+    assert [g["foreach"] for g in multi.optimizer.param_groups] == [True, True]
+    assert [g["weight_decay"] for g in loop.optimizer.param_groups] == [0.1, 0.0]  # both groups in play
+    report("AdamW for-loop vs foreach parameters after 4 steps", full_params(loop.raw), full_params(multi.raw))
+    torch.testing.assert_close(full_params(loop.raw), full_params(multi.raw), rtol=0, atol=0)
+    for p_loop, p_multi in zip(loop.raw.parameters(), multi.raw.parameters()):
+        s_loop, s_multi = loop.optimizer.state[p_loop], multi.optimizer.state[p_multi]
+        torch.testing.assert_close(s_loop["exp_avg"], s_multi["exp_avg"], rtol=0, atol=0)
+        torch.testing.assert_close(s_loop["exp_avg_sq"], s_multi["exp_avg_sq"], rtol=0, atol=0)
+    assert loop.losses == multi.losses
+
+
+# ---- DataLoader workers (speed_2) and pinned memory / non_blocking (speed_3) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_text_data(tmp_path_factory, shakespeare_excerpt):
+    """The CPU speed profile's kind of data: raw text, cleaned and BPE-tokenised per sample."""
+    out = tmp_path_factory.mktemp("equivalence") / "excerpt_gpt2"
+    return load_prepare_module().prepare(source="files", files=[str(shakespeare_excerpt)], tokenizer="gpt2",
+                                         out=str(out))
+
+
+def loader_batches(cfg: TrainConfig, steps: int) -> list:
+    dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
+    sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed)
+    loader = make_loader(dataset, sampler, cfg, CPU)
+    assert loader.num_workers == cfg.num_workers
+    batches = [to_device(b, CPU, cfg) for b in loader]
+    del loader  # persistent workers exit with their loader
+    return batches
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")  # 2 cores here
+def test_num_workers_4_yields_the_batches_of_num_workers_0(gpt2_text_data):
+    """Tolerance 0 (torch.equal): each sample depends only on its index, and the DataLoader hands the
+    workers' batches back in sampler order."""
+    cfg = dict(dataset="raw_text", block_size=64, batch_size=8)
+    inline = loader_batches(tiny_config(gpt2_text_data, num_workers=0, **cfg), steps=6)
+    workers = loader_batches(tiny_config(gpt2_text_data, num_workers=4, **cfg), steps=6)
+    assert len(inline) == len(workers) == 6
+    for (x0, y0), (x4, y4) in zip(inline, workers):
+        assert torch.equal(x4, x0) and torch.equal(y4, y0)
+
+
+def test_pinned_non_blocking_copies_give_identical_batches(char_data):
+    """Tolerance 0: a copy is a copy. On the CPU to_device is a plain .to() either way and make_loader
+    does not pin (there is no accelerator to copy to)."""
+    pinned, pageable = tiny_config(char_data, pin_memory=True), tiny_config(char_data, pin_memory=False)
+    x, y = loader_batches(pageable, steps=1)[0]
+    for cfg in (pinned, pageable):
+        xd, yd = to_device((x, y), CPU, cfg)
+        assert torch.equal(xd, x) and torch.equal(yd, y) and xd.dtype == torch.int64
+    dataset = make_dataset(pinned.dataset, pinned.data_dir, pinned.block_size)
+    assert not make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, CPU).pin_memory
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the non_blocking copy path needs a CUDA device")
+def test_pinned_non_blocking_copies_to_cuda(char_data):
+    """Tolerance 0: the copy from pinned memory is only queued (non_blocking); once synchronised it
+    must equal the host batch and the blocking copy from pageable memory."""
+    cuda = torch.device("cuda")
+    pinned, pageable = tiny_config(char_data, pin_memory=True), tiny_config(char_data, pin_memory=False)
+    dataset = make_dataset(pinned.dataset, pinned.data_dir, pinned.block_size)
+    batch = next(iter(make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, cuda)))
+    assert all(t.is_pinned() for t in batch)
+    queued = to_device(batch, cuda, pinned)  # non_blocking=True
+    blocking = to_device(tuple(t.clone() for t in batch), cuda, pageable)
+    torch.cuda.synchronize()
+    for a, b, host in zip(queued, blocking, batch):
+        assert a.device.type == "cuda" and torch.equal(a.cpu(), host) and torch.equal(a, b)
+
+
+# ---- torch.compile (speed_4) -----------------------------------------------------------------------------
+
+# Inductor fuses layer norm, softmax, GELU and the loss into generated, vectorised C++ loops that reduce
+# in their own order: float32 reassociation, ~1e-7 relative per reduction. Measured: losses equal,
+# gradients within ~1e-7 absolute (6e-7 of the largest), using <5% of the bound: the margin is for
+# other CPUs' vector widths. Dropout 0: compiled code draws its masks from another RNG sequence.
+COMPILE_LOSS_RTOL = 1e-5
+COMPILE_GRAD_RTOL, COMPILE_GRAD_ATOL = 1e-5, 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
+def test_compile_matches_eager(char_data):
+    eager, grads_eager = train_with_grads(tiny_config(char_data), 2)
+    compiled, grads_compiled = train_with_grads(tiny_config(char_data, compile=True), 2)
+    assert hasattr(compiled.model, "_orig_mod")  # really compiled
+    print(f"\ncompile vs eager losses: {compiled.losses} vs {eager.losses}")
+    assert compiled.losses == pytest.approx(eager.losses, rel=COMPILE_LOSS_RTOL)
+    for step, (gc, ge) in enumerate(zip(grads_compiled, grads_eager)):
+        report(f"compile vs eager, step {step + 1} gradients", gc, ge, COMPILE_GRAD_RTOL, COMPILE_GRAD_ATOL)
+        torch.testing.assert_close(gc, ge, rtol=COMPILE_GRAD_RTOL, atol=COMPILE_GRAD_ATOL)
+
+
+# ---- mixed precision (speed_5) ---------------------------------------------------------------------------
+
+# bf16 keeps 8 significant bits: every matmul output is rounded by up to 2^-9 ~ 0.2% relative. The
+# loss itself is fp32 (gpt/model.py upcasts the logits), so it moves by the logits' rounding errors,
+# which mostly cancel in the mean over the 8 x 16 positions: measured ~1.3e-4 over 8 steps. The bound,
+# 2e-3, leaves 15x; it is small next to what 8 steps at lr 3e-3 change the loss by (asserted), and a
+# loss computed in bf16 itself (spacing 2^-6 ~ 0.016 near 4) would typically break it.
+AMP_LOSS_ATOL = 2e-3
+
+
+def test_bf16_autocast_loss_tracks_fp32(char_data):
+    cfg = dict(lr=3e-3)
+    amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
+    assert amp.dtype == torch.bfloat16 and amp.scaler is None
+    fp32 = run_steps(tiny_config(char_data, **cfg), steps=8)
+    bf16 = run_steps(tiny_config(char_data, amp=True, **cfg), steps=8)
+    with torch.no_grad(), amp.autocast():  # the matmuls really ran in bf16
+        assert bf16.model(bf16.inputs[0])[0].dtype == torch.bfloat16
+    diffs = [abs(a - b) for a, b in zip(bf16.losses, fp32.losses)]
+    print(f"\nbf16 vs fp32 losses: {[round(l, 4) for l in bf16.losses]} vs {[round(l, 4) for l in fp32.losses]}; "
+          f"max |diff| {max(diffs):.3g}")
+    assert max(diffs) < AMP_LOSS_ATOL
+    assert fp32.losses[0] - fp32.losses[-1] > 5 * AMP_LOSS_ATOL  # the tolerance is small next to learning
+
+
+# ---- DDP (speed_6) and FSDP (memory_4) on 2 gloo processes ------------------------------------------------
+
+NPROC, RANK_BATCH, DIST_STEPS = 2, 4, 3
+LAUNCH_TIMEOUT_S = 180
+
+# Each rank averages its 4 samples and the gradients are averaged across ranks (all-reduce or
+# reduce-scatter); one process averages all 8: the same sum in another order (float32 reassociation).
+# Gradients are compared at every step, clipped (the norm is ~2, so the global-norm clip, computed
+# across shards under FSDP, is exercised): measured <= 4.5e-8, <10% of the bound. Parameters after
+# 3 AdamW steps: Adam
+# divides by sqrt(v), so where a gradient is tiny its rounding reaches the update; measured ~1.4e-7,
+# bound 1e-6 = 0.2% of one step's move (lr 5e-4), while a wrong batch or a missing all-reduce moves
+# weights by ~lr.
+DIST_GRAD_RTOL, DIST_GRAD_ATOL = 1e-5, 1e-7
+DIST_PARAM_RTOL, DIST_PARAM_ATOL = 1e-5, 1e-6
+
+
+def launch_workers(cfg: TrainConfig, steps: int, out) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
+           str(REPO / "tests" / "dist_worker.py"), "--config", json.dumps(cfg.to_dict()),
+           "--steps", str(steps), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 processes share 2 cores
+    log = out / "torchrun.log"  # a file, not a pipe: a stray process holding a pipe open cannot block us
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+    assert proc.returncode == 0, f"torchrun exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks. The ranks run in sessions of their own (torchrun starts them so), so
+    killing torchrun's process group would orphan them: collect their ids from /proc first."""
+    def children(pid):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return []
+        found = []
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    found += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+        return found + [d for c in found for d in children(c)]
+
+    ranks = children(proc.pid)
+    for pid in [-proc.pid, *ranks]:  # -pid: torchrun's whole process group
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone
+            pass
+    proc.wait()
+
+
+@pytest.mark.parametrize("mode, stage_settings", [
+    # grad_accum_steps=2 also runs DDP's no_sync() path (gradients all-reduced on the last micro-batch only).
+    ("ddp", dict(grad_accum_steps=2)),
+    # the memory ladder's earlier changes, as memory_4 runs them, composed with sharding
+    ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
+])
+def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_settings, char_data, tmp_path):
+    # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
+    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, **stage_settings)
+    launch_workers(cfg, DIST_STEPS, tmp_path)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
+    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)
+
+    # The sampler's promise, checked on what the ranks really trained on: at every step the ranks'
+    # batches, in rank order, are the single process's batch.
+    assert torch.equal(torch.cat([r["inputs"] for r in ranks], dim=1), torch.stack(single.inputs))
+    rank_mean = [sum(losses) / NPROC for losses in zip(*(r["losses"] for r in ranks))]
+    assert rank_mean == pytest.approx(single.losses, rel=1e-5)
+
+    for step, (gd, gs) in enumerate(zip(ranks[0]["grads"], grads_single)):
+        assert global_norm(gs) == pytest.approx(1.0, rel=1e-4)  # the clip was active
+        report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, DIST_GRAD_RTOL, DIST_GRAD_ATOL)
+        torch.testing.assert_close(gd, gs, rtol=DIST_GRAD_RTOL, atol=DIST_GRAD_ATOL)
+    report(f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps", ranks[0]["params"],
+           full_params(single.raw), DIST_PARAM_RTOL, DIST_PARAM_ATOL)
+    torch.testing.assert_close(ranks[0]["params"], full_params(single.raw), rtol=DIST_PARAM_RTOL,
+                               atol=DIST_PARAM_ATOL)

@@ -1,0 +1,99 @@
+"""The trainer: it learns, it is deterministic, it writes a valid record, and bad input gets one line."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpt import train
+from gpt.config import TrainConfig
+from gpt.records import record_problems
+
+from conftest import REPO
+
+TINY = dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, dataset="tokens",
+            batch_size=8, warmup_iters=1, device="cpu")
+
+
+def tiny_config(data_dir, **overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "data_dir": str(data_dir), **overrides})
+
+
+def test_short_cpu_run_lowers_the_loss_and_returns_a_valid_record(char_data):
+    cfg = tiny_config(char_data, samples=8 * 20, repeats=2, lr=3e-3)  # 1 + 40 steps
+    record = train.run(cfg, label="test")
+    record.update(stage="test", ladder="speed", profile="test", parent=None)
+    assert record_problems(record) == []
+    m = record["metrics"]
+    assert len(m["losses"]) == 40 and len(m["seconds_per_repeat"]) == 2
+    # Untrained, the loss is ln(vocab) ~ 4.1; after 40 steps at lr 3e-3 a char model is well below it.
+    assert m["loss_first"] == pytest.approx(np.log(record["model"]["vocab_size"]), abs=0.3)
+    assert np.mean(m["losses"][-10:]) < m["loss_first"] - 0.5
+    assert m["peak_memory_mib"] > 0 and m["memory_breakdown_mib"]["parameters"] > 0
+    assert m["tokens_per_s"] == pytest.approx(cfg.samples * cfg.block_size / m["seconds_mean"])
+    json.dumps(record)  # serialisable as is
+
+
+def test_cpu_training_is_deterministic(char_data):
+    cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False)
+    a, b = train.run(cfg)["metrics"]["losses"], train.run(cfg)["metrics"]["losses"]
+    assert a == b  # bit-identical on the CPU for the same seed
+
+
+def run_stage(*args, stage="speed_0_baseline"):
+    return subprocess.run([sys.executable, str(REPO / "stages" / f"{stage}.py"), "--wandb", "disabled", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_stage_script_writes_a_valid_record_and_a_summary(tmp_path, char_data):
+    r = run_stage("--profile", "smoke", "--data-dir", str(char_data), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "speed_0_baseline.json").read_text())
+    assert record_problems(record) == []
+    assert record["stage"] == "speed_0_baseline" and record["profile"] == "smoke"
+    assert "tokens/s" in r.stdout and "peak memory" in r.stdout
+
+
+def make_bad_vocab_data(tmp_path, char_data):
+    """A prepared data set whose meta claims a vocabulary smaller than its token ids."""
+    bad = tmp_path / "bad_vocab"
+    bad.mkdir()
+    for f in char_data.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["vocab_size"] = 10
+    meta["tokenizer"]["chars"] = meta["tokenizer"]["chars"][:10]
+    (bad / "meta.json").write_text(json.dumps(meta))
+    return bad
+
+
+def assert_one_line_error(r, expected):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--preset", "gpt5"], "unknown model preset"),
+        (["--batch-size", "0"], "batch size must be >= 1"),
+        (["--block-size", "2048"], "block size 2048"),
+        (["--data-dir", "/nonexistent/data"], "python data/prepare.py"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(tmp_path, char_data, args, expected):
+    r = run_stage("--profile", "smoke", "--data-dir", str(char_data), *args, "--out", str(tmp_path))
+    assert_one_line_error(r, expected)
+
+
+def test_unknown_profile_gets_one_line(tmp_path):
+    assert_one_line_error(run_stage("--profile", "huge", "--out", str(tmp_path)), "unknown profile")
+
+
+def test_token_ids_beyond_the_vocabulary_get_one_line(tmp_path, char_data):
+    bad = make_bad_vocab_data(tmp_path, char_data)
+    r = run_stage("--profile", "smoke", "--data-dir", str(bad), "--out", str(tmp_path), stage="memory_0_baseline")
+    assert_one_line_error(r, ">= vocab size")  # memory_0 reads the token file, which checks the ids
