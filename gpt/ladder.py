@@ -137,6 +137,9 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        device=args.device)
+    if cfg.distributed and distributed.under_torchrun():
+        cfg.nproc = int(os.environ["WORLD_SIZE"])  # launched by hand (e.g. several machines): the launcher decides
+        cfg.validate()
     path = record_path(out, stage)
     meta = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
 

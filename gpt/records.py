@@ -36,6 +36,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "numpy": numpy.__version__,
         "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
         "git_commit": git_commit(),
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

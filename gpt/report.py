@@ -1,0 +1,651 @@
+"""results.md from the JSON records of a ladder run: tables, generated findings and plots.
+
+    python -m gpt.report [--runs runs/cpu-cpu] [--out runs/cpu-cpu/results.md]
+
+Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
+partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
+PNGs in `plots/` beside results.md. If the records directory also holds the memory planner's outputs
+(memory_reference.json, memory_fit.json, memory_compare.json, from gpt/memory.py) they get a section too.
+"""
+import argparse
+import math
+from datetime import datetime
+from pathlib import Path
+
+from gpt.data import REPO_ROOT
+from gpt.errors import UserError, exit_on_user_error
+from gpt.ladder import LADDERS, load_stage, record_path
+from gpt.records import read_record
+
+MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_ladder.py): the machine the ladder ran on
+BREAKDOWN = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]  # + "other"
+NO_GAIN_PCT = 3.0  # a stage that saves less than this (time or memory) "did not help here"
+NOISY_PCT = 10.0  # repeats whose standard deviation exceeds this share of their mean are flagged
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading
+
+
+def load_records(runs: Path) -> dict[str, dict]:
+    """Stage name -> record, for the stages of both ladders that have a record in `runs`."""
+    found = {}
+    for stage in (s for stages in LADDERS.values() for s in stages):
+        record = read_record(record_path(runs, stage))
+        if record is not None:
+            found[stage] = record
+    return found
+
+
+def ok(record: dict | None) -> bool:
+    return bool(record) and record.get("status") == "ok"
+
+
+def pct(new: float | None, old: float | None) -> float | None:
+    """Relative change in percent, None when either side is missing."""
+    if new is None or not old:
+        return None
+    return 100 * (new / old - 1)
+
+
+def comparable(a: dict | None, b: dict | None) -> bool:
+    """Two finished records measured under the same profile on the same kind of device."""
+    return ok(a) and ok(b) and a["profile"] == b["profile"] and a["device"]["type"] == b["device"]["type"]
+
+
+class Rung:
+    """One stage of a ladder as the report sees it: the record (or None), its parent, the ladder's
+    baseline, and what the stage script documents."""
+
+    def __init__(self, stage: str, records: dict[str, dict], ladder: list[str], scripts: dict):
+        i = ladder.index(stage)
+        first, parent = ladder[0], (ladder[i - 1] if i else None)
+        self.stage, self.change, self.reference = stage, scripts[stage].CHANGE, scripts[stage].REFERENCE
+        self.record = records.get(stage)
+        self.parent = records.get(parent) if parent else None
+        self.baseline = records.get(first) if parent else None
+        self.parent_reference = scripts[parent].REFERENCE if parent else None
+        self.baseline_reference = scripts[first].REFERENCE if parent else None
+
+    @property
+    def ok(self) -> bool:
+        return ok(self.record)
+
+    def m(self, key: str):
+        return self.record["metrics"].get(key) if self.ok else None
+
+    def vs(self, other: dict | None, key: str) -> float | None:
+        """Change of metric `key` against another record, if the two are comparable."""
+        if not comparable(self.record, other):
+            return None
+        return pct(self.m(key), other["metrics"].get(key))
+
+    def ref_vs(self, key: str, other: dict | None) -> float | None:
+        return pct(self.reference.get(key), (other or {}).get(key))
+
+    def status_text(self) -> str:
+        if self.record is None:
+            return "not run"
+        status = self.record.get("status", "?")
+        label = {"oom": "OOM"}.get(status, status)
+        reason = self.record.get("reason")
+        return f"**{label}**: {reason}" if reason else f"**{label}**"
+
+
+def ladders_of(records: dict[str, dict]) -> dict[str, list[Rung]]:
+    """The ladders that have at least one record, each as its full list of rungs (missing stages too)."""
+    ladders = {}
+    for name, stages in LADDERS.items():
+        if any(s in records for s in stages):
+            scripts = {s: load_stage(s) for s in stages}  # their CHANGE and REFERENCE
+            ladders[name] = [Rung(s, records, stages, scripts) for s in stages]
+    return ladders
+
+
+# ---------------------------------------------------------------------------------------------------------
+# formatting
+
+
+def fmt_pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.0f}%" if abs(round(x, 1)) >= 10 else f"{x:+.1f}%"
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    """`digits` significant figures, no exponent for everyday magnitudes."""
+    if x is None:
+        return ""
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def fmt_mib(x: float | None) -> str:
+    return "" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:,.1f}" if x >= 10 else f"{x:,.2f}"
+
+
+def fmt_time(seconds: float | None) -> str:
+    """Seconds for a person: 850 ms, 4.2 s, 3 min 12 s."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def samples_label(rungs: list[Rung]) -> str:
+    """'N' of 'seconds per N samples': the ladder's samples per repeat, if all its runs agree."""
+    counts = {r.m("samples_per_repeat") for r in rungs if r.ok}
+    return f"{counts.pop():,}" if len(counts) == 1 else "N"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the report's parts
+
+
+def header(runs: Path, records: dict[str, dict]) -> list[str]:
+    """Where and when the records were measured, from machine.json (run_all) and the records themselves."""
+    machine = read_record(runs / MACHINE_FILE) or {}
+    finished = [r for r in records.values() if ok(r)]
+    envs = [r.get("env", {}) for r in records.values()]
+
+    devices = sorted({f"{r['device']['name']} ({r['device']['type']})" for r in finished})
+    processes = sorted({r["device"]["count"] for r in finished})
+    threads = sorted({r["device"].get("threads_per_process") for r in finished} - {None})
+    times = sorted(e["time"] for e in envs if e.get("time"))
+    commits = sorted({e.get("git_commit", "unknown") for e in envs})
+    torches = sorted({e.get("torch", "?") for e in envs})
+    cudas = sorted({str(e.get("cuda")) for e in envs} - {"None"})
+    profiles = sorted({r.get("profile", "?") for r in records.values()})
+
+    def when(iso: str) -> str:
+        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
+
+    cpus = machine.get("cpu_count", "not recorded")
+    gpus = machine.get("gpus")
+    gpu_text = "none" if gpus == [] else ", ".join(gpus) if gpus else "not recorded"
+    rows = [
+        ["device", ", ".join(devices) or "(no finished stage)"],
+        ["processes per stage", " or ".join(map(str, processes)) + (
+            f" ({' or '.join(map(str, threads))} CPU threads each)" if threads else "")],
+        ["CPU cores / GPUs", f"{cpus} / {gpu_text}" + (
+            f" (load average {machine['load_average']} when the ladder started)" if "load_average" in machine
+            else "")],
+        ["torch", ", ".join(torches) + (f" (CUDA {', '.join(cudas)})" if cudas else "")],
+        ["python", machine.get("python") or ", ".join(sorted({e.get("python", "?") for e in envs}))],
+        ["date", f"{when(times[0])} to {when(times[-1])}" if times else "unknown"],
+        ["git commit", ", ".join(c[:12] + (" (uncommitted changes)" if c.endswith("-dirty") else "")
+                                 for c in commits)],
+        ["profile", ", ".join(profiles)],
+    ]
+    lines = [
+        "# Results",
+        "",
+        f"Generated by `python -m gpt.report` from the JSON records in `{display(runs)}`. "
+        "Regenerate it rather than editing it.",
+        "",
+        *table(["", ""], rows),
+    ]
+    if machine.get("load_average", 0) > 0.5 * (machine.get("cpu_count") or 1):
+        lines += ["", f"Warning: the machine was busy when the ladder started (load average "
+                      f"{machine['load_average']} on {machine['cpu_count']} cores). Other processes slow CPU "
+                      "stages down unevenly, so the time columns are unreliable; memory figures are not affected."]
+    if len(profiles) > 1:
+        lines += ["", f"Warning: these records come from {len(profiles)} profiles; changes are only computed "
+                      "between stages of the same profile."]
+    return lines
+
+
+def speed_table(rungs: list[Rung]) -> list[str]:
+    n = samples_label(rungs)
+    head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline",
+            "reference s (vs prev.)", "tokens/s", "peak MiB", "MiB vs prev.", "MFU", "data wait", "final loss"]
+    rows = []
+    for r in rungs:
+        ref = f"{r.reference['seconds']}" + (f" ({fmt_pct(r.ref_vs('seconds', r.parent_reference))})"
+                                             if r.parent_reference else "")
+        if not r.ok:
+            rows.append([r.stage, r.change, r.status_text(), "", "", ref, "", "", "", "", "", ""])
+            continue
+        rows.append([
+            r.stage, r.change,
+            f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
+            fmt_pct(r.vs(r.parent, "seconds_mean")), fmt_pct(r.vs(r.baseline, "seconds_mean")),
+            ref,
+            f"{r.m('tokens_per_s'):,.0f}",
+            fmt_mib(r.m("peak_memory_mib")), fmt_pct(r.vs(r.parent, "peak_memory_mib")),
+            "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
+            f"{r.m('data_wait_pct'):.0f}%",
+            f"{r.m('loss_final'):.3f}",
+        ])
+    return table(head, rows)
+
+
+def memory_table(rungs: list[Rung]) -> list[str]:
+    n = samples_label(rungs)
+    head = ["stage", "change", "peak MiB", "vs previous", "vs baseline", "reference MiB (vs prev.)",
+            f"s / {n} samples", "time vs prev.", "reference s", "tokens/s", "MFU", "data wait", "final loss"]
+    rows = []
+    for r in rungs:
+        ref_mib = f"{r.reference['peak_mib']:,}" + (
+            f" ({fmt_pct(r.ref_vs('peak_mib', r.parent_reference))})" if r.parent_reference else "")
+        ref_s = f"{r.reference['seconds']}"
+        if not r.ok:
+            rows.append([r.stage, r.change, r.status_text(), "", "", ref_mib, "", "", ref_s, "", "", "", ""])
+            continue
+        rows.append([
+            r.stage, r.change,
+            fmt_mib(r.m("peak_memory_mib")),
+            fmt_pct(r.vs(r.parent, "peak_memory_mib")), fmt_pct(r.vs(r.baseline, "peak_memory_mib")),
+            ref_mib,
+            f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
+            fmt_pct(r.vs(r.parent, "seconds_mean")),
+            ref_s,
+            f"{r.m('tokens_per_s'):,.0f}",
+            "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
+            f"{r.m('data_wait_pct'):.0f}%",
+            f"{r.m('loss_final'):.3f}",
+        ])
+    return table(head, rows)
+
+
+def config_diff(r: Rung) -> set[str]:
+    """The TrainConfig fields this stage changed relative to its parent's run."""
+    a, b = r.record.get("config", {}), r.parent.get("config", {})
+    return {k for k in a if k not in ("extra", "device") and a.get(k) != b.get(k)}
+
+
+def noise_pct(r: Rung) -> float:
+    """Run-to-run noise of the comparison with the parent: the two relative standard deviations combined."""
+    cv = [rec["metrics"]["seconds_std"] / rec["metrics"]["seconds_mean"] for rec in (r.record, r.parent)]
+    return 100 * math.hypot(*cv)
+
+
+def why_no_speedup(r: Rung) -> str:
+    """The measured reason a speed stage did not make the ladder faster here."""
+    m, p = r.record["metrics"], r.parent["metrics"]
+    dev, pdev = r.record["device"], r.parent["device"]
+    changed = config_diff(r)
+    step = f"steady step {fmt_time(m['step_time_median_s'])} vs {fmt_time(p['step_time_median_s'])} before"
+    if "num_workers" in changed:
+        waits = f"data wait {p['data_wait_pct']:.0f}% of the time before, {m['data_wait_pct']:.0f}% now"
+        why = (f"the previous stage hardly waited for data, so workers had little to win ({waits})"
+               if p["data_wait_pct"] < 20 else waits)
+        if dev["type"] == "cpu":
+            why += f"; on a CPU the {r.record['config']['num_workers']} workers compete with training for " \
+                   "the same cores"
+        return why
+    if "pin_memory" in changed and not r.record["choices"]["pinned_memory_non_blocking"]:
+        return ("on a CPU there is no host-to-device copy to overlap (choices.pinned_memory_non_blocking is "
+                "false), so this change does nothing here and the difference is run-to-run variation")
+    if "compile" in changed:
+        return (f"the compiled steps were not faster at this size ({step}); compilation itself took "
+                f"{fmt_time(m['compile_s'])}, outside the timed repeats")
+    if "amp" in changed:
+        return (f"autocast to {r.record['choices']['amp_dtype']} on {dev['name']} did not pay for its casts "
+                f"at this size ({step})")
+    if "distributed" in changed and dev["type"] == "cpu":
+        return (f"on a CPU the {dev['count']} processes share the cores one process used before "
+                f"({dev['threads_per_process']} thread(s) each vs {pdev['threads_per_process']}), so there "
+                "is no extra compute to gain, and gradients must still be all-reduced")
+    if "batch_size" in changed:
+        return f"a bigger batch means fewer steps, but each step got slower in proportion ({step})"
+    return step
+
+
+def why_no_memory_saving(r: Rung) -> str:
+    """The measured reason a memory stage did not lower the peak here: what dominates the peak."""
+    b, pb = r.record["metrics"].get("memory_breakdown_mib"), r.parent["metrics"].get("memory_breakdown_mib")
+    if not b or not pb:
+        return "no breakdown recorded"
+    parts = {k: b.get(k, 0) for k in BREAKDOWN}
+    top = max(parts, key=parts.get)
+    share = f"the peak is {parts[top] / b['total']:.0%} {top.replace('_', ' ')} ({fmt_mib(parts[top])} MiB)"
+    moved = [k for k in BREAKDOWN if abs(b.get(k, 0) - pb.get(k, 0)) > 0.01 * b["total"]]
+    if not moved:
+        return (f"what was alive at the peak is unchanged, so the memory this change saves is not held at the "
+                f"peak moment ({share})")
+    changes = ", ".join(f"{k.replace('_', ' ')} {fmt_mib(pb.get(k, 0))} -> {fmt_mib(b.get(k, 0))} MiB"
+                        for k in moved)
+    return f"{share}; at the peak: {changes}"
+
+
+def speed_findings(rungs: list[Rung]) -> list[str]:
+    steps = [(r, r.vs(r.parent, "seconds_mean")) for r in rungs]
+    steps = [(r, d) for r, d in steps if d is not None]
+    lines = []
+    if steps:
+        best, d = min(steps, key=lambda x: x[1])
+        lines.append(f"Largest gain: `{best.stage}` ({best.change}), {fmt_pct(d)} time per "
+                     f"{best.m('samples_per_repeat'):,} samples (reference: "
+                     f"{fmt_pct(best.ref_vs('seconds', best.parent_reference))}).")
+    last = next((r for r in reversed(rungs) if r.vs(r.baseline, "seconds_mean") is not None), None)
+    if last:
+        ours = rungs[0].m("seconds_mean") / last.m("seconds_mean")
+        theirs = rungs[0].reference["seconds"] / last.reference["seconds"]
+        lines.append(f"Overall, baseline to `{last.stage}`: {ours:.1f}x faster here, {theirs:.1f}x in the "
+                     "reference.")
+    for r, d in steps:
+        if d > -NO_GAIN_PCT:
+            noise = noise_pct(r)
+            within = f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
+            lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within}): {why_no_speedup(r)}.")
+    compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None), None)
+    if compiled:  # the stage that switched compilation on; later stages pay it again in their warm-up
+        lines.append(compile_line(compiled))
+    return lines
+
+
+def compile_line(r: Rung) -> str:
+    """torch.compile's one-time cost, apart from the steady state, and when it pays for itself."""
+    text = (f"Compilation (`{r.stage}`): the first step took {fmt_time(r.m('first_step_s'))}, "
+            f"{fmt_time(r.m('compile_s'))} more than a steady step; it is not in the timed repeats.")
+    if comparable(r.record, r.parent) and "compile" in config_diff(r):
+        saved = r.parent["metrics"]["seconds_mean"] - r.m("seconds_mean")
+        if saved > 0:
+            text += (f" At {fmt_time(saved)} saved per {r.m('samples_per_repeat'):,} samples it pays for "
+                     f"itself after {math.ceil(r.m('compile_s') / saved):,} such repeats.")
+        else:
+            text += " The steady state was not faster, so here it never pays for itself."
+    return text
+
+
+def memory_findings(rungs: list[Rung]) -> list[str]:
+    steps = [(r, r.vs(r.parent, "peak_memory_mib")) for r in rungs]
+    steps = [(r, d) for r, d in steps if d is not None]
+    lines = []
+    if steps:
+        best, d = min(steps, key=lambda x: x[1])
+        lines.append(f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory "
+                     f"(reference: {fmt_pct(best.ref_vs('peak_mib', best.parent_reference))}), at "
+                     f"{fmt_pct(best.vs(best.parent, 'seconds_mean'))} time.")
+    last = next((r for r in reversed(rungs) if r.vs(r.baseline, "peak_memory_mib") is not None), None)
+    if last:
+        lines.append(f"Overall, baseline to `{last.stage}`: peak memory "
+                     f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here, "
+                     f"{fmt_pct(last.ref_vs('peak_mib', last.baseline_reference))} in the reference"
+                     + (" (per process)." if last.record["device"]["count"] > 1 else "."))
+    for r, d in steps:
+        if d > -NO_GAIN_PCT:
+            lines.append(f"`{r.stage}` did not lower the peak here ({fmt_pct(d)}): {why_no_memory_saving(r)}.")
+    return lines
+
+
+def noise_line(rungs: list[Rung]) -> list[str]:
+    """Stages whose repeats disagree: their time changes say more about the machine than the change."""
+    noisy = [(r, 100 * r.m("seconds_std") / r.m("seconds_mean")) for r in rungs if r.ok]
+    noisy = [f"`{r.stage}` (±{cv:.0f}%)" for r, cv in noisy if cv > NOISY_PCT]
+    if not noisy:
+        return []
+    return [f"Noisy timing: the repeats of {', '.join(noisy)} differ by more than {NOISY_PCT:.0f}% of their "
+            "mean (a busy machine, or repeats too short); rerun those stages before trusting their time "
+            "changes."]
+
+
+def method_notes(rungs: list[Rung]) -> list[str]:
+    """How peak memory and MFU were measured, once per distinct method."""
+    done = [r for r in rungs if r.ok]
+    memory = sorted({r.record["choices"]["memory_method"] for r in done})
+    flops = sorted({r.m("peak_flops_source") for r in done} - {None})
+    notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []
+    return notes + ([f"MFU is against the device's peak FLOPS, {'; '.join(flops)}."] if flops else [])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plots (matplotlib, Agg: no display needed)
+
+
+def short(stage: str) -> str:
+    """'speed_3_non_blocking' -> '3 non blocking' for axis labels."""
+    _, i, name = stage.split("_", 2)
+    return f"{i} {name.replace('_', ' ')}"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, color="tab:blue"):
+    """One bar per stage; a stage without a value shows its status instead of a bar."""
+    x = range(len(rungs))
+    heights = [v or 0 for v in values]
+    ax.bar(x, heights, yerr=errors, color=color, capsize=3)
+    tops = [h + e for h, e in zip(heights, errors or [0] * len(heights))]  # label above the error bar
+    top = max(tops) or 1
+    for i, (r, v) in enumerate(zip(rungs, values)):
+        text = fmt(v) if v is not None else (r.record or {}).get("status", "not run")
+        ax.text(i, tops[i] + top * 0.02, text, ha="center", va="bottom", fontsize=8,
+                color="black" if v is not None else "tab:red")
+    ax.set_xticks(list(x), [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, top * 1.18)
+
+
+def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
+    """This run and the reference, each relative to its own baseline (different hardware, same shape)."""
+    x = list(range(len(rungs)))
+    base = rungs[0]
+    ours = [r.m(key) / base.m(key) if comparable(r.record, base.record) else None for r in rungs]
+    theirs = [r.reference[ref_key] / base.reference[ref_key] for r in rungs]
+    ax.plot(x, theirs, "s--", color="tab:gray", label="reference (H100)")
+    ax.plot([i for i, v in zip(x, ours) if v is not None], [v for v in ours if v is not None], "o-",
+            color="tab:orange", label="this run")
+    ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, max([1.05] + [v * 1.1 for v in ours + theirs if v is not None]))
+    ax.set_title(f"{what} relative to the baseline")
+    ax.axhline(1, color="black", lw=0.5)
+    ax.legend(fontsize=8)
+
+
+def plot_speed(rungs: list[Rung], path: Path) -> None:
+    plt = _pyplot()
+    n = samples_label(rungs)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    _bars(axes[0], rungs, [r.m("seconds_mean") for r in rungs], fmt_num,
+          errors=[r.m("seconds_std") or 0 for r in rungs])
+    axes[0].set_title(f"seconds per {n} samples (mean ± std)")
+    _bars(axes[1], rungs, [r.m("tokens_per_s") for r in rungs], lambda v: f"{v:,.0f}", color="tab:green")
+    axes[1].set_title("tokens / s")
+    _relative(axes[2], rungs, "seconds_mean", "seconds", "time")
+    fig.suptitle("Speed ladder")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _stacked(ax, labels: list[str], breakdowns: list[dict | None], title: str):
+    """Stacked bars of a memory breakdown (MiB), one per stage; 'other' holds buffers and the rest."""
+    plt = _pyplot()
+    bottoms = [0.0] * len(labels)
+    colors = plt.get_cmap("tab10").colors
+    for j, part in enumerate(BREAKDOWN + ["other"]):
+        values = []
+        for b in breakdowns:
+            if not b:
+                values.append(0.0)
+            elif part == "other":
+                values.append(max(0.0, b.get("total", 0) - sum(b.get(k, 0) for k in BREAKDOWN)))
+            else:
+                values.append(b.get(part, 0))
+        ax.bar(range(len(labels)), values, bottom=bottoms, label=part.replace("_", " "), color=colors[j])
+        bottoms = [a + v for a, v in zip(bottoms, values)]
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.3 * max(bottoms + [1e-9]))  # headroom for the legend
+    ax.set_ylabel("MiB")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def plot_memory(rungs: list[Rung], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    _bars(axes[0], rungs, [r.m("peak_memory_mib") for r in rungs], fmt_mib, color="tab:purple")
+    axes[0].set_title("peak memory, MiB (per process)")
+    _stacked(axes[1], [short(r.stage) for r in rungs], [r.m("memory_breakdown_mib") for r in rungs],
+             "at the peak: what the memory holds (MiB)")
+    _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
+    fig.suptitle("Memory ladder")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_timelines(rungs: list[Rung], path: Path) -> bool:
+    """Live tensor memory through one instrumented training step, one curve per memory stage."""
+    curves = [(r, r.m("memory_timeline_mib")) for r in rungs]
+    curves = [(r, c) for r, c in curves if c]
+    if not curves:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    for r, c in curves:
+        x = [100 * i / max(1, len(c) - 1) for i in range(len(c))]
+        ax.plot(x, c, label=f"{short(r.stage)} (peak {fmt_mib(max(c))} MiB)")
+    ax.set_xlabel("progress through one training step (%, allocation events)")
+    ax.set_ylabel("live tensor memory, MiB")
+    ax.set_title("Memory over one training step (rank 0 for distributed stages)")
+    ax.set_ylim(0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the memory planner's outputs (gpt/memory.py), when present
+
+
+def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
+    files = {k: read_record(runs / f"memory_{k}.json") for k in ("reference", "fit", "compare")}
+    if not any(files.values()):
+        return []
+    lines = ["## Memory planner", "",
+             "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
+    ref = files["reference"]
+    if ref:
+        lines += ["", f"### Estimate vs the reference's documented peaks ({ref.get('target', '?')})", ""]
+        lines += table(["stage", "change", "estimate MiB", "documented MiB", "error"], [
+            [s["stage"], s.get("change", ""), fmt_mib(s["estimate_mib"]), fmt_mib(s.get("documented_mib")),
+             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
+            for s in ref.get("stages", [])])
+        lines += [""] + [f"- {note}" for note in ref.get("notes", [])]
+        stages = [s for s in ref.get("stages", []) if s.get("breakdown_mib")]
+        if stages:
+            plt = _pyplot()
+            fig, ax = plt.subplots(figsize=(9, 4.8))
+            breakdowns = [{**s["breakdown_mib"], "total": s["estimate_mib"]} for s in stages]
+            _stacked(ax, [short(s["stage"]) for s in stages], breakdowns, "estimated peak breakdown (MiB)")
+            documented = [(i, s["documented_mib"]) for i, s in enumerate(stages) if s.get("documented_mib")]
+            if documented:
+                ax.plot(*zip(*documented), "k_", markersize=30, mew=2, label="documented")
+                ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(plots / "memory_planner.png", dpi=110)
+            plt.close(fig)
+            lines += ["", f"![estimated breakdown]({rel}/memory_planner.png)"]
+    fit = files["fit"]
+    if fit:
+        lines += ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB", ""]
+        if fit.get("shape_rule"):
+            lines += [f"Shapes: {fit['shape_rule']}", ""]
+        lines += table(["setting", "processes", "layers", "parameters", "peak MiB", "documented parameters"], [
+            [row["setting"], str(row["world_size"]), str(row["n_layer"]), f"{row['params'] / 1e6:,.0f}M",
+             fmt_mib(row["peak_mib"]),
+             f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else ""]
+            for row in fit.get("rows", [])])
+    compare = files["compare"]
+    if compare:
+        lines += ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]
+        lines += table(["stage", "measured MiB", "estimate MiB", "error"], [
+            [s["stage"], fmt_mib(s["measured_mib"]), fmt_mib(s["estimate_mib"]),
+             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
+            for s in compare.get("stages", [])])
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def display(path: Path) -> str:
+    """A path relative to the repo when inside it (reports are read on other machines)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def write_report(runs: Path, out: Path | None = None) -> Path:
+    """Regenerate results.md (default: inside `runs`) and its plots/ from the records in `runs`."""
+    runs = Path(runs)
+    out = Path(out) if out else runs / "results.md"
+    records = load_records(runs)
+    if not records:
+        raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
+    plots = out.parent / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    rel = "plots"
+    lines = header(runs, records)
+    for name, rungs in ladders_of(records).items():
+        done = sum(r.ok for r in rungs)
+        lines += ["", f"## {name.capitalize()} ladder", "",
+                  f"{done} of {len(rungs)} stages finished. Each stage keeps every earlier change; "
+                  "'vs previous' compares with the stage above. The reference is the documented H100 run "
+                  "(other hardware: compare the changes, not the seconds).", ""]
+        lines += speed_table(rungs) if name == "speed" else memory_table(rungs)
+        findings = speed_findings(rungs) if name == "speed" else memory_findings(rungs)
+        lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs)]
+        if done:
+            if name == "speed":
+                plot_speed(rungs, plots / "speed.png")
+                lines += ["", f"![speed ladder]({rel}/speed.png)"]
+            else:
+                plot_memory(rungs, plots / "memory.png")
+                lines += ["", f"![memory ladder]({rel}/memory.png)"]
+                if plot_timelines(rungs, plots / "memory_timeline.png"):
+                    lines += ["", f"![memory over one step]({rel}/memory_timeline.png)"]
+    planner = planner_section(runs, plots, rel)
+    if planner:
+        lines += [""] + planner
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def default_runs_dir() -> Path:
+    from gpt.ladder import device_type
+    from gpt.profiles import default_profile
+
+    dev = device_type("auto")
+    return REPO_ROOT / "runs" / f"{default_profile(dev)}-{dev}"
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Regenerate results.md and its plots from a ladder's JSON records.")
+    p.add_argument("--runs", type=Path, help="records directory (default: runs/<default profile>-<device>)")
+    p.add_argument("--out", type=Path, help="the Markdown file to write (default: <runs>/results.md); "
+                   "plots go to plots/ beside it")
+    args = p.parse_args(argv)
+    runs = args.runs or default_runs_dir()
+    if not runs.is_dir():
+        raise UserError(f"records directory {runs} does not exist")
+    print(f"wrote {write_report(runs, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The main job behind `./run_all.sh`: every stage of both ladders, in order, each in its own process,
+then results.md.
+
+    ./run_all.sh [--profile P] [--only speed|memory] [--device auto|cpu|cuda] [--wandb MODE] [--out DIR] [--resume]
+
+Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
+and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
+oom, failed, skipped); a stage that dies without one (killed, crashed interpreter) gets a `failed` record
+from here. Ctrl-C (or SIGTERM) stops the running stage and everything it started, keeps every finished
+record, and still writes the report; `--resume` then runs only the stages still missing.
+"""
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from gpt import report
+from gpt.data import REPO_ROOT, prepare_command
+from gpt.errors import UserError, exit_on_user_error
+from gpt.ladder import LADDERS, STAGES_DIR, device_type, ladder_of, parent_of, record_path, stage_config
+from gpt.metrics import device_name, resolve_device
+from gpt.profiles import PROFILES, default_profile, profile_settings
+from gpt.records import environment, read_record, write_record
+
+KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="./run_all.sh", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: reference with "
+                   "CUDA, cpu without; smoke: tiny shapes, a few minutes in all)")
+    p.add_argument("--only", choices=list(LADDERS), help="run one ladder only")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
+                   help="Weights & Biases mode for every stage (offline needs no account or network)")
+    p.add_argument("--out", type=Path, help="records, logs and results.md (default: runs/<profile>-<device>)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip stages that already have an ok/oom/skipped record for this profile and device")
+    return p.parse_args(argv)
+
+
+def needs_run(record: dict | None, profile: str, device: str) -> bool:
+    """--resume keeps a record only if it is a final answer measured with the same profile and device."""
+    if record is None or record.get("status") not in KEEP_ON_RESUME or record.get("profile") != profile:
+        return True
+    measured_on = record.get("device", {}).get("type") or record.get("config", {}).get("device")
+    return measured_on not in (device, "auto")
+
+
+def prepare_data(profile: str, ladders: list[str]) -> None:
+    """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
+    for data_dir in sorted({REPO_ROOT / profile_settings(profile, ladder)["data_dir"] for ladder in ladders}):
+        if (data_dir / "meta.json").exists():
+            continue
+        cmd = prepare_command(data_dir)
+        print(f"preparing {data_dir}: {cmd}")
+        if subprocess.run([sys.executable, *shlex.split(cmd)[1:]], cwd=REPO_ROOT).returncode != 0:
+            raise UserError(f"preparing {data_dir} failed (command: {cmd})")
+
+
+def stage_command(stage: str, profile: str, device: str, wandb: str, out: Path) -> list[str]:
+    return [sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", profile, "--device", device,
+            "--wandb", wandb, "--out", str(out)]
+
+
+def write_machine(out: Path, profile: str, device: str) -> None:
+    """What the report's header needs about this machine and that no single record holds."""
+    env = environment()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    out.mkdir(parents=True, exist_ok=True)
+    write_record(out / report.MACHINE_FILE, {
+        "cpu_count": os.cpu_count(), "gpus": gpus, "python": env["python"], "torch": env["torch"],
+        "platform": env["platform"], "git_commit": env["git_commit"], "profile": profile, "device": device,
+        "started": env["time"], "load_average": round(os.getloadavg()[0], 2)})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# running one stage
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a stage and everything it started (torchrun, its ranks, DataLoader workers): they share the
+    stage's own process group. SIGINT first so each can exit cleanly, then SIGKILL for what remains."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    try:
+        for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _last_line(log: Path) -> str:
+    """The last meaningful line of a stage's log (an error message, usually); progress bars skipped."""
+    try:
+        lines = log.read_text(errors="replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in lines if ln.strip() and "%|" not in ln]  # "%|" marks a tqdm bar
+    return lines[-1][:200] if lines else ""
+
+
+def run_stage(cmd: list[str], log: Path, show) -> int:
+    """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
+    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted."""
+    with open(log, "w") as f:
+        # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=REPO_ROOT, start_new_session=True)
+        t0 = time.monotonic()
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    show(time.monotonic() - t0)
+        except BaseException:
+            _stop(proc)
+            raise
+
+
+def failed_record(stage: str, profile: str, device: str, reason: str) -> dict:
+    """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter)."""
+    record = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage),
+              "status": "failed", "reason": reason, "env": environment()}
+    try:
+        record["config"] = stage_config(stage, profile, device=device).to_dict()
+    except UserError:
+        pass
+    return record
+
+
+def outcome(record: dict) -> str:
+    """One line about a finished stage for the progress display."""
+    if record.get("status") != "ok":
+        return f"{record.get('status')}: {record.get('reason', '')}"
+    m = record["metrics"]
+    return (f"ok  {report.fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
+            f"{m['tokens_per_s']:,.0f} tokens/s, peak {report.fmt_mib(m['peak_memory_mib'])} MiB")
+
+
+def clock(seconds: float) -> str:
+    return time.strftime("%H:%M:%S" if seconds >= 3600 else "%M:%S", time.gmtime(seconds))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def run_stages(stages: list[str], args, profile: str, device: str, out: Path) -> tuple[int, bool]:
+    """Run the stages in order with a progress line each; returns (failed stages, interrupted)."""
+    tty = sys.stdout.isatty()
+    cr = "\r" if tty else ""  # on a terminal the final line overwrites the ticking one
+    start, failures = time.monotonic(), 0
+    for i, stage in enumerate(stages, 1):
+        path, log = record_path(out, stage), out / f"{stage}.log"
+        prefix = f"[{i:>2}/{len(stages)}] {stage:<24}"
+        if args.resume and not needs_run(read_record(path), profile, device):
+            print(f"{prefix} kept: {outcome(read_record(path))}")
+            continue
+
+        def show(seconds, prefix=prefix):
+            if tty:  # one line per stage, its clock ticking
+                print(f"\r{prefix} running {clock(seconds)}  (total {clock(time.monotonic() - start)})",
+                      end="", flush=True)
+
+        print(prefix, end="" if tty else " running\n", flush=True)
+        before = path.stat().st_mtime_ns if path.exists() else None
+        t0, rc, interrupted = time.monotonic(), None, False
+        try:
+            rc = run_stage(stage_command(stage, profile, device, args.wandb, out), log, show)
+        except KeyboardInterrupt:
+            interrupted = True
+        record = read_record(path) if path.exists() and path.stat().st_mtime_ns != before else None
+        # no record of its own (or one from a crash the interruption caused): write one, so that no
+        # stale record passes for this run's result
+        if record is None or (interrupted and record.get("status") == "failed"):
+            if interrupted:
+                reason = "interrupted (Ctrl-C or SIGTERM) before it finished"
+            elif rc < 0:
+                reason = f"killed by {signal.Signals(-rc).name}"
+            else:
+                reason = f"exit code {rc} without a record: {_last_line(log)}"
+            record = failed_record(stage, profile, device, reason)
+            write_record(path, record)
+        failures += record.get("status") == "failed"
+        print(f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
+              f"total {clock(time.monotonic() - start)})" + ("" if record["status"] == "ok" else f"  log: {log}"))
+        if interrupted:
+            return failures, True
+    return failures, False
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device = device_type(args.device)
+    resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
+    profile = args.profile or default_profile(device)
+    out = (args.out or REPO_ROOT / "runs" / f"{profile}-{device}").resolve()
+    ladders = [args.only] if args.only else list(LADDERS)
+    stages = [s for ladder in ladders for s in LADDERS[ladder]]
+    os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
+
+    print(f"== GPT ladder: {' and '.join(ladders)}, profile {profile} on {device} "
+          f"({device_name(torch.device(device))}); records and logs in {out}")
+    prepare_data(profile, ladders)
+    write_machine(out, profile, device)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
+        print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
+              "suffer, memory figures will not")
+    on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
+    try:
+        failures, interrupted = run_stages(stages, args, profile, device, out)
+    except KeyboardInterrupt:  # between two stages
+        failures, interrupted = 0, True
+    finally:
+        signal.signal(signal.SIGTERM, on_term)
+    if interrupted:
+        print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
+
+    # The default run is the project's report (results.md and plots/ at the top of the repo); a run
+    # with --out keeps its report beside its records.
+    results = report.write_report(out, None if args.out else REPO_ROOT / "results.md")
+    print(f"== report: {results} (plots in {results.parent / 'plots'})")
+    if args.wandb == "offline":
+        wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT) / "wandb"
+        print(f"   W&B (offline, group {os.environ['GPT_LADDER_GROUP']}): "
+              f"upload with `wandb sync {wandb_dir}/offline-run-*`")
+    return 130 if interrupted else 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

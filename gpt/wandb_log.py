@@ -1,0 +1,92 @@
+"""Log a finished stage's record to Weights & Biases, after training: one W&B run per stage.
+
+Every stage of one ladder run shares a group (env GPT_LADDER_GROUP, set by run_all; else
+<profile>-<device>-<date>) in the project "gpt-ladder", so the W&B UI lines the stages up side by side.
+Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays.
+
+Offline (the default) needs no account and no network: runs go to <repo>/wandb/ (or $WANDB_DIR/wandb/),
+and `wandb sync wandb/offline-run-*` uploads them later.
+A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
+"""
+import os
+import sys
+from datetime import date
+from pathlib import Path
+
+from gpt.data import REPO_ROOT
+
+PROJECT = "gpt-ladder"
+
+
+def run_group(record: dict) -> str:
+    return os.environ.get("GPT_LADDER_GROUP") or (
+        f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}")
+
+
+def run_config(record: dict) -> dict:
+    """Everything that defines the run, so W&B can filter and group stages by any setting."""
+    keys = ("stage", "ladder", "profile", "parent", "model", "choices", "device")
+    return {**record.get("config", {}), **{k: record[k] for k in keys if k in record},
+            "git_commit": record.get("env", {}).get("git_commit"), "torch": record.get("env", {}).get("torch")}
+
+
+def summary(record: dict) -> dict:
+    """The record's scalar figures (lists are logged as curves), breakdown as memory_breakdown_mib/<part>."""
+    out = {"status": record["status"]}
+    for key, value in record.get("metrics", {}).items():
+        if isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in value.items()})
+        elif not isinstance(value, list) and value is not None:
+            out[key] = value
+    return out
+
+
+def log_run(record: dict, mode: str) -> None:
+    """Log one stage (mode offline | online; disabled does nothing). Never raises."""
+    if mode == "disabled":
+        return
+    try:
+        _log(record, mode)
+    except Exception as e:  # noqa: BLE001 - any W&B problem: warn once, the stage has succeeded
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
+              "the JSON record is unaffected", file=sys.stderr)
+
+
+def _log(record: dict, mode: str) -> None:
+    import wandb
+
+    if mode == "online" and not wandb.login(prompt=False, verify=False):
+        raise RuntimeError("not logged in to W&B: run `wandb login` first, or use --wandb offline")
+    wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT)  # W&B writes into <dir>/wandb/
+    wandb_dir.mkdir(parents=True, exist_ok=True)
+    settings = wandb.Settings(
+        silent=True,  # no banners in the stage's output
+        console="off",  # the stage has already printed everything; do not capture stdout
+        x_disable_stats=True,  # no system-metrics sampler: training is over, it would only add noise
+        disable_git=True,  # the commit is in the config already
+        save_code=False,
+        init_timeout=60,  # online with an unreachable server: give up instead of waiting forever
+    )
+    run = wandb.init(project=PROJECT, group=run_group(record), job_type=record["ladder"], name=record["stage"],
+                     config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
+                     reinit="finish_previous")
+    try:
+        m = record.get("metrics", {})
+        # per optimizer step: loss, step time and throughput, on their own x-axis
+        run.define_metric("train/step")
+        run.define_metric("train/*", step_metric="train/step")
+        cfg, count = record["config"], record.get("device", {}).get("count", 1)
+        tokens_per_step = cfg["batch_size"] * cfg["block_size"] * count  # every process's batch
+        for i, (loss, seconds) in enumerate(zip(m.get("losses", []), m.get("step_times_s", []))):
+            run.log({"train/step": i, "train/loss": loss, "train/step_time_s": seconds,
+                     "train/tokens_per_s": tokens_per_step / seconds})
+        # memory through the instrumented step, on an x-axis of its own (allocation events)
+        run.define_metric("memory/event")
+        run.define_metric("memory/*", step_metric="memory/event")
+        for i, mib in enumerate(m.get("memory_timeline_mib") or []):
+            run.log({"memory/event": i, "memory/live_mib": mib})
+        run.summary.update(summary(record))
+    finally:
+        run.finish()
+        wandb.teardown()  # waits until the run is on disk (finish() alone may return before that)

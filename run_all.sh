@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's main job: set up the environment, run both ladders on this machine, write the report.
+#
+#   ./run_all.sh                          # default profile for the hardware found (reference on CUDA, cpu otherwise)
+#   ./run_all.sh --profile smoke --out /tmp/smoke_runs      # every stage on tiny shapes, a few minutes
+#   ./run_all.sh --only memory --resume   # one ladder; keep the stages that already have a record
+#
+# Options (--profile, --only, --device, --wandb, --out, --resume) go to gpt/run_ladder.py (`--help`).
+# Results: <out>/results.md with plots in <out>/plots/; per stage <out>/<stage>.json and <stage>.log.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# The project's virtual environment, (re)installed only when pyproject.toml changed since the last install.
+if [ ! -x .venv/bin/python ]; then
+    echo "creating the virtual environment .venv"
+    python3 -m venv .venv
+fi
+stamp=.venv/.installed-pyproject-sha256
+wanted=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    echo "installing the project and its dependencies into .venv (pip install -e \".[test]\")"
+    .venv/bin/pip install --quiet -e ".[test]"
+    echo "$wanted" > "$stamp"
+fi
+
+# Everything else (data, stages, progress, interruption, report) is Python: gpt/run_ladder.py.
+exec .venv/bin/python -m gpt.run_ladder "$@"

@@ -1,0 +1,271 @@
+"""results.md from records (tables, deltas, failed/skipped rows, plots) and run_all's orchestration
+(resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt import report, run_ladder
+from gpt.ladder import LADDERS, ladder_of, parent_of, record_path, stage_config
+from gpt.records import record_problems, write_record
+
+PNG = b"\x89PNG"
+
+
+def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: float = 100.0,
+                profile: str = "smoke", reason: str | None = None, **metrics) -> dict:
+    """A record as a stage script writes it (real config from the stage's ladder position)."""
+    cfg = stage_config(stage, profile, device="cpu").to_dict()
+    record = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage),
+              "status": status, "config": cfg,
+              "env": {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "numpy": "2.0",
+                      "platform": "Linux", "git_commit": "0123456789abcdef", "time": "2026-01-02T03:04:05+00:00"}}
+    if status != "ok":
+        return {**record, "reason": reason or "something broke"}
+    steps = cfg["samples"] // cfg["batch_size"]
+    world = cfg["nproc"] if cfg["distributed"] else 1
+    losses = [4.0 - 0.01 * i for i in range(2 * steps)]
+    m = {
+        "seconds_mean": seconds, "seconds_std": 0.01 * seconds, "seconds_per_repeat": [seconds] * 2,
+        "samples_per_repeat": cfg["samples"], "steps_per_repeat": steps,
+        "tokens_per_s": cfg["samples"] * cfg["block_size"] / seconds,
+        "step_time_s": seconds / steps, "step_time_median_s": seconds / steps,
+        "step_times_s": [seconds / steps] * len(losses), "first_step_s": 5.0 if cfg["compile"] else 0.1,
+        "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0,
+        "peak_memory_mib": peak,
+        "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
+                                 "optimizer_state": 0.2 * peak, "activations": 0.5 * peak,
+                                 "temporaries": 0.1 * peak, "other": 0.0, "total": peak},
+        "memory_timeline_mib": [peak * i / 50 for i in range(50)] + [peak * 0.3] * 10,
+        "flops_per_token": 1000, "peak_flops_per_device": 1e11, "peak_flops_source": "measured: test",
+        "mfu_pct": 1.5, "loss_first": 4.2, "loss_final": losses[-1], "losses": losses, **metrics,
+    }
+    return {**record, "schema": 1, "label": stage, "metrics": m,
+            "model": {"n_layer": 2, "params": 1000, "flops_per_token": 1000},
+            "device": {"type": "cpu", "name": "Test CPU", "count": world, "threads_per_process": 2 // world},
+            "choices": {"amp_dtype": "bfloat16" if cfg["amp"] else "float32", "grad_scaler": False,
+                        "compile_mode": "default" if cfg["compile"] else None,
+                        "pinned_memory_non_blocking": False,
+                        "distributed_backend": "gloo" if cfg["distributed"] else None,
+                        "memory_method": "MemTracker (test)"}}
+
+
+def write_ladder(out: Path, records: list[dict]) -> None:
+    for r in records:
+        assert not record_problems(r), record_problems(r)  # the synthetic records follow the real schema
+        write_record(record_path(out, r["stage"]), r)
+
+
+def test_fake_records_are_valid():
+    for stage in LADDERS["speed"] + LADDERS["memory"]:
+        assert not record_problems(fake_record(stage))
+
+
+def row(md: str, stage: str) -> list[str]:
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {stage} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
+    write_ladder(tmp_path, [
+        fake_record("speed_0_baseline", seconds=8.0, peak=10.0),
+        fake_record("speed_1_batch_size", seconds=2.0, peak=40.0),
+        fake_record("speed_2_num_workers", seconds=2.1, peak=40.0, data_wait_pct=1.0),
+        fake_record("speed_3_non_blocking", status="failed", reason="RuntimeError: boom"),
+        fake_record("speed_4_compile", seconds=1.0, peak=40.0),
+        fake_record("speed_5_amp", status="oom", reason="CUDA out of memory. Tried to allocate 2.00 GiB"),
+        fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"),
+    ])
+    out = report.write_report(tmp_path)
+    md = out.read_text()
+    assert out == tmp_path / "results.md"
+    assert "## Speed ladder" in md and "## Memory ladder" not in md  # only what was run
+    assert "| profile | smoke |" in md and "2.13.0+cpu" in md
+
+    base, batch, workers = row(md, "speed_0_baseline"), row(md, "speed_1_batch_size"), row(md, "speed_2_num_workers")
+    assert base[1] == "baseline: batch 32, num_workers 0, raw text tokenised per sample"  # the stage's CHANGE
+    assert base[2].startswith("8.00 ±")
+    assert batch[3:6] == ["-75%", "-75%", "2.28 (-70%)"]  # vs previous, vs baseline, reference (vs prev.)
+    assert batch[8] == "+300%"  # peak memory 10 -> 40 MiB
+    assert workers[3:5] == ["+5.0%", "-74%"]
+    assert row(md, "speed_3_non_blocking")[2] == "**failed**: RuntimeError: boom"
+    assert row(md, "speed_4_compile")[3] == ""  # its parent failed: no comparison across two changes
+    assert row(md, "speed_4_compile")[4] == "-88%"
+    assert row(md, "speed_5_amp")[2].startswith("**OOM**: CUDA out of memory")
+    assert row(md, "speed_6_ddp")[2] == "**skipped**: needs 2 GPUs, found 1"
+
+    assert "Largest gain: `speed_1_batch_size`" in md
+    assert "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so " \
+           "workers had little to win (data wait 2% of the time before, 1% now)" in md
+    assert "Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step" in md
+    assert "![speed ladder](plots/speed.png)" in md
+    assert (tmp_path / "plots" / "speed.png").read_bytes()[:4] == PNG
+
+
+def test_memory_report_partial_ladder_and_planner(tmp_path):
+    write_ladder(tmp_path, [
+        fake_record("memory_0_baseline", seconds=3.0, peak=200.0),
+        fake_record("memory_1_grad_accum", seconds=3.3, peak=150.0),
+        fake_record("memory_2_checkpointing", seconds=4.0, peak=150.0),
+    ])
+    (tmp_path / "memory_reference.json").write_text(json.dumps({
+        "kind": "reference", "target": "cuda", "notes": ["a note"], "stages": [
+            {"stage": "memory_0_baseline", "change": "baseline", "estimate_mib": 35000, "documented_mib": 36272,
+             "error_pct": -3.5, "breakdown_mib": {"parameters": 2700, "gradients": 2700,
+                                                  "optimizer_state": 5400, "activations": 22000,
+                                                  "temporaries": 2200}}]}))
+    (tmp_path / "memory_fit.json").write_text(json.dumps({
+        "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
+            {"setting": "baseline", "world_size": 1, "n_layer": 90, "params": 1.8e9, "peak_mib": 80000,
+             "documented_params": 1.795e9}]}))
+    md = report.write_report(tmp_path, tmp_path / "docs" / "results.md").read_text()
+    assert "## Memory ladder" in md and "## Speed ladder" not in md
+    assert row(md, "memory_1_grad_accum")[2:6] == ["150", "-25%", "-25%", "25,194 (-31%)"]
+    assert row(md, "memory_1_grad_accum")[7] == "+10%"  # time vs previous
+    assert row(md, "memory_3_foreach_off")[2] == "not run"
+    assert "`memory_2_checkpointing` did not lower the peak here (+0.0%)" in md
+    assert "## Memory planner" in md and "| memory_0_baseline | baseline | 35,000 | 36,272 | -3.5% |" in md
+    assert "| baseline | 1 | 90 | 1,800M | 80,000 | 1,795M |" in md
+    plots = tmp_path / "docs" / "plots"
+    for name in ("memory.png", "memory_timeline.png", "memory_planner.png"):
+        assert (plots / name).read_bytes()[:4] == PNG, name
+        assert f"(plots/{name})" in md
+
+
+def test_report_cli_without_records_is_one_line_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "gpt.report", "--runs", str(tmp_path)], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and p.stderr.startswith("error: no stage records") and "Traceback" not in p.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# run_all (gpt/run_ladder.py): the decisions, with stub stage processes instead of training
+
+
+def test_resume_keeps_only_final_records_of_the_same_profile_and_device():
+    ok = fake_record("speed_0_baseline")
+    assert not run_ladder.needs_run(ok, "smoke", "cpu")
+    assert run_ladder.needs_run(ok, "cpu", "cpu")  # another profile
+    assert run_ladder.needs_run(ok, "smoke", "cuda")  # another device
+    assert run_ladder.needs_run(None, "smoke", "cpu")
+    assert run_ladder.needs_run(fake_record("speed_0_baseline", status="failed"), "smoke", "cpu")
+    for status in ("oom", "skipped"):
+        assert not run_ladder.needs_run(fake_record("speed_6_ddp", status=status), "smoke", "cpu")
+
+
+STUB = textwrap.dedent("""
+    # a stand-in for a stage script: copy the prepared record, or fail the way the test asks
+    import os, signal, sys
+    stage, out, templates = sys.argv[1], sys.argv[2], sys.argv[3]
+    with open(os.path.join(out, "calls.txt"), "a") as f:
+        f.write(stage + "\\n")
+    behaviour = open(os.path.join(templates, stage + ".how")).read().strip()
+    print("stage output line")
+    if behaviour == "crash":
+        print("error: something the stage could not handle", file=sys.stderr)
+        sys.exit(1)
+    if behaviour == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.replace(os.path.join(templates, stage + ".json"), os.path.join(out, stage + ".json"))
+""")
+
+
+@pytest.fixture()
+def stub_stages(tmp_path, monkeypatch):
+    """run_ladder with every stage replaced by STUB; returns (out dir, set behaviour, calls so far)."""
+    out, templates = tmp_path / "out", tmp_path / "templates"
+    out.mkdir(), templates.mkdir()
+    stub = tmp_path / "stub.py"
+    stub.write_text(STUB)
+    monkeypatch.setattr(run_ladder, "prepare_data", lambda profile, ladders: None)
+    monkeypatch.setattr(run_ladder, "stage_command",
+                        lambda stage, profile, device, wandb, out: [sys.executable, str(stub), stage, str(out),
+                                                                    str(templates)])
+
+    def behave(stage, how, record=None):
+        (templates / f"{stage}.how").write_text(how)
+        if record:
+            (templates / f"{stage}.json").write_text(json.dumps(record))
+
+    def calls():
+        path = out / "calls.txt"
+        return path.read_text().split() if path.exists() else []
+
+    return out, behave, calls
+
+
+def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
+    out, behave, calls = stub_stages
+    speed = LADDERS["speed"]
+    for i, stage in enumerate(speed):
+        behave(stage, "ok", fake_record(stage, seconds=8.0 / (i + 1)))
+    behave("speed_6_ddp", "ok", fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"))
+    behave("speed_2_num_workers", "crash")
+    behave("speed_4_compile", "kill")
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
+
+    assert run_ladder.main(args) == 1  # failures are recorded, the ladder went on, the exit code tells
+    assert calls() == speed
+    crashed = json.loads((out / "speed_2_num_workers.json").read_text())
+    assert crashed["status"] == "failed" and not record_problems(crashed)
+    assert crashed["reason"] == "exit code 1 without a record: error: something the stage could not handle"
+    assert json.loads((out / "speed_4_compile.json").read_text())["reason"] == "killed by SIGKILL"
+    assert (out / "speed_2_num_workers.log").read_text().startswith("stage output line")
+    md = (out / "results.md").read_text()
+    assert "**failed**: killed by SIGKILL" in md and "**skipped**: needs 2 GPUs, found 1" in md
+
+    behave("speed_2_num_workers", "ok", fake_record("speed_2_num_workers"))
+    behave("speed_4_compile", "ok", fake_record("speed_4_compile"))
+    assert run_ladder.main(args + ["--resume"]) == 0
+    assert calls() == speed + ["speed_2_num_workers", "speed_4_compile"]  # ok and skipped stages kept
+    assert "**failed**" not in (out / "results.md").read_text()
+
+
+def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, monkeypatch):
+    out, behave, calls = stub_stages
+    for stage in LADDERS["memory"]:
+        behave(stage, "ok", fake_record(stage))
+    real_run_stage = run_ladder.run_stage
+
+    def interrupted_second(cmd, log, show):
+        if cmd[2] == "memory_1_grad_accum":
+            raise KeyboardInterrupt
+        return real_run_stage(cmd, log, show)
+
+    monkeypatch.setattr(run_ladder, "run_stage", interrupted_second)
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "memory", "--out", str(out), "--wandb", "disabled"]
+    assert run_ladder.main(args) == 130
+    assert calls() == ["memory_0_baseline"]  # nothing after the interrupted stage
+    assert json.loads((out / "memory_1_grad_accum.json").read_text())["reason"].startswith("interrupted")
+    md = (out / "results.md").read_text()
+    assert "1 of 5 stages finished" in md and row(md, "memory_2_checkpointing")[2] == "not run"
+
+
+def test_interrupt_stops_the_stage_and_everything_it_started(tmp_path):
+    """Ctrl-C during a stage: the stage and its children (torchrun's ranks, DataLoader workers) all end."""
+    pids = tmp_path / "pids"
+    script = (f"import os, subprocess, time; c = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(60)")
+
+    def show(seconds):
+        if pids.exists() and pids.read_text():
+            raise KeyboardInterrupt  # what Ctrl-C does to run_all while it waits
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_ladder.run_stage([sys.executable, "-c", script], tmp_path / "x.log", show)
+    assert time.monotonic() - t0 < 30
+    for pid in map(int, pids.read_text().split()):
+        assert not running(pid)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan may wait a while for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
