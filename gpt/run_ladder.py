@@ -204,6 +204,25 @@ def run_stages(stages: list[str], args, profile: str, device: str, out: Path) ->
     return failures, False
 
 
+def run_memory_planner(out: Path) -> None:
+    """The GPU memory planner's three reports (gpt/memory), after the ladders so they never share the CPU
+    with a timed stage: estimates vs this run's measured peaks, vs the documented H100 peaks, and the
+    largest model that fits 80 GiB. Their JSON files become the report's "Memory planner" section."""
+    commands = {
+        "compare": ["compare", "--runs", str(out)],
+        "reference": ["reference"],
+        "fit": ["fit", "--budget-gib", "80"],
+    }
+    for name, args in commands.items():
+        log = out / f"memory_{name}.log"
+        print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
+        with open(log, "w") as f:
+            rc = subprocess.run([sys.executable, "-m", "gpt.memory", *args, "--json", str(out / f"memory_{name}.json")],
+                                stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            print(f"[planner] {name} failed (exit {rc}); see {log}")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -232,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_term)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
+
+    if "memory" in ladders and not interrupted:
+        run_memory_planner(out)
 
     # The default run is the project's report (results.md and plots/ at the top of the repo); a run
     # with --out keeps its report beside its records.

@@ -1,0 +1,189 @@
+"""GPU memory planner without a GPU: a stage's peak memory, predicted by running its training code on fake
+tensors.
+
+The stage's own code runs: gpt.train.build_model builds the model with the stage's optimizations and
+gpt.train.train_step trains it, twice, under FakeTensorMode. Fake tensors have shapes, dtypes and devices but
+no storage, so a 774M-parameter model "trains" in seconds without allocating its memory. During the second
+step a MemTracker (gpt.metrics) adds up the bytes every tensor would hold while it is alive, by category
+(parameters, gradients, optimizer state, activations, temporaries), and keeps the peak. The second step is
+every later step: AdamW's state exists from the first step's end on, as do the gradients if the training
+loop keeps them across steps; the first step, without them, peaks lower.
+
+Two targets:
+- cpu: the quantity a CPU run measures (gpt/train.py: MemTracker over one step after the warm-up), so the
+  estimate can be checked against real runs on this machine (`python -m gpt.memory compare`).
+- cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
+  CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
+  allocator rounds every allocation up to a multiple of 512 bytes, and CUDA's dropout kernel keeps a 1-byte
+  mask for backward where the CPU's keeps its 4-byte float noise. The other ops of this model (matmuls,
+  softmax, layer norm, GELU, cross-entropy, AdamW) keep the same tensors on both devices. Not modelled:
+  cuBLAS workspaces (a few MiB); the CUDA context and allocator fragmentation are outside
+  max_memory_allocated anyway.
+
+Distributed stages are estimated for one rank. FSDP runs with a fake process group of the given world size
+(collectives move no data; every shape is right). DDP's C++ reducer reads parameter data, which fake tensors
+lack, so a DDP stage runs as its single-process rank, and on CUDA DDP's gradient buckets (one more copy of
+the gradients, allocated when DDP wraps the model) are added; the CPU measurement does not see them either.
+torch.compile is not simulated: a compiled stage is estimated eager (its CPU measurement runs eager under the
+tracker too; on CUDA the fused kernels of a compiled model would keep less).
+
+Usage: `python -m gpt.memory estimate|reference|fit|compare --help` (gpt/memory/__main__.py).
+"""
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools import mem_tracker
+
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.metrics import TimelineMemTracker, memory_breakdown
+from gpt.optimizations import mixed_precision
+from gpt.train import build_model, train_step
+
+MiB = 2**20
+CUDA_ALLOCATION_UNIT = 512  # bytes; CUDACachingAllocator rounds each request up to a multiple of this
+TARGETS = ("cuda", "cpu")
+SIM_DEVICE = torch.device("cpu")  # where the fake tensors live, whatever the target
+
+
+@dataclass
+class Estimate:
+    peak_mib: float
+    breakdown_mib: dict  # parameters, buffers, gradients, optimizer_state, activations, temporaries, other, total
+    params: int  # the whole model's, not one rank's shard
+    model: object  # its GPTConfig
+    world_size: int
+    target: str
+    seconds: float  # how long the estimate took
+    notes: list[str] = field(default_factory=list)
+
+
+def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None) -> Estimate:
+    """Peak memory of one process training with `cfg` on `target`.
+
+    adapt(raw, model, optimizer), if given, may modify what build_model returned before training starts
+    (gpt/memory/planner.py uses it to emulate the reference's code)."""
+    if target not in TARGETS:
+        raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGETS)})")
+    sim, notes = _simulated(cfg, target)
+    tracker = _PeakTracker()
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if sim.distributed:
+            stack.enter_context(_fake_process_group(sim.world_size))
+        stack.enter_context(FakeTensorMode())
+        if target == "cuda":
+            stack.enter_context(_cuda_rules())
+        raw, model, optimizer = build_model(sim, vocab_size, SIM_DEVICE)
+        if adapt:
+            adapt(raw, model, optimizer)
+        amp = mixed_precision(sim, SIM_DEVICE)
+
+        def step():
+            # Fake token batches: the data pipeline only ever puts these two small tensors on the device.
+            x, y = (torch.randint(vocab_size, (sim.batch_size, sim.block_size)) for _ in range(2))
+            train_step(model, optimizer, x, y, sim, amp)
+
+        step()  # the first step creates AdamW's state
+        tracker.track_external(model, optimizer)  # what exists now: parameters, gradients, optimizer state
+        stack.enter_context(tracker)
+        step()
+    breakdown = memory_breakdown(tracker)
+    if cfg.distributed == "ddp" and target == "cuda":
+        # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
+        # wraps the model to the end of the run, so it adds to the peak wherever the peak is.
+        buckets = _cuda_bytes(sum(p.numel() * p.element_size() for p in raw.parameters())) / MiB
+        breakdown["other"] = round(breakdown["other"] + buckets, 2)
+        breakdown["total"] = round(breakdown["total"] + buckets, 2)
+        notes.append(f"DDP: gradient buckets ({buckets:,.1f} MiB, in 'other') added to the simulated rank")
+    return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
+                    world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes)
+
+
+def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
+    """The configuration the simulation runs: eager, in-process data, on the CPU, one step of samples."""
+    sim = dataclasses.replace(cfg, compile=False, num_workers=0, pin_memory=False, device="cpu",
+                              samples=cfg.batch_size * cfg.world_size)
+    notes = []
+    if cfg.compile:
+        notes.append("torch.compile is not simulated: estimated eager")
+    if cfg.amp and target == "cuda":
+        notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
+    if cfg.distributed == "ddp":
+        sim.distributed = None  # one rank: same per-rank batch, no reducer (see the module docstring)
+    return sim.validate(), notes
+
+
+class _PeakTracker(TimelineMemTracker):
+    """TimelineMemTracker that keeps only the global peak. MemTracker also updates the peak of every active
+    module after every op, which costs O(modules) per op (minutes for a 36-layer model); the planner only
+    reads the global peak snapshot."""
+
+    def _update_peak_stats(self, peak_state) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if snap[mem_tracker._TOTAL_KEY] > self._peak_mem.get(dev, 0):
+                self._peak_mem[dev] = snap[mem_tracker._TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+
+
+# ---- CUDA's rules, applied to the simulation on fake CPU tensors ------------------------------------------
+
+
+def _cuda_bytes(nbytes: int) -> int:
+    return -(-nbytes // CUDA_ALLOCATION_UNIT) * CUDA_ALLOCATION_UNIT
+
+
+def _cuda_allocation(winfo) -> int:
+    """Stands in for MemTracker's per-storage byte count, which rounds only for tensors on a CUDA device."""
+    return _cuda_bytes(winfo.size * winfo.element_size)
+
+
+_cpu_dropout = F.dropout
+
+
+def _cuda_dropout(input, p=0.5, training=True, inplace=False):
+    """F.dropout as CUDA runs it. On CUDA it calls the fused native_dropout, which keeps a bool mask (1 byte
+    per element) for backward; on the CPU it multiplies by a float noise tensor and keeps that (4 bytes).
+    native_dropout has a CPU kernel too, so calling it reproduces CUDA's tensors."""
+    if training and 0 < p < 1 and not inplace and input.numel() > 0:  # CUDA's condition for the fused kernel
+        return torch.native_dropout(input, p, True)[0]
+    return _cpu_dropout(input, p, training, inplace)
+
+
+@contextlib.contextmanager
+def _cuda_rules():
+    # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
+    # checkpointing recomputes a block during backward).
+    with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
+          mock.patch.object(F, "dropout", _cuda_dropout)):
+        yield
+
+
+# ---- distributed ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    """This process as rank 0 of `world_size` ranks whose collectives do nothing."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
+
+    if dist.is_initialized():
+        raise UserError("a process group is already initialised: run the memory estimate in its own process")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        # fully_shard's default device mesh is built from a tensor of rank ids, which FakeTensorMode would make
+        # fake (and unreadable). Build the mesh here, outside fake mode, on the simulation's device.
+        mesh = init_device_mesh(SIM_DEVICE.type, (world_size,))
+        with mock.patch.object(_fully_shard, "_init_default_mesh", return_value=mesh):
+            yield
+    finally:
+        dist.destroy_process_group()

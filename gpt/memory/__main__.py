@@ -1,0 +1,276 @@
+"""python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/__init__.py).
+
+    estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
+    reference  the reference's five memory stages, estimated beside their documented peaks
+    fit        the largest model that fits a memory budget, before and after the memory ladder
+    compare    estimates against the peaks that real runs measured (a directory of stage records)
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from gpt.data import load_prepared
+from gpt.errors import UserError, exit_on_user_error
+from gpt.ladder import LADDERS, stage_config
+from gpt.memory import TARGETS, estimate
+from gpt.memory.planner import (
+    REFERENCE_VOCAB,
+    SHAPE_RULE,
+    VARIANTS,
+    Runner,
+    compare_records,
+    documented_shapes,
+    fit_settings,
+    largest_fit,
+    reference_ladder,
+    reference_notes,
+)
+from gpt.profiles import PROFILES
+from gpt.records import write_record
+
+BREAKDOWN = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other")
+
+
+def main(argv: list[str] | None = None) -> None:
+    raise SystemExit(_main(sys.argv[1:] if argv is None else argv))
+
+
+@exit_on_user_error
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    return args.command(args) or 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gpt.memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(required=True, metavar="{estimate,reference,fit,compare}")
+
+    e = sub.add_parser("estimate", help="predicted peak memory of one stage")
+    e.add_argument("--stage", default="memory_0_baseline", help="stage name, e.g. memory_2_checkpointing")
+    e.add_argument("--profile", default="reference", help=f"settings profile: {', '.join(PROFILES)}")
+    e.add_argument("--preset", help="model preset (gpt-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl)")
+    for name in ("n-layer", "n-head", "n-embd"):
+        e.add_argument(f"--{name}", type=int, help=f"override the preset's {name.replace('-', '_')}")
+    e.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
+    e.add_argument("--block-size", type=int, help="sequence length")
+    e.add_argument("--vocab-size", type=int, help="vocabulary size (default: 65 for the reference profile, "
+                   "else the profile's prepared data)")
+    e.add_argument("--world-size", type=int, help="processes of a DDP/FSDP stage (default: the stage's)")
+    _common(e, json_help="also write the estimate as JSON")
+    e.add_argument("--reference-code", action="store_true",
+                   help="emulate the reference's code: NewGELU and minGPT's gradient lifetime")
+    e.set_defaults(command=cmd_estimate)
+
+    r = sub.add_parser("reference", help="the reference's memory stages vs their documented peaks")
+    r.add_argument("--vocab-size", type=int, default=REFERENCE_VOCAB,
+                   help=f"vocabulary of the reference setup (default {REFERENCE_VOCAB}, its characters)")
+    _common(r, json_help="write memory_reference.json-style output here", jobs=True)
+    r.set_defaults(command=cmd_reference)
+
+    f = sub.add_parser("fit", help="the largest model that fits a budget, before and after the ladder")
+    f.add_argument("--budget-gib", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
+    f.add_argument("--world-sizes", type=int, nargs="*", default=[2, 8],
+                   help="FSDP process counts for the 'after' rows (default: 2 8)")
+    f.add_argument("--reference-code", action="store_true",
+                   help="emulate the reference's code: NewGELU and minGPT's gradient lifetime")
+    _common(f, json_help="write memory_fit.json-style output here", jobs=True)
+    f.set_defaults(command=cmd_fit)
+
+    c = sub.add_parser("compare", help="estimates vs the peaks measured by real runs")
+    c.add_argument("--runs", required=True, help="directory of stage records (<stage>.json)")
+    c.add_argument("--json", help="write memory_compare.json-style output here")
+    c.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
+                   help="estimates run at once, one process each (default: the cores, at most 4)")
+    c.set_defaults(command=cmd_compare)
+    return p.parse_args(argv)
+
+
+def _common(parser, json_help: str, jobs: bool = False):
+    if jobs:
+        parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
+                            help="estimates run at once, one process each (default: the cores, at most 4)")
+    parser.add_argument("--target", default="cuda", choices=TARGETS,
+                        help="device whose memory is predicted (default cuda); the simulation always runs "
+                             "on fake CPU tensors")
+    parser.add_argument("--json", help=json_help)
+
+
+def _jobs(args) -> int:
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
+    return args.jobs
+
+
+# ---- estimate -------------------------------------------------------------------------------------------
+
+
+def estimate_config(args):
+    """The stage's config from its profile and the overrides, and the vocabulary size."""
+    base = stage_config(args.stage, args.profile)  # UserError on an unknown stage or profile
+    world = args.world_size
+    if world is not None and not base.distributed and world != 1:
+        raise UserError(f"{args.stage} runs one process; --world-size applies to the DDP/FSDP stages")
+    if world is not None and base.distributed and world < 2:
+        raise UserError(f"--world-size must be at least 2 for {args.stage}, got {world}")
+    world = world or base.world_size
+    batch = args.batch_size or base.batch_size
+    cfg = stage_config(args.stage, args.profile, preset=args.preset, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, batch_size=args.batch_size, block_size=args.block_size,
+                       nproc=world if base.distributed else None, samples=max(batch, 1) * world)
+    vocab = args.vocab_size
+    if vocab is None:
+        if args.profile == "reference":
+            vocab = REFERENCE_VOCAB
+        else:
+            try:
+                vocab = load_prepared(cfg.data_dir).vocab_size
+            except UserError:
+                raise UserError(f"no prepared data in {cfg.data_dir} to read the vocabulary size from: "
+                                "pass --vocab-size") from None
+    return cfg, vocab
+
+
+def cmd_estimate(args) -> int:
+    cfg, vocab = estimate_config(args)
+    est = estimate(cfg, vocab, args.target, adapt=VARIANTS["reference"][1] if args.reference_code else None)
+    micro = f" (micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps})" if cfg.grad_accum_steps > 1 else ""
+    print(f"{args.stage} ({args.profile} profile), target {args.target}, "
+          f"{'per process of ' + str(est.world_size) if est.world_size > 1 else '1 process'}")
+    m = est.model
+    print(f"  model: {cfg.preset} shape, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads: "
+          f"{est.params:,} parameters, vocab {vocab}, block {cfg.block_size}, "
+          f"batch {cfg.batch_size}{micro}, {cfg.attention} attention, dropout {cfg.dropout}"
+          f"{', reference code emulated' if args.reference_code else ''}")
+    print(f"predicted peak: {_mib(est.peak_mib)} MiB")
+    for key in BREAKDOWN:
+        print(f"  {key.replace('_', ' '):<16} {_mib(est.breakdown_mib[key]):>12} MiB")
+    for note in est.notes:
+        print(f"  note: {note}")
+    print(f"(estimated in {est.seconds:.1f} s on fake tensors: no memory was allocated)")
+    if args.json:
+        write_record(Path(args.json), {"kind": "estimate", "stage": args.stage, "profile": args.profile,
+                                       "target": args.target, "vocab_size": vocab, "config": cfg.to_dict(),
+                                       "params": est.params, "world_size": est.world_size,
+                                       "peak_mib": est.peak_mib, "breakdown_mib": est.breakdown_mib,
+                                       "notes": est.notes})
+    return 0
+
+
+def _mib(x: float) -> str:
+    return f"{x:,.2f}" if abs(x) < 100 else f"{x:,.1f}"
+
+
+# ---- reference --------------------------------------------------------------------------------------------
+
+
+def cmd_reference(args) -> int:
+    print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}):")
+    with Runner(_jobs(args)) as runner:
+        rows = reference_ladder(args.target, vocab_size=args.vocab_size, runner=runner)
+    names = list(VARIANTS)
+    print("\nPeak memory, MiB (error vs documented):")
+    for name in names:
+        print(f"  {name:<9} = {VARIANTS[name][0]}")
+    print(f"  {'stage':<24}" + "".join(f"{n:>20}" for n in names) + f"{'documented':>12}")
+    for row in rows:
+        cells = "".join(f"{_with_error(row[n].peak_mib, row['documented_mib']):>20}" for n in names)
+        print(f"  {row['stage']:<24}{cells}{row['documented_mib']:>12,}")
+    print("\nBreakdown of the 'reference' column at its peak, MiB:")
+    print(f"  {'stage':<24}" + "".join(f"{k[:11]:>12}" for k in BREAKDOWN[:5]))
+    for row in rows:
+        b = row["reference"].breakdown_mib
+        print(f"  {row['stage']:<24}" + "".join(f"{b[k]:>12,.0f}" for k in BREAKDOWN[:5]))
+    notes = reference_notes(rows, args.vocab_size)
+    print("\nNotes:\n" + "\n".join(f"- {n}" for n in notes))
+    if args.json:
+        stages = []
+        for row in rows:
+            est, doc = row["reference"], row["documented_mib"]
+            stages.append({"stage": row["stage"], "change": row["change"], "estimate_mib": est.peak_mib,
+                           "documented_mib": doc, "error_pct": round(100 * (est.peak_mib / doc - 1), 2),
+                           "breakdown_mib": est.breakdown_mib,
+                           **{f"{n}_estimate_mib": row[n].peak_mib for n in names if n != "reference"}})
+        write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
+                                       "variant": VARIANTS["reference"][0], "stages": stages, "notes": notes})
+    return 0
+
+
+def _with_error(value: float, documented: float) -> str:
+    return f"{value:,.0f} ({100 * (value / documented - 1):+.1f}%)"
+
+
+# ---- fit ---------------------------------------------------------------------------------------------------
+
+
+def cmd_fit(args) -> int:
+    budget = args.budget_gib * 1024
+    if budget <= 0:
+        raise UserError(f"--budget-gib must be positive, got {args.budget_gib:g}")
+    if any(w < 2 for w in args.world_sizes):
+        raise UserError("--world-sizes are FSDP process counts: each must be at least 2")
+    code = "reference" if args.reference_code else "project"
+    print(f"Largest model within {args.budget_gib:g} GiB per GPU (target {args.target}, {VARIANTS[code][0]}).")
+    print(f"Shape rule: {SHAPE_RULE}.")
+    rows = []
+    with Runner(_jobs(args)) as runner:
+        for label, stage, world, documented in fit_settings(args.world_sizes, args.budget_gib):
+            print(f"  {label}:")
+            found = largest_fit(stage, world, budget, args.target, code, runner)
+            rows.append({"setting": label, "stage": stage, "world_size": world, **found,
+                         "documented_params": documented})
+    print(f"\n  {'setting':<44}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}")
+    for r in rows:
+        doc = f"{r['documented_params'] / 1e6:,.0f}M" if r["documented_params"] else ""
+        mark = " *" if r["extrapolated"] else ""
+        print(f"  {r['setting']:<44}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
+              f"{r['next_peak_mib']:>11,.0f}{doc:>12}{mark}")
+    notes = documented_shapes(rows)
+    notes += [f"* {r['setting']}: extrapolated along the estimates at 8 and 16 layers (full-depth fake runs "
+              f"of that many sharded layers take minutes); the peak at 16 layers was "
+              f"{r['affine_residual_mib']:+,.1f} MiB off the line through 4 and 8 layers."
+              for r in rows if r["extrapolated"]]
+    print("\n" + "\n".join(f"- {n}" for n in notes))
+    if args.json:
+        write_record(Path(args.json), {"kind": "fit", "budget_gib": args.budget_gib, "target": args.target,
+                                       "shape_rule": SHAPE_RULE, "code": VARIANTS[code][0], "rows": rows,
+                                       "notes": notes})
+    return 0
+
+
+# ---- compare ---------------------------------------------------------------------------------------------
+
+
+def cmd_compare(args) -> int:
+    runs = Path(args.runs)
+    if not runs.is_dir():
+        raise UserError(f"no runs directory {runs}")
+    known = {s for stages in LADDERS.values() for s in stages}
+    records = []
+    for path in sorted(runs.glob("*.json")):
+        if path.stem in known:
+            try:
+                records.append(json.loads(path.read_text()))
+            except (OSError, json.JSONDecodeError) as e:
+                raise UserError(f"{path} is not a readable record ({e})") from None
+    if not records:
+        raise UserError(f"no stage records (<stage>.json) in {runs}")
+    print(f"Estimates vs measured peaks ({runs}):")
+    with Runner(_jobs(args)) as runner:
+        rows = compare_records(records, runner)
+    profiles = sorted({r.get("profile", "?") for r in records})
+    for r in rows:
+        if r["notes"]:
+            print(f"  note ({r['stage']}): {'; '.join(r['notes'])}")
+    skipped = [r["stage"] for r in records if r.get("status") != "ok"]
+    if skipped:
+        print(f"  not compared (no measurement): {', '.join(skipped)}")
+    if args.json:
+        write_record(Path(args.json), {"kind": "compare", "profile": ", ".join(profiles), "stages": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    main()
