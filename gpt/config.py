@@ -4,7 +4,7 @@ A stage script changes exactly one group of these fields. The code each field sw
 `gpt/optimizations.py` (one named function per optimization); gradient accumulation is the loop in
 `gpt/train.py:train_step`.
 """
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from gpt.errors import UserError
 
@@ -53,7 +53,6 @@ class TrainConfig:
 
     # --- where it runs ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    extra: dict = field(default_factory=dict)  # free-form notes copied into the record
 
     @property
     def micro_batch_size(self) -> int:

@@ -42,7 +42,7 @@ from gpt.optimizations import (
     parallelize,
     to_device,
 )
-from gpt.records import environment
+from gpt.records import SCHEMA_VERSION, environment
 
 MiB = 2**20
 
@@ -195,7 +195,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     flops, flops_source = peak_flops(device, amp.dtype)
     steady = statistics.median(step_s)
     return {
-        "schema": 1,
+        "schema": SCHEMA_VERSION,
         "status": "ok",
         "label": label,
         "config": cfg.to_dict(),

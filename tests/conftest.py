@@ -1,6 +1,5 @@
 """Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -32,9 +31,3 @@ def char_data(tmp_path_factory, shakespeare_excerpt) -> Path:
     prepare = load_prepare_module()
     out = tmp_path_factory.mktemp("data") / "excerpt_char"
     return prepare.prepare(source="files", files=[str(shakespeare_excerpt)], tokenizer="char", out=str(out))
-
-
-@pytest.fixture()
-def no_wandb(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    return os.environ
