@@ -84,6 +84,10 @@ def test_fit_finds_the_largest_depth_that_fits():
     # independently of the search's own bookkeeping
     assert estimate(reference_config("memory_0_baseline", n_layer=n), 65).peak_mib <= budget
     assert estimate(reference_config("memory_0_baseline", n_layer=n + 1), 65).peak_mib > budget
+    # Deep answers are extrapolated along the line through 8 and 16 layers instead: the same answer here.
+    line = largest_fit("memory_0_baseline", 1, budget, progress=lambda _: None, verify_max_layers=2)
+    assert line["extrapolated"] and line["n_layer"] == n and abs(line["affine_residual_mib"]) < 1
+    assert line["params"] == found["params"] and line["peak_mib"] == pytest.approx(found["peak_mib"], abs=1)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -16,9 +16,11 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, stage_config
 from gpt.memory import TARGETS, estimate
 from gpt.memory.planner import (
+    GPT2_VOCAB,
     REFERENCE_VOCAB,
     SHAPE_RULE,
     VARIANTS,
+    VERIFY_MAX_LAYERS,
     Runner,
     compare_records,
     documented_shapes,
@@ -76,6 +78,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="FSDP process counts for the 'after' rows (default: 2 8)")
     f.add_argument("--reference-code", action="store_true",
                    help="emulate the reference's code: NewGELU and minGPT's gradient lifetime")
+    f.add_argument("--verify-max-layers", type=int, default=VERIFY_MAX_LAYERS,
+                   help=f"deepest answer checked with full-depth estimates; deeper ones are extrapolated "
+                        f"(default {VERIFY_MAX_LAYERS}; a sharded layer costs ~0.5 s of estimate, so checking the "
+                        f"8-GPU answer, ~1700 layers, takes about 15 minutes)")
     _common(f, json_help="write memory_fit.json-style output here", jobs=True)
     f.set_defaults(command=cmd_fit)
 
@@ -170,6 +176,10 @@ def cmd_reference(args) -> int:
     print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}):")
     with Runner(_jobs(args)) as runner:
         rows = reference_ladder(args.target, vocab_size=args.vocab_size, runner=runner)
+        checks = None
+        if args.vocab_size == REFERENCE_VOCAB:  # a hypothesis for the gap that remains (see the notes)
+            print(f"Hypothesis check: the 'reference' variant with GPT-2's {GPT2_VOCAB}-token vocabulary:")
+            checks = reference_ladder(args.target, variants=("reference",), vocab_size=GPT2_VOCAB, runner=runner)
     names = list(VARIANTS)
     print("\nPeak memory, MiB (error vs documented):")
     for name in names:
@@ -183,16 +193,18 @@ def cmd_reference(args) -> int:
     for row in rows:
         b = row["reference"].breakdown_mib
         print(f"  {row['stage']:<24}" + "".join(f"{b[k]:>12,.0f}" for k in BREAKDOWN[:5]))
-    notes = reference_notes(rows, args.vocab_size)
+    notes = reference_notes(rows, args.vocab_size, checks)
     print("\nNotes:\n" + "\n".join(f"- {n}" for n in notes))
     if args.json:
         stages = []
-        for row in rows:
+        for row, check in zip(rows, checks or [None] * len(rows)):
             est, doc = row["reference"], row["documented_mib"]
             stages.append({"stage": row["stage"], "change": row["change"], "estimate_mib": est.peak_mib,
                            "documented_mib": doc, "error_pct": round(100 * (est.peak_mib / doc - 1), 2),
                            "breakdown_mib": est.breakdown_mib,
                            **{f"{n}_estimate_mib": row[n].peak_mib for n in names if n != "reference"}})
+            if check:
+                stages[-1][f"vocab_{GPT2_VOCAB}_estimate_mib"] = check["reference"].peak_mib
         write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
                                        "variant": VARIANTS["reference"][0], "stages": stages, "notes": notes})
     return 0
@@ -218,7 +230,8 @@ def cmd_fit(args) -> int:
     with Runner(_jobs(args)) as runner:
         for label, stage, world, documented in fit_settings(args.world_sizes, args.budget_gib):
             print(f"  {label}:")
-            found = largest_fit(stage, world, budget, args.target, code, runner)
+            found = largest_fit(stage, world, budget, args.target, code, runner,
+                                verify_max_layers=args.verify_max_layers)
             rows.append({"setting": label, "stage": stage, "world_size": world, **found,
                          "documented_params": documented})
     print(f"\n  {'setting':<44}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}")
