@@ -117,6 +117,19 @@ def device_type(name: str) -> str:
     return name
 
 
+def stage_meta(stage: str, profile: str) -> dict:
+    """The keys that place a record in its ladder."""
+    return {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
+
+
+def unfinished_record(stage: str, profile: str, status: str, reason: str, cfg: TrainConfig | None) -> dict:
+    """The record of a stage that did not finish (skipped here, a rank or the process died)."""
+    record = {**stage_meta(stage, profile), "status": status, "reason": reason, "env": environment()}
+    if cfg is not None:
+        record["config"] = cfg.to_dict()
+    return record
+
+
 def record_path(out: Path, stage: str) -> Path:
     return Path(out) / f"{stage}.json"
 
@@ -141,21 +154,19 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         cfg.nproc = int(os.environ["WORLD_SIZE"])  # launched by hand (e.g. several machines): the launcher decides
         cfg.validate()
     path = record_path(out, stage)
-    meta = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
+    meta = stage_meta(stage, profile)
 
     if cfg.distributed and not distributed.under_torchrun():
         reason = distributed.why_cannot_run(cfg.nproc, dev)
         if reason:
-            write_record(path, {**meta, "status": "skipped", "reason": reason, "config": cfg.to_dict(),
-                                "env": environment()})
+            write_record(path, unfinished_record(stage, profile, "skipped", reason, cfg))
             print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
             return EXIT_SKIPPED
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
         rc = distributed.launch(cfg.nproc, [script, *argv])
         record = read_record(path)
         if rc != 0 and (record is None or record.get("status") == "ok"):
-            record = {**meta, "status": "failed", "reason": f"a rank exited with code {rc}",
-                      "config": cfg.to_dict(), "env": environment()}
+            record = unfinished_record(stage, profile, "failed", f"a rank exited with code {rc}", cfg)
             write_record(path, record)
         if record:
             print_summary(record, out)

@@ -24,7 +24,7 @@ import torch
 from gpt import report
 from gpt.data import REPO_ROOT, prepare_command
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDERS, STAGES_DIR, device_type, ladder_of, parent_of, record_path, stage_config
+from gpt.ladder import LADDERS, STAGES_DIR, device_type, record_path, stage_config, unfinished_record
 from gpt.metrics import device_name, resolve_device
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, write_record
@@ -135,13 +135,11 @@ def run_stage(cmd: list[str], log: Path, show) -> int:
 
 def failed_record(stage: str, profile: str, device: str, reason: str) -> dict:
     """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter)."""
-    record = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage),
-              "status": "failed", "reason": reason, "env": environment()}
     try:
-        record["config"] = stage_config(stage, profile, device=device).to_dict()
+        cfg = stage_config(stage, profile, device=device)
     except UserError:
-        pass
-    return record
+        cfg = None
+    return unfinished_record(stage, profile, "failed", reason, cfg)
 
 
 def outcome(record: dict) -> str:
