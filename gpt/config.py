@@ -51,6 +51,15 @@ class TrainConfig:
     distributed: str | None = None  # None | "ddp" | "fsdp"
     nproc: int = 2  # processes for a distributed stage
 
+    # --- beyond the book: the "fast" and "lean" ladders ---
+    amp_bf16: bool = False  # with amp: bf16 autocast without a GradScaler on CUDA too
+    tf32: bool = False  # CUDA: fp32 matmuls on TF32 tensor cores
+    vocab_multiple: int = 1  # pad the vocabulary to a multiple of this (64: 50257 -> 50304)
+    optimizer_fused: bool = False  # AdamW fused=True: one kernel updates every parameter
+    loss: str = "full"  # "chunked": fused linear + cross-entropy in chunks of rows (no full logits)
+    fsdp_mixed_precision: bool = False  # FSDP: bf16 parameters for compute, fp32 gradient reduction
+    fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
+
     # --- where it runs ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
@@ -82,6 +91,14 @@ class TrainConfig:
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
         if self.dataset not in ("raw_text", "tokens"):
             raise UserError(f"unknown dataset kind {self.dataset!r} (choose raw_text or tokens)")
+        if self.loss not in ("full", "chunked"):
+            raise UserError(f"unknown loss {self.loss!r} (choose full or chunked)")
+        if self.vocab_multiple < 1:
+            raise UserError(f"vocab_multiple must be >= 1, got {self.vocab_multiple}")
+        if self.amp_bf16 and not self.amp:
+            raise UserError("amp_bf16 chooses the autocast dtype: it needs amp on")
+        if (self.fsdp_mixed_precision or self.fsdp_cpu_offload) and self.distributed != "fsdp":
+            raise UserError("fsdp_mixed_precision and fsdp_cpu_offload are FSDP settings: they need distributed='fsdp'")
         return self
 
     @property

@@ -1,8 +1,9 @@
-"""The two ladders: their order (declared here once), how a stage's config is built, and the runner every
+"""The ladders: their order (declared here once), how a stage's config is built, and the runner every
 stage script calls.
 
 A stage's config is its profile's baseline settings with the `change()` of every stage up to and including
-it applied in ladder order, so each stage keeps every earlier change of its ladder.
+it applied in ladder order, so each stage keeps every earlier change of its ladder. The two ladders beyond
+the book start from a stage of a documented ladder (STARTS_FROM) and keep every change up to it.
 """
 import argparse
 import importlib.util
@@ -15,6 +16,8 @@ from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
+from gpt.metrics import resolve_device
+from gpt.optimizations import why_no_effect
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, write_record
 
@@ -30,6 +33,20 @@ LADDERS = {
         "speed_5_amp",
         "speed_6_ddp",
     ],
+    # Beyond the book: today's standard optimizations, one at a time. The order, and why:
+    # 1. remove the host-side work first (data), so every later stage is measured with the device fed;
+    # 2. then the precision practitioners train in (bf16, no loss scaling; TF32), so the kernel-level stages
+    #    after it are measured in that precision;
+    # 3. then the kernels, in build-nanogpt's order: fused attention, padded vocabulary, fused AdamW;
+    # 4. last the chunked loss, which changes how the output layer computes rather than what it computes.
+    "fast": [
+        "fast_1_pretokenized",
+        "fast_2_bf16",
+        "fast_3_sdpa",
+        "fast_4_padded_vocab",
+        "fast_5_fused_adamw",
+        "fast_6_chunked_loss",
+    ],
     "memory": [
         "memory_0_baseline",
         "memory_1_grad_accum",
@@ -37,7 +54,17 @@ LADDERS = {
         "memory_3_foreach_off",
         "memory_4_fsdp",
     ],
+    # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
+    # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
+    # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
+    "lean": [
+        "lean_1_fsdp_bf16",
+        "lean_2_chunked_loss",
+        "lean_3_cpu_offload",
+    ],
 }
+# A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).
+STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp"}
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -51,9 +78,23 @@ def ladder_of(stage: str) -> str:
 
 
 def parent_of(stage: str) -> str | None:
-    stages = LADDERS[ladder_of(stage)]
+    ladder = ladder_of(stage)
+    stages = LADDERS[ladder]
     i = stages.index(stage)
-    return stages[i - 1] if i else None
+    return stages[i - 1] if i else STARTS_FROM.get(ladder)
+
+
+def lineage(stage: str) -> list[str]:
+    """Every stage whose change this stage keeps, in order, ending with the stage itself."""
+    chain = [stage]
+    while parent_of(chain[0]):
+        chain.insert(0, parent_of(chain[0]))
+    return chain
+
+
+def base_ladder(ladder: str) -> str:
+    """The documented ladder whose profile settings a ladder uses."""
+    return ladder_of(STARTS_FROM[ladder]) if ladder in STARTS_FROM else ladder
 
 
 def load_stage(stage: str):
@@ -68,12 +109,10 @@ def load_stage(stage: str):
 
 def stage_config(stage: str, profile: str, **overrides) -> TrainConfig:
     """Profile baseline + every change of the ladder up to `stage`, then explicit overrides."""
-    ladder = ladder_of(stage)
-    settings = profile_settings(profile, ladder)
+    settings = profile_settings(profile, base_ladder(ladder_of(stage)))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
     cfg = TrainConfig(**settings)
-    stages = LADDERS[ladder]
-    for name in stages[: stages.index(stage) + 1]:
+    for name in lineage(stage):
         load_stage(name).change(cfg)
     for key, value in overrides.items():
         if value is not None:
@@ -156,12 +195,14 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     path = record_path(out, stage)
     meta = stage_meta(stage, profile)
 
-    if cfg.distributed and not distributed.under_torchrun():
-        reason = distributed.why_cannot_run(cfg.nproc, dev)
-        if reason:
+    launching = cfg.distributed and not distributed.under_torchrun()
+    reason = why_cannot_run(cfg, dev, launching)
+    if reason:
+        if int(os.environ.get("RANK", 0)) == 0:
             write_record(path, unfinished_record(stage, profile, "skipped", reason, cfg))
-            print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
-            return EXIT_SKIPPED
+        print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
+        return EXIT_SKIPPED
+    if launching:
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
         rc = distributed.launch(cfg.nproc, [script, *argv])
         record = read_record(path)
@@ -179,6 +220,29 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     return 0
 
 
+def why_cannot_run(cfg: TrainConfig, dev: str, launching: bool) -> str | None:
+    """Why this stage cannot run on this machine (a 'skipped' record), or None."""
+    if cfg.fsdp_cpu_offload and dev != "cuda":
+        return ("nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
+                "in host memory")
+    return distributed.why_cannot_run(cfg.nproc, dev) if launching else None
+
+
+def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
+    """'no effect on <device>: <why>' when every setting this stage changes is inert on the device it ran on
+    (gpt/optimizations.py:why_no_effect), else None. The stage still runs: its time shows the noise."""
+    parent = parent_of(stage)
+    if parent is None:
+        return None
+    mine, before = stage_config(stage, profile), stage_config(parent, profile)
+    changed = [f for f, v in mine.to_dict().items() if v != getattr(before, f)]
+    device = resolve_device(cfg.device)
+    reasons = [why_no_effect(f, cfg, device) for f in changed]
+    if not changed or None in reasons:
+        return None
+    return f"no effect on {device.type}: " + "; ".join(dict.fromkeys(reasons))
+
+
 def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict | None:
     """Train; on rank 0 write the record, including for a run that failed (OOM, crash)."""
     import torch
@@ -188,6 +252,7 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     rank = int(os.environ.get("RANK", 0))
     try:
         record = {**meta, **train.run(cfg, label=meta["stage"])}
+        record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except torch.OutOfMemoryError as e:
         record = {**meta, "status": "oom", "reason": str(e).splitlines()[0]}
     except UserError:

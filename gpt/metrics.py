@@ -171,6 +171,15 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
     return measure_cpu_matmul_flops(dtype), f"measured: {dt} matmul, {torch.get_num_threads()} thread(s)"
 
 
+def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """The device's highest peak over the dtypes training can compute in: MFU against the peak of the dtype a
+    stage uses can mislead (a CPU whose bf16 matmuls are slower than fp32 shows a high bf16 MFU while running
+    slower), so the record also gives MFU against this one."""
+    dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
+    peaks = [(flops, source) for flops, source in (peak_flops(device, dt) for dt in dtypes) if flops]
+    return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
+
+
 def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
     """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
     (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure."""

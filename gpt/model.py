@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.errors import UserError
+from gpt.optimizations import chunked_cross_entropy
 
 # The four GPT-2 sizes, plus a tiny model (minGPT's "gpt-mini") for CPU runs and tests.
 PRESETS = {
@@ -26,6 +27,7 @@ PRESETS = {
 }
 
 ATTENTIONS = ("naive", "sdpa")
+LOSSES = ("full", "chunked")
 
 
 @dataclass
@@ -38,10 +40,16 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
     attention: str = "sdpa"  # "naive": explicit T x T scores; "sdpa": fused F.scaled_dot_product_attention
+    vocab_multiple: int = 1  # pad the embedding/output rows to a multiple of this (64: 50257 -> 50304)
+    loss: str = "full"  # "full": logits then cross-entropy; "chunked": fused, never holds all the logits
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def __post_init__(self):
         # Validate here so that every way of building a config (preset, checkpoint, by hand) is checked.
-        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
+        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "vocab_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
@@ -49,6 +57,8 @@ class GPTConfig:
             raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.attention not in ATTENTIONS:
             raise UserError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        if self.loss not in LOSSES:
+            raise UserError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -136,33 +146,48 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        vocab = config.padded_vocab_size
+        # The modules' default initialisation is overwritten by init_weights: keep its random draws off the
+        # global stream, so that the weights depend on the seed and the real shapes only (not the padding).
+        with torch.random.fork_rng(devices=[]):
+            self.transformer = nn.ModuleDict(
+                dict(
+                    wte=nn.Embedding(vocab, config.n_embd),
+                    wpe=nn.Embedding(config.block_size, config.n_embd),
+                    drop=nn.Dropout(config.dropout),
+                    h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                    ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                )
             )
-        )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
         # Weight tying (as GPT-2): the output head reuses the token embedding, saving vocab x n_embd params.
         self.lm_head.weight = self.transformer.wte.weight
+        # Padding rows (vocab_multiple) are never a target: a -inf logit bias gives them probability 0, so the
+        # softmax over the real tokens, the loss and every real row's gradient are those of the unpadded model.
+        mask = torch.zeros(vocab) if vocab > config.vocab_size else None
+        self.register_buffer("vocab_mask", mask, persistent=False)  # filled by init_weights
         self.init_weights()
 
     @torch.no_grad()
     def init_weights(self):
         """GPT-2 initialisation. Also call it after `to_empty()` on a model built on the meta device:
         it refills the parameters and the naive attention mask."""
+        vocab = self.config.vocab_size
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                weight = module.weight
+                if weight is self.transformer.wte.weight:  # only the real rows: padding rows start (and stay) 0,
+                    weight = weight[:vocab]  # and the random stream, so every weight, is the unpadded model's
+                nn.init.normal_(weight, mean=0.0, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()  # weight ones, bias zeros
             elif isinstance(module, CausalSelfAttention) and module.attention == "naive":
                 module.mask.copy_(torch.ones_like(module.mask).tril())
+        if self.vocab_mask is not None:
+            self.transformer.wte.weight[vocab:].zero_()
+            self.vocab_mask.zero_()[vocab:] = float("-inf")
         # Each block adds two c_proj outputs to the residual stream; scaling them by 1/sqrt(2 * n_layer)
         # keeps the variance of the residual stream from growing with depth (GPT-2 paper, section 2.3).
         for name, p in self.named_parameters():
@@ -177,7 +202,13 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if targets is not None and self.config.loss == "chunked":
+            # Fused head + loss in chunks of rows: the (B*T, vocab) logits never exist at once; no logits returned.
+            return None, chunked_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
+                                               self.vocab_mask)
+        # The head as F.linear so the padding rows' -inf bias is added inside the matmul, not in another pass.
+        logits = F.linear(x, self.lm_head.weight, self.vocab_mask)
         loss = None
         if targets is not None:
             # Upcast so the softmax and the loss are fp32 even when the logits come out of autocast.
@@ -202,14 +233,16 @@ class GPT(nn.Module):
         times 3 for forward plus backward; counted over the full block, causal mask or not, as PaLM does.
         """
         c = self.config
-        n = self.num_params() - self.transformer.wpe.weight.numel()
+        padding = (c.padded_vocab_size - c.vocab_size) * c.n_embd  # padded rows are not model work
+        n = self.num_params() - self.transformer.wpe.weight.numel() - padding
         return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
     @classmethod
     def from_hf(cls, path, **overrides):
         """Load a local Hugging Face GPT-2 checkpoint directory (config.json plus model.safetensors or
-        pytorch_model.bin). overrides may set dropout, attention, or a smaller block_size (the position
-        table is cropped); the architecture itself comes from the checkpoint."""
+        pytorch_model.bin). overrides may set dropout, attention, loss, vocab_multiple (padding rows are
+        added) or a smaller block_size (the position table is cropped); the architecture itself comes from
+        the checkpoint."""
         path = Path(path)
         if not path.is_dir():
             raise UserError(f"Hugging Face checkpoint directory not found: {path}")
@@ -248,6 +281,9 @@ class GPT(nn.Module):
                     w = w.t()
                 if name == "wpe.weight":
                     w = w[: arch["block_size"]]
+                if name == "wte.weight" and w.shape[0] < p.shape[0] and w.shape[1] == p.shape[1]:
+                    p[: w.shape[0]].copy_(w)  # vocab_multiple: the padding rows keep their (masked) init
+                    continue
                 if w.shape != p.shape:
                     raise UserError(f"{path}: {name} has shape {tuple(w.shape)}, expected {tuple(p.shape)}")
                 p.copy_(w)

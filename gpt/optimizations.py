@@ -7,16 +7,23 @@ is gradient accumulation, which is the micro-batch loop of gpt/train.py:train_st
     batch_size, num_workers      -> make_loader
     pin_memory (+ non_blocking)  -> make_loader, to_device
     compile                      -> compile_model
-    amp                          -> mixed_precision
+    amp, amp_bf16                -> mixed_precision
+    tf32                         -> matmul_precision
     activation_checkpointing     -> checkpoint_blocks
-    optimizer_foreach            -> make_optimizer
-    distributed (ddp / fsdp)     -> parallelize
+    optimizer_foreach, _fused    -> make_optimizer
+    loss                         -> chunked_cross_entropy (called by gpt/model.py)
+    distributed (ddp / fsdp)     -> parallelize (fsdp_mixed_precision, fsdp_cpu_offload: fsdp_policies)
+
+Two more live in the model, since they change its shapes: attention ("sdpa": CausalSelfAttention.forward)
+and vocab_multiple (GPTConfig.padded_vocab_size and GPT.vocab_mask). `why_no_effect` says which of them
+change nothing on a given device, and why; the ladder records it instead of pretending to a gain.
 """
 import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from gpt.config import TrainConfig
@@ -72,6 +79,7 @@ class MixedPrecision:
     dtype: torch.dtype  # the dtype matmuls compute in
     device_type: str
     scaler: torch.amp.GradScaler | None  # only for fp16
+    why: str = ""  # how the dtype was chosen, for the record
 
     def autocast(self):
         if self.dtype == torch.float32:
@@ -83,13 +91,63 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
     """Autocast runs matmuls in 16-bit and keeps reductions (softmax, layer norm, the loss) in fp32.
 
     CUDA: fp16 with a GradScaler, as the reference (fp16 has a 5-bit exponent, so small gradients would
-    underflow without scaling the loss). CPU: bf16, which has fp32's exponent range and needs no scaler;
-    CPU fp16 kernels ran about 60x slower than fp32 on the machines this was built on."""
+    underflow without scaling the loss); with amp_bf16, bf16, which has fp32's exponent range and needs no
+    scaler (and so no host sync to check for infs every step). A GPU without bf16 keeps fp16.
+    CPU: bf16 (no scaler) if this CPU multiplies bf16 matrices faster than fp32 ones, measured (a CPU with
+    AMX or AVX512-BF16 units: several times faster; one without: emulated and slower), else fp32. CPU fp16
+    kernels are slower than both on the machines this was built on, so the CPU never uses fp16."""
     if not cfg.amp:
-        return MixedPrecision(torch.float32, device.type, None)
+        return MixedPrecision(torch.float32, device.type, None, "amp off")
     if device.type == "cuda":
-        return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"))
-    return MixedPrecision(torch.bfloat16, "cpu", None)
+        if cfg.amp_bf16 and torch.cuda.is_bf16_supported():
+            return MixedPrecision(torch.bfloat16, "cuda", None, "bf16 autocast, no loss scaling")
+        why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16)" if cfg.amp_bf16 else "")
+        return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"), why)
+    from gpt.metrics import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
+
+    bf16, fp32 = (measure_cpu_matmul_flops(dt) / 1e9 for dt in (torch.bfloat16, torch.float32))
+    rates = f"measured matmul rates on this CPU: bf16 {bf16:,.0f}, fp32 {fp32:,.0f} GFLOP/s"
+    if bf16 > fp32:
+        return MixedPrecision(torch.bfloat16, "cpu", None, f"bf16 autocast ({rates})")
+    return MixedPrecision(torch.float32, "cpu", None, f"kept fp32: bf16 is not faster here ({rates})")
+
+
+def matmul_precision(cfg: TrainConfig, device: torch.device) -> str:
+    """TF32 (CUDA, Ampere and newer): fp32 matmuls that autocast leaves in fp32 run on tensor cores with a
+    10-bit mantissa, several times faster. Set for the whole process (it is global state), both ways, so a
+    run never inherits an earlier run's setting. Returns what fp32 matmuls use."""
+    if device.type != "cuda":
+        return "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    return "tf32" if cfg.tf32 and has_tf32(device) else "fp32"
+
+
+def has_tf32(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and newer
+
+
+# ---- the output layer and its loss -------------------------------------------------------------------------
+
+LOSS_CHUNK_ROWS = 256  # rows of logits per chunk: 256 x 50304 fp32 = 49 MiB, instead of B*T x 50304
+
+
+def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy of `x @ weight.T + bias` against `targets` without the full logits.
+
+    torch.nn.functional.linear_cross_entropy computes the loss and its gradients chunk by chunk of rows,
+    so only one chunk's logits exist at a time. Chunks of a fixed number of rows: the library's default
+    heuristic sizes a chunk's logits like the input (B*T x n_embd), i.e. 4-row chunks for a 192-wide model
+    and GPT-2's vocabulary, whose tiny matmuls ran 4x slower than the unchunked loss on a CPU. Autocast
+    does not cover this op, so it gets the autocast dtype's inputs explicitly. With bf16 inputs it computes
+    the softmax and accumulates the gradients in fp32, but returns the loss in bf16, summed over the chunks
+    in bf16: the logged loss is off by up to a few bf16 units (~0.4% each), the gradients are not."""
+    device_type = x.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None)
+    return F.linear_cross_entropy(x.to(dtype), weight.to(dtype), targets,
+                                  linear_bias=None if bias is None else bias.to(dtype), options=options)
 
 
 # ---- memory ladder ---------------------------------------------------------------------------------------
@@ -125,7 +183,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": [p for p in params if id(p) in decay_ids], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) not in decay_ids], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=cfg.optimizer_foreach)
+    # fused=True: one kernel per parameter group updates every parameter, reading each tensor once.
+    impl = {"fused": True} if cfg.optimizer_fused else {"foreach": cfg.optimizer_foreach}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **impl)
 
 
 # ---- both ladders: more than one process ---------------------------------------------------------------
@@ -139,7 +199,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
     Each block is its own unit: its parameters are all-gathered just before its forward (and again
     before its backward) and freed after; gradients are reduce-scattered. The root call covers what is
     left (embeddings, final layer norm; the tied lm_head). Sharding settings live here:
-    reshard_after_forward=True (ZeRO-3: free gathered parameters after forward), fp32 throughout."""
+    reshard_after_forward=True (ZeRO-3: free gathered parameters after forward); precision and offloading
+    in fsdp_policies."""
     if cfg.distributed is None:
         return model
     if cfg.distributed == "ddp":
@@ -148,7 +209,49 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
+    policies = fsdp_policies(cfg)
     for block in model.transformer.h:
-        fully_shard(block, reshard_after_forward=True)
-    fully_shard(model, reshard_after_forward=True)
+        fully_shard(block, reshard_after_forward=True, **policies)
+    fully_shard(model, reshard_after_forward=True, **policies)
     return model
+
+
+def fsdp_policies(cfg: TrainConfig) -> dict:
+    """FSDP2's precision and offloading settings (the "lean" ladder).
+
+    fsdp_mixed_precision: each unit's parameters are all-gathered as bf16 copies and the unit computes in
+    bf16 (half the bytes for gathered parameters and saved activations); the sharded fp32 parameters stay
+    the master weights the optimizer updates, and gradients are reduce-scattered in fp32, so summing the
+    ranks' contributions loses nothing to bf16.
+    fsdp_cpu_offload: the sharded parameters, their gradients and AdamW's state live in pinned host memory;
+    each unit's shard is copied to the GPU just before its all-gather, gradients go back to the host, and
+    the optimizer step runs on the CPU. The GPU then holds little more than one unit's gathered parameters
+    and the activations."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    policies = {}
+    if cfg.fsdp_mixed_precision:
+        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cfg.fsdp_cpu_offload:
+        policies["offload_policy"] = CPUOffloadPolicy()
+    return policies
+
+
+# ---- what a change does on this device -------------------------------------------------------------------
+
+
+def why_no_effect(field: str, cfg: TrainConfig, device: torch.device) -> str | None:
+    """Why switching on `field` (as `cfg` has it) changes nothing that runs on `device`; None if it does."""
+    if field == "pin_memory" and device.type != "cuda":
+        return "no host-to-device copy to overlap: the batches already are in the memory the CPU computes from"
+    if field == "amp":
+        amp = mixed_precision(cfg, device)
+        return amp.why if amp.dtype == torch.float32 else None
+    if field == "amp_bf16":
+        amp = mixed_precision(cfg, device)
+        if device.type == "cpu":
+            return f"the CPU's autocast never uses fp16 or a GradScaler (here: {amp.why})"
+        return amp.why if amp.scaler else None
+    if field == "tf32" and not has_tf32(device):
+        return "TF32 is a tensor-core format of NVIDIA GPUs from Ampere on: fp32 matmuls here are unchanged"
+    return None

@@ -65,7 +65,8 @@ METRIC_KEYS = {
     "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
     "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
     "peak_memory_mib", "memory_breakdown_mib", "memory_timeline_mib", "flops_per_token",
-    "peak_flops_per_device", "peak_flops_source", "mfu_pct", "loss_first", "loss_final", "losses",
+    "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
+    "mfu_fastest_pct", "loss_first", "loss_final", "losses",
 }
 STATUSES = {"ok", "oom", "failed", "skipped"}
 

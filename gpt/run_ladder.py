@@ -24,7 +24,7 @@ import torch
 from gpt import report
 from gpt.data import REPO_ROOT, prepare_command
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDERS, STAGES_DIR, device_type, record_path, stage_config, unfinished_record
+from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
 from gpt.metrics import device_name, resolve_device
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, write_record
@@ -57,7 +57,8 @@ def needs_run(record: dict | None, profile: str, device: str) -> bool:
 
 def prepare_data(profile: str, ladders: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
-    for data_dir in sorted({REPO_ROOT / profile_settings(profile, ladder)["data_dir"] for ladder in ladders}):
+    dirs = {REPO_ROOT / profile_settings(profile, base_ladder(ladder))["data_dir"] for ladder in ladders}
+    for data_dir in sorted(dirs):
         if (data_dir / "meta.json").exists():
             continue
         cmd = prepare_command(data_dir)

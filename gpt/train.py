@@ -25,6 +25,7 @@ from gpt.metrics import (
     cuda_peak_mib,
     device_name,
     memory_breakdown,
+    fastest_peak_flops,
     mfu,
     peak_flops,
     reset_cuda_peak,
@@ -38,6 +39,7 @@ from gpt.optimizations import (
     compile_model,
     make_loader,
     make_optimizer,
+    matmul_precision,
     mixed_precision,
     parallelize,
     to_device,
@@ -54,7 +56,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     torch.manual_seed(cfg.seed)  # every rank builds identical weights (FSDP does not broadcast them)
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
-                                      dropout=cfg.dropout, attention=cfg.attention, **overrides)
+                                      dropout=cfg.dropout, attention=cfg.attention, loss=cfg.loss,
+                                      vocab_multiple=cfg.vocab_multiple, **overrides)
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
@@ -118,6 +121,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
     amp = mixed_precision(cfg, device)
+    fp32_matmuls = matmul_precision(cfg, device)
     cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
 
     total_steps = cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + int(cfg.measure_memory)
@@ -193,6 +197,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     mean_s = statistics.fmean(repeat_s)
     tokens_per_s = cfg.samples * cfg.block_size / mean_s
     flops, flops_source = peak_flops(device, amp.dtype)
+    best_flops, best_source = fastest_peak_flops(device)
     steady = statistics.median(step_s)
     return {
         "schema": SCHEMA_VERSION,
@@ -208,7 +213,9 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         },
         "choices": {
             "amp_dtype": str(amp.dtype).removeprefix("torch."),
+            "amp_why": amp.why,
             "grad_scaler": amp.scaler is not None,
+            "fp32_matmuls": fp32_matmuls,
             "compile_mode": compile_mode(cfg, device),
             "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
             "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
@@ -237,6 +244,9 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             "peak_flops_per_device": flops,
             "peak_flops_source": flops_source,
             "mfu_pct": _pct(mfu(tokens_per_s, raw.flops_per_token(), flops, world)),
+            "peak_flops_fastest": best_flops,
+            "peak_flops_fastest_source": best_source,
+            "mfu_fastest_pct": _pct(mfu(tokens_per_s, raw.flops_per_token(), best_flops, world)),
             "loss_first": first_loss,
             "loss_final": statistics.fmean(losses[-cfg.steps_per_repeat:]),
             "losses": losses,

@@ -42,7 +42,8 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
                                  "temporaries": 0.1 * peak, "other": 0.0, "total": peak},
         "memory_timeline_mib": [peak * i / 50 for i in range(50)] + [peak * 0.3] * 10,
         "flops_per_token": 1000, "peak_flops_per_device": 1e11, "peak_flops_source": "measured: test",
-        "mfu_pct": 1.5, "loss_first": 4.2, "loss_final": losses[-1], "losses": losses, **metrics,
+        "mfu_pct": 1.5, "peak_flops_fastest": 2e11, "peak_flops_fastest_source": "measured: test",
+        "mfu_fastest_pct": 0.75, "loss_first": 4.2, "loss_final": losses[-1], "losses": losses, **metrics,
     }
     return {**record, "schema": 1, "label": stage, "metrics": m,
             "model": {"n_layer": 2, "params": 1000, "flops_per_token": 1000},

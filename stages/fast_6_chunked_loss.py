@@ -1,0 +1,25 @@
+"""Fast ladder (beyond the book), stage 6: chunked linear + cross-entropy (F.linear_cross_entropy).
+
+Parent: fast_5_fused_adamw. No anchor figure.
+
+With GPT-2's 50257-token vocabulary the logits are the largest tensor of a small model (B*T x 50304), and
+the loss passes over them several times (the head's matmul writes them, softmax reads and writes them,
+backward writes their gradient). The fused op computes the head, the loss and its gradients chunk by chunk
+of rows: each chunk's logits are used while they are in cache and are never stored for backward. Same loss
+and gradients up to float summation order; under bf16 the op returns the loss rounded to bf16 (the logged
+loss moves by up to ~1%; the gradients are accumulated in fp32). torch.compile leaves the op eager (a
+graph break).
+Code: gpt/optimizations.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
+"""
+from gpt.ladder import stage_main
+
+CHANGE = "chunked linear + cross-entropy"
+REFERENCE = {}
+
+
+def change(cfg):
+    cfg.loss = "chunked"
+
+
+if __name__ == "__main__":
+    stage_main(__file__)

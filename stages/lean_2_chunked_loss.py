@@ -1,0 +1,23 @@
+"""Lean ladder (beyond the book), stage 2: chunked linear + cross-entropy (F.linear_cross_entropy).
+
+Parent: lean_1_fsdp_bf16. No anchor figure.
+
+The logits (B*T x vocabulary, plus their fp32 copy for the loss and their gradient) are the largest
+activation left after checkpointing when the vocabulary is large: with GPT-2's 50257 tokens at batch 32 and
+block 128 they are 785 MiB in fp32. The fused op computes the head and the loss chunk by chunk of rows, so
+only one chunk's logits exist at a time. With the reference's 65-character vocabulary the logits are tiny
+and this stage saves next to nothing: what it saves grows with vocabulary x tokens per step.
+Code: gpt/optimizations.py:chunked_cross_entropy (loss="chunked").
+"""
+from gpt.ladder import stage_main
+
+CHANGE = "chunked linear + cross-entropy"
+REFERENCE = {}
+
+
+def change(cfg):
+    cfg.loss = "chunked"
+
+
+if __name__ == "__main__":
+    stage_main(__file__)

@@ -1,0 +1,311 @@
+"""The stages beyond the book (the fast_* and lean_* ladders) keep the mathematics of training: each is
+checked against its parent here, on the CPU, through the project's own code, in the style of
+tests/test_ladder_equivalence.py (whose helpers it uses). Tolerances are stated per test; measured
+differences are printed (pytest -s).
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dist_worker import full_params
+from gpt import optimizations
+from gpt.data import load_prepared, make_dataset
+from gpt.ladder import EXIT_SKIPPED, STAGES_DIR, no_effect, stage_config
+from gpt.optimizations import mixed_precision, why_no_effect
+from test_ladder_equivalence import (
+    CPU,
+    DIST_STEPS,
+    NO_CLIP,
+    NPROC,
+    RANK_BATCH,
+    gpt2_text_data,  # noqa: F401 (a fixture)
+    launch_workers,
+    max_diff,
+    report,
+    tiny_config,
+    train_with_grads,
+)
+
+
+# ---- pre-tokenised data (fast_1) ---------------------------------------------------------------------------
+
+
+def test_char_token_windows_are_the_raw_text_windows(char_data):
+    """Tolerance 0: with the character tokenizer, token i is character i of the cleaned text, so sample i
+    of the memory-mapped token file is sample i of the per-sample text pipeline."""
+    raw = make_dataset("raw_text", char_data, 32)
+    tokens = make_dataset("tokens", char_data, 32)
+    for i in torch.randint(min(len(raw), len(tokens)), (200,), generator=torch.Generator().manual_seed(0)).tolist():
+        (xr, yr), (xt, yt) = raw[i], tokens[i]
+        assert torch.equal(xr, xt) and torch.equal(yr, yt), i
+
+
+def test_gpt2_token_windows_and_raw_text_windows_come_from_the_same_text(gpt2_text_data):
+    """With GPT-2's BPE a raw-text window starts at a character and a token window at a token, so they are
+    not the same windows; both are windows of the same cleaned text (decoded, each is a piece of it)."""
+    prepared = load_prepared(gpt2_text_data)
+    text = prepared.text_path("train").read_text()
+    raw, tokens = make_dataset("raw_text", gpt2_text_data, 32), make_dataset("tokens", gpt2_text_data, 32)
+    decode = prepared.tokenizer.decode
+    g = torch.Generator().manual_seed(0)
+    for dataset in (raw, tokens):
+        for i in torch.randint(len(dataset), (50,), generator=g).tolist():
+            x, y = dataset[i]
+            assert torch.equal(x[1:], y[:-1])  # next-token targets in both
+            # a window may start in the middle of a multi-byte character: drop its first token's text
+            assert decode(x[1:].tolist()) in text
+
+
+# ---- bf16 without a scaler, TF32 (fast_2): no effect on a CPU -----------------------------------------------
+
+
+def test_bf16_stage_changes_nothing_on_a_cpu(char_data):
+    """On the CPU autocast is bf16 (or fp32) without a scaler whether amp_bf16 is on or not, and TF32 does
+    not exist: the stage runs the same code, and its record says why."""
+    before, after = tiny_config(char_data, amp=True), tiny_config(char_data, amp=True, amp_bf16=True, tf32=True)
+    assert mixed_precision(after, CPU) == mixed_precision(before, CPU)
+    assert optimizations.matmul_precision(after, CPU) == "fp32"
+    reason = no_effect("fast_2_bf16", "smoke", stage_config("fast_2_bf16", "smoke", device="cpu"))
+    assert reason.startswith("no effect on cpu: ") and "GradScaler" in reason and "TF32" in reason
+    assert no_effect("fast_3_sdpa", "smoke", stage_config("fast_3_sdpa", "smoke", device="cpu")) is None
+
+
+def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
+    """speed_5_amp's CPU rule: autocast to bf16 only where bf16 matmuls were measured faster than fp32."""
+    rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
+    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
+    amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
+    assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150, fp32 300 GFLOP/s" in amp.why
+    assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) == amp.why
+    rates[torch.bfloat16] = 2400e9  # a CPU with AMX
+    assert mixed_precision(tiny_config(char_data, amp=True), CPU).dtype == torch.bfloat16
+    assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) is None
+
+
+# ---- fused attention (fast_3) ------------------------------------------------------------------------------
+
+# SDPA's CPU kernel computes the softmax blockwise with an online maximum and sums in another order: float32
+# reassociation. Measured: losses equal to ~1e-7, gradients within ~1e-8 (~1e-7 of the largest). The bound
+# leaves >10x. Dropout 0: the fused kernel draws its masks differently.
+SDPA_RTOL, SDPA_ATOL = 1e-5, 1e-6
+
+
+def test_sdpa_matches_naive_attention(char_data):
+    naive, grads_naive = train_with_grads(tiny_config(char_data, attention="naive"), 2)
+    sdpa, grads_sdpa = train_with_grads(tiny_config(char_data, attention="sdpa"), 2)
+    assert sdpa.raw.transformer.h[0].attn.attention == "sdpa"
+    assert sdpa.losses == pytest.approx(naive.losses, rel=SDPA_RTOL)
+    for step, (gs, gn) in enumerate(zip(grads_sdpa, grads_naive)):
+        report(f"sdpa vs naive, step {step + 1} gradients", gs, gn, SDPA_RTOL, SDPA_ATOL)
+        torch.testing.assert_close(gs, gn, rtol=SDPA_RTOL, atol=SDPA_ATOL)
+
+
+# ---- padded vocabulary (fast_4) ----------------------------------------------------------------------------
+
+# The padded model computes extra logit columns that the -inf bias removes from the softmax exactly
+# (exp(-inf) = 0): the same terms in the same order. The matmul's blocking may differ with the wider output
+# on other CPUs, so a float32 reassociation bound is allowed; measured here: losses and the real rows'
+# gradients and parameters identical (difference 0).
+PAD_RTOL, PAD_ATOL = 1e-6, 1e-8
+
+
+def real_rows(grads: dict, vocab: int) -> dict:
+    return {k: (g[:vocab] if k == "transformer.wte.weight" else g) for k, g in grads.items()}
+
+
+def test_padded_vocab_keeps_the_loss_and_the_real_rows_gradients(char_data):
+    vocab = load_prepared(char_data).vocab_size
+    plain, grads_plain = train_with_grads(tiny_config(char_data), 3)
+    padded, grads_padded = train_with_grads(tiny_config(char_data, vocab_multiple=64), 3)
+    wte = padded.raw.transformer.wte.weight
+    assert wte.shape[0] == 128 > vocab  # 80 characters padded to 128 rows
+    assert padded.losses == pytest.approx(plain.losses, rel=PAD_RTOL)
+    for step, (gp, g) in enumerate(zip(grads_padded, grads_plain)):
+        assert gp["transformer.wte.weight"][vocab:].abs().max() == 0  # padding rows: probability 0, no gradient
+        report(f"padded vs plain vocabulary, step {step + 1} gradients (real rows)", real_rows(gp, vocab), g,
+               PAD_RTOL, PAD_ATOL)
+        torch.testing.assert_close(real_rows(gp, vocab), g, rtol=PAD_RTOL, atol=PAD_ATOL)
+    assert wte[vocab:].abs().max() == 0  # never predicted, never updated
+    torch.testing.assert_close(real_rows(full_params(padded.raw), vocab), full_params(plain.raw), rtol=PAD_RTOL,
+                               atol=PAD_ATOL)
+
+
+def test_padding_without_the_mask_changes_the_loss(char_data):
+    """Negative control: without the -inf bias the padding rows' logits (0) join the softmax's denominator,
+    so the loss the comparison above accepts is not reached."""
+    plain = train_with_grads(tiny_config(char_data), 1)[0]
+    unmasked = train_with_grads(tiny_config(char_data, vocab_multiple=64), 1,
+                                lambda run: setattr(run.raw, "vocab_mask", None))[0]
+    print(f"\nunmasked padding vs plain loss: {unmasked.losses[0]:.6f} vs {plain.losses[0]:.6f}")
+    assert unmasked.losses[0] != pytest.approx(plain.losses[0], rel=PAD_RTOL)
+
+
+# ---- fused AdamW (fast_5) ----------------------------------------------------------------------------------
+
+# The fused kernel computes the same update in one pass, but divides and takes the square root in another
+# order (and with FMAs): float32 rounding of ~1e-7 relative per step. Adam amplifies it where a gradient is
+# pure rounding noise: the attention's key bias has a true gradient of 0 (softmax ignores a constant added to
+# all of a query's scores), its float gradients are ~1e-10, and m / (sqrt(v) + eps) with eps 1e-8 turns
+# their differences into update differences. Measured after 4 steps at lr 3e-3: max |diff| 1.1e-6, on a key
+# bias entry; elsewhere ~1e-8. Bound 1e-5, 0.3% of one step's move (lr): a wrong update moves weights by ~lr.
+FUSED_RTOL, FUSED_ATOL = 1e-5, 1e-5
+
+
+def test_fused_adamw_matches_foreach(char_data):
+    cfg = dict(lr=3e-3)
+    foreach = train_with_grads(tiny_config(char_data, **cfg), 4)[0]
+    fused = train_with_grads(tiny_config(char_data, optimizer_fused=True, **cfg), 4)[0]
+    assert [g["fused"] for g in fused.optimizer.param_groups] == [True, True]
+    report("fused vs foreach AdamW, parameters after 4 steps", full_params(fused.raw), full_params(foreach.raw),
+           FUSED_RTOL, FUSED_ATOL)
+    torch.testing.assert_close(full_params(fused.raw), full_params(foreach.raw), rtol=FUSED_RTOL, atol=FUSED_ATOL)
+    assert fused.losses == pytest.approx(foreach.losses, rel=1e-6)
+
+
+# ---- chunked linear + cross-entropy (fast_6, lean_2) --------------------------------------------------------
+
+# The chunked op sums the loss chunk by chunk and accumulates the head's weight gradient over chunks: the
+# same sums in another order. Measured (fp32): losses within ~2e-7 relative, gradients within ~1e-7 absolute
+# (<2e-6 of the largest).
+CHUNK_RTOL, CHUNK_ATOL = 1e-5, 1e-7
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks."""
+    monkeypatch.setattr(optimizations, "LOSS_CHUNK_ROWS", 16)
+    calls = []
+    real = torch.nn.functional.linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["options"].batch_chunk_size)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", spy)
+    return calls
+
+
+@pytest.mark.parametrize("vocab_multiple", [1, 64])
+def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multiple):
+    full, grads_full = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple), 2)
+    chunked, grads_chunked = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple, loss="chunked"), 2)
+    assert small_chunks and set(small_chunks) == {16}  # the chunked op really ran, 8 chunks per call
+    assert chunked.losses == pytest.approx(full.losses, rel=CHUNK_RTOL)
+    for step, (gc, gf) in enumerate(zip(grads_chunked, grads_full)):
+        report(f"chunked vs full loss (vocab_multiple {vocab_multiple}), step {step + 1} gradients", gc, gf,
+               CHUNK_RTOL, CHUNK_ATOL)
+        torch.testing.assert_close(gc, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
+
+
+def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch,
+                                                                                 char_data):
+    """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
+    chunked op in fp32 too (its gradients are accumulated in fp32), but it returns the loss in the input's
+    dtype, summed over chunks in bf16. So: gradients as close to fp32 training as the full loss's are (bound:
+    twice the full loss's difference plus 1e-3 of the largest gradient; measured ~7e-3 for both), and the
+    loss within its bf16 summation error (n_chunks half-ulps, 2^-9 relative each)."""
+    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
+    cfg = dict(grad_clip=NO_CLIP)
+    fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
+    full, grads_full = train_with_grads(tiny_config(char_data, amp=True, **cfg), 1)
+    chunked, grads_chunked = train_with_grads(tiny_config(char_data, amp=True, loss="chunked", **cfg), 1)
+    n_chunks = 8 * 16 // small_chunks[0]
+    full_rel, chunked_rel = max_diff(grads_full[0], grads_fp32[0])[1], max_diff(grads_chunked[0], grads_fp32[0])[1]
+    print(f"\nbf16 vs fp32 gradients, max |diff| / max |value|: full loss {full_rel:.3g}, chunked {chunked_rel:.3g}; "
+          f"losses: fp32 {fp32.losses[0]:.5f}, full {full.losses[0]:.5f}, chunked {chunked.losses[0]:.5f}")
+    assert chunked_rel < 2 * full_rel + 1e-3
+    assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
+
+
+# ---- FSDP mixed precision (lean_1) and with the chunked loss (lean_2), on 2 gloo processes ---------------------
+
+# bf16 compute: every matmul's inputs are rounded to 8 significant bits (2^-9 relative), so gradients differ
+# from fp32 by ~1% of their size (see above). Adam normalises each update, which for most weights passes on
+# that ~1%, but where a gradient is mostly rounding noise (the attention's key bias, whose true gradient is 0)
+# the noise decides the update's sign, so single weights may move the other way. So the check is on the
+# update as a whole: ||update_bf16 - update_fp32|| / ||update_fp32|| after 3 steps, measured 4.8%. Bound 15%;
+# fp32 training with a learning rate 20% lower gives 20% (asserted as a control: the bound would catch it).
+# Losses: within 2e-3, as under autocast; the chunked loss is returned in bf16 (see above), which adds up to
+# half a bf16 unit (2^-8 relative) per micro-batch.
+FSDP_BF16_UPDATE_REL, FSDP_BF16_LOSS_ATOL = 0.15, 2e-3
+
+
+def update_error(params: dict, reference: dict, initial: dict) -> float:
+    """||(params - initial) - (reference - initial)|| / ||reference - initial||, over all parameters."""
+    diff = torch.cat([(params[k] - reference[k]).flatten() for k in reference])
+    moved = torch.cat([(reference[k] - initial[k]).flatten() for k in reference])
+    return (diff.norm() / moved.norm()).item()
+
+
+@pytest.mark.parametrize("stage_settings", [
+    dict(fsdp_mixed_precision=True),  # lean_1
+    dict(fsdp_mixed_precision=True, loss="chunked"),  # lean_2
+])
+def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
+    memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
+    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, **memory_4, **stage_settings)
+    launch_workers(cfg, DIST_STEPS, tmp_path)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
+    single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)[0]
+    initial = full_params(train_with_grads(tiny_config(char_data), 0)[0].raw)  # the same seed's weights
+    params = ranks[0]["params"]
+    assert all(p.dtype == torch.float32 for p in params.values())  # fp32 master weights
+    rank_mean = [sum(losses) / NPROC for losses in zip(*(r["losses"] for r in ranks))]
+    print(f"\nFSDP bf16 {stage_settings} vs fp32 losses: {rank_mean} vs {single.losses}")
+    bf16_loss = 2**-8 * max(single.losses) if cfg.loss == "chunked" else 0.0
+    assert max(abs(a - b) for a, b in zip(rank_mean, single.losses)) < FSDP_BF16_LOSS_ATOL + bf16_loss
+    error = update_error(params, full_params(single.raw), initial)
+    slower = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, lr=0.8 * cfg.lr), DIST_STEPS)[0]
+    control = update_error(full_params(slower.raw), full_params(single.raw), initial)
+    print(f"update after {DIST_STEPS} steps vs fp32 on one process: {error:.3g} relative "
+          f"(fp32 at 0.8 x lr: {control:.3g})")
+    assert error < FSDP_BF16_UPDATE_REL < control
+
+
+# ---- CPU offload (lean_3) ----------------------------------------------------------------------------------
+
+
+def test_cpu_offload_is_skipped_without_a_gpu(tmp_path):
+    r = subprocess.run([sys.executable, str(STAGES_DIR / "lean_3_cpu_offload.py"), "--profile", "smoke",
+                        "--device", "cpu", "--out", str(tmp_path), "--wandb", "disabled"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == EXIT_SKIPPED, r.stderr
+    record = json.loads((tmp_path / "lean_3_cpu_offload.json").read_text())
+    assert record["status"] == "skipped" and record["reason"].startswith("nothing to offload to")
+    assert record["config"]["fsdp_cpu_offload"] and record["config"]["fsdp_mixed_precision"]
+
+
+def test_fsdp_policies_follow_the_config(char_data):
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    assert optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp")) == {}
+    policies = optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True,
+                                                       fsdp_cpu_offload=True))
+    assert policies["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert isinstance(policies["offload_policy"], CPUOffloadPolicy)
+
+
+# ---- on a GPU ------------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@cuda
+def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
+    device = torch.device("cuda")
+    cfg = tiny_config(char_data, amp=True, amp_bf16=True, tf32=True, device="cuda")
+    amp = mixed_precision(cfg, device)
+    if not torch.cuda.is_bf16_supported():
+        assert amp.dtype == torch.float16 and amp.scaler is not None and "no bf16" in amp.why
+        return
+    assert amp.dtype == torch.bfloat16 and amp.scaler is None
+    expected = "tf32" if torch.cuda.get_device_capability()[0] >= 8 else "fp32"
+    assert optimizations.matmul_precision(cfg, device) == expected
+    assert torch.backends.cuda.matmul.allow_tf32 == (cfg.tf32)
+    optimizations.matmul_precision(tiny_config(char_data, device="cuda"), device)  # and back off
+    assert not torch.backends.cuda.matmul.allow_tf32
