@@ -26,9 +26,13 @@ from conftest import REPO
 #   (it estimates the eager model) and the CPU measurement of a compiled stage runs eager under the tracker
 #   too, so the check would say nothing about compilation and cost one (`compare` still lists them).
 # - speed_6_ddp: DDP is estimated as its single-process rank (see gpt/memory); checked in a slow test.
+# - the fast_* stages: all compiled (they continue from speed_5_amp), as speed_4 and speed_5.
+# - lean_3_cpu_offload: skipped on a CPU (nothing to offload to), so there is no CPU measurement.
 IN_PROCESS = ["memory_0_baseline", "memory_1_grad_accum", "memory_2_checkpointing", "memory_3_foreach_off",
               "speed_0_baseline", "speed_1_batch_size"]
-TWO_PROCESSES = ["memory_4_fsdp"]
+TWO_PROCESSES = ["memory_4_fsdp", "lean_1_fsdp_bf16", "lean_2_chunked_loss"]
+COMPILED = {"fast_1_pretokenized", "fast_2_bf16", "fast_3_sdpa", "fast_4_padded_vocab", "fast_5_fused_adamw",
+            "fast_6_chunked_loss"}
 
 
 def measured_record(stage: str, data_dir, out) -> dict:
@@ -131,5 +135,7 @@ def test_ddp_smoke_estimate_matches_its_measurement(char_data, tmp_path):
 
 
 def test_every_ladder_stage_is_covered_or_excused():
-    excused = {"speed_2_num_workers", "speed_3_non_blocking", "speed_4_compile", "speed_5_amp", "speed_6_ddp"}
+    excused = {"speed_2_num_workers", "speed_3_non_blocking", "speed_4_compile", "speed_5_amp", "speed_6_ddp",
+               "lean_3_cpu_offload"} | COMPILED
+    assert all(stage_config(s, "smoke").compile for s in COMPILED)
     assert set(IN_PROCESS + TWO_PROCESSES) | excused == {s for stages in LADDERS.values() for s in stages}
