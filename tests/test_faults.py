@@ -211,9 +211,10 @@ def blocked_output(tmp_path: Path, how: str):
         path.chmod(0o755)
 
 
-@pytest.mark.parametrize("how", ["file in the way", "read-only"])
-def test_an_unwritable_output_directory_is_one_line_before_any_training(how, tmp_path, stub_stages, capsys,
-                                                                       char_data):
+# a stage of one process, and one that would launch two
+@pytest.mark.parametrize("how, stage", [("file in the way", "speed_0_baseline"), ("read-only", "memory_4_fsdp")])
+def test_an_unwritable_output_directory_is_one_line_before_any_training(how, stage, tmp_path, stub_stages,
+                                                                       capsys, char_data):
     out, behave, calls = stub_stages
     with blocked_output(tmp_path, how) as (blocked, message):
         with pytest.raises(SystemExit) as e:
@@ -221,13 +222,12 @@ def test_an_unwritable_output_directory_is_one_line_before_any_training(how, tmp
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and message in err[0] and str(blocked) in err[0]
         assert calls() == []
-        for stage in ("speed_0_baseline", "memory_4_fsdp"):  # one process, and one that would launch two
-            r = subprocess.run([sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", "smoke",
-                                "--device", "cpu", "--data-dir", str(char_data), "--out", str(blocked),
-                                "--wandb", "disabled"], capture_output=True, text=True, timeout=120)
-            lines = r.stderr.strip().splitlines()
-            assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
-            assert r.stdout == ""  # no training, no launch
+        r = subprocess.run([sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", "smoke", "--device",
+                            "cpu", "--data-dir", str(char_data), "--out", str(blocked), "--wandb", "disabled"],
+                           capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
+        assert r.stdout == ""  # no training, no launch
 
 
 # ---- a corrupt record ---------------------------------------------------------------------------------------
