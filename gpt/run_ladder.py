@@ -10,8 +10,8 @@ from here. Ctrl-C (or SIGTERM) stops the running stage and everything it started
 record, and still writes the report; `--resume` then runs only the stages still missing.
 """
 import argparse
+import fcntl
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from gpt import report
-from gpt.data import REPO_ROOT, prepare_command
+from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
 from gpt.metrics import device_name, resolve_device
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, write_record
+from gpt.records import environment, read_record, writable_dir, write_record
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
 
@@ -59,12 +59,35 @@ def prepare_data(profile: str, ladders: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
     dirs = {REPO_ROOT / profile_settings(profile, base_ladder(ladder))["data_dir"] for ladder in ladders}
     for data_dir in sorted(dirs):
-        if (data_dir / "meta.json").exists():
-            continue
-        cmd = prepare_command(data_dir)
-        print(f"preparing {data_dir}: {cmd}")
-        if subprocess.run([sys.executable, *shlex.split(cmd)[1:]], cwd=REPO_ROOT).returncode != 0:
-            raise UserError(f"preparing {data_dir} failed (command: {cmd})")
+        prepare_if_missing(data_dir)
+
+
+LOCK_FILE = ".run_all.lock"
+
+
+def lock_output(out: Path):
+    """Make this run the only ladder writing to `out`, so that two runs never interleave their records.
+    The lock file holds the holder's pid; the lock itself is the kernel's (flock), released when the
+    holder exits however it ends, so a lock file left by a dead run is simply taken over. Returns the
+    open file, which holds the lock until this process exits."""
+    path = out / LOCK_FILE
+    while True:
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise UserError(f"another ladder (pid {holder}) is writing to {out}: wait for it to finish, "
+                            "or give this one another --out") from None
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+            break
+        f.close()  # the file was replaced while this process waited for it: lock the new one
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def stage_command(stage: str, profile: str, device: str, wandb: str, out: Path) -> list[str]:
@@ -233,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = [s for ladder in ladders for s in LADDERS[ladder]]
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
+    lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
     print(f"== GPT ladder: {' and '.join(ladders)}, profile {profile} on {device} "
           f"({device_name(torch.device(device))}); records and logs in {out}")
     prepare_data(profile, ladders)

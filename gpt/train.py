@@ -108,12 +108,8 @@ def run(cfg: TrainConfig, label: str = "train") -> dict:
     """Train under the measurement protocol and return the run's record (see README: The JSON record)."""
     cfg.validate()
     device = resolve_device(cfg.device)
-    if cfg.distributed:
-        distributed.init(device)
-    try:
+    with distributed.process_group(device, enabled=bool(cfg.distributed)):  # a failed rank leaves at once
         return _measure(cfg, device, label)
-    finally:
-        distributed.shutdown()
 
 
 def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
