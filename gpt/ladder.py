@@ -16,7 +16,7 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, write_record
+from gpt.records import environment, peak_memory_pair, read_record, write_record
 
 STAGES_DIR = REPO_ROOT / "stages"
 
@@ -134,6 +134,11 @@ def record_path(out: Path, stage: str) -> Path:
     return Path(out) / f"{stage}.json"
 
 
+def snapshot_path(out: Path, stage: str) -> Path:
+    """The CUDA allocator's snapshot of the stage's instrumented step (pytorch.org/memory_viz opens it)."""
+    return Path(out) / f"{stage}.memory.pickle"
+
+
 def stage_main(script: str, argv: list[str] | None = None) -> None:
     """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
     raise SystemExit(_stage_main(Path(script).stem, sys.argv[1:] if argv is None else argv, script))
@@ -187,7 +192,8 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
 
     rank = int(os.environ.get("RANK", 0))
     try:
-        record = {**meta, **train.run(cfg, label=meta["stage"])}
+        record = {**meta, **train.run(cfg, label=meta["stage"],
+                                      memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
     except torch.OutOfMemoryError as e:
         record = {**meta, "status": "oom", "reason": str(e).splitlines()[0]}
     except UserError:
@@ -223,16 +229,20 @@ def print_summary(record: dict, out: Path) -> None:
           f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
     if m.get("compile_s") is not None:
         print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step)")
-    mfu = f"{m['mfu_pct']:.1f}% ({m['peak_flops_source']})" if m.get("mfu_pct") is not None else "n/a"
-    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB, MFU {mfu}, data wait {m['data_wait_pct']:.1f}%, "
-          f"loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
+    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB, MFU {mfu} ({m['peak_flops_source']}), "
+          f"data wait {m['data_wait_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
     parent = record.get("parent")
     prev = read_record(record_path(out, parent)) if parent else None
     if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:
-        pm = prev["metrics"]
-        dt = 100 * (m["seconds_mean"] / pm["seconds_mean"] - 1)
-        dm = 100 * (m["peak_memory_mib"] / pm["peak_memory_mib"] - 1)
-        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm:+.1f}%")
+        dt = 100 * (m["seconds_mean"] / prev["metrics"]["seconds_mean"] - 1)
+        new, old, basis = peak_memory_pair(record, prev)
+        dm = "not comparable (measured by different methods)" if basis == "none" else \
+            f"{100 * (new / old - 1):+.1f}%" + (" (max_memory_reserved of both)" if basis == "reserved" else "")
+        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm}")
     print(f"  record: {record_path(out, stage)}")
+    if m.get("memory_snapshot"):
+        print(f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
+              "https://pytorch.org/memory_viz)")
