@@ -56,8 +56,12 @@ MiB = 2**20
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     """The model with the ladder's model-side optimizations applied, in the order they compose:
     checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly
-    sharded) parameters, then compile the whole."""
-    torch.manual_seed(cfg.seed)  # every rank builds identical weights (FSDP does not broadcast them)
+    sharded) parameters, then compile the whole.
+
+    Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
+    reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
+    different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
+    torch.manual_seed(cfg.seed)
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
                                       dropout=cfg.dropout, attention=cfg.attention, **overrides)
@@ -68,6 +72,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     model = parallelize(model, cfg, device)
     optimizer = make_optimizer(model, cfg)
     model = compile_model(model, cfg, device)
+    torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
 
 
