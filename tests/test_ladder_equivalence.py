@@ -208,22 +208,6 @@ def test_pinned_non_blocking_copies_give_identical_batches(char_data):
     assert not make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, CPU).pin_memory
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the non_blocking copy path needs a CUDA device")
-def test_pinned_non_blocking_copies_to_cuda(char_data):
-    """Tolerance 0: the copy from pinned memory is only queued (non_blocking); once synchronised it
-    must equal the host batch and the blocking copy from pageable memory."""
-    cuda = torch.device("cuda")
-    pinned, pageable = tiny_config(char_data, pin_memory=True), tiny_config(char_data, pin_memory=False)
-    dataset = make_dataset(pinned.dataset, pinned.data_dir, pinned.block_size)
-    batch = next(iter(make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, cuda)))
-    assert all(t.is_pinned() for t in batch)
-    queued = to_device(batch, cuda, pinned)  # non_blocking=True
-    blocking = to_device(tuple(t.clone() for t in batch), cuda, pageable)
-    torch.cuda.synchronize()
-    for a, b, host in zip(queued, blocking, batch):
-        assert a.device.type == "cuda" and torch.equal(a.cpu(), host) and torch.equal(a, b)
-
-
 # ---- torch.compile (speed_4) -----------------------------------------------------------------------------
 
 # Inductor fuses layer norm, softmax, GELU and the loss into generated, vectorised C++ loops that reduce
@@ -290,8 +274,12 @@ def fp16_with_scaler(**scaler_args) -> MixedPrecision:
 
 
 def test_fp16_with_grad_scaler_and_accumulation_tracks_fp32(char_data):
-    cfg = dict(lr=3e-3, batch_size=16, grad_accum_steps=2, grad_clip=NO_CLIP)
-    amp = fp16_with_scaler()
+    check_fp16_tracks_fp32(char_data, fp16_with_scaler())
+
+
+def check_fp16_tracks_fp32(char_data, amp: MixedPrecision, device: str = "cpu") -> None:
+    """Also run on a GPU by tests/test_gpu.py, with the amp mixed_precision chooses there."""
+    cfg = dict(lr=3e-3, batch_size=16, grad_accum_steps=2, grad_clip=NO_CLIP, device=device)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 8)
     fp16, grads_fp16 = train_with_grads(tiny_config(char_data, **cfg), 8, amp=amp)
     with torch.no_grad(), amp.autocast():  # the matmuls really ran in fp16
@@ -397,15 +385,25 @@ def kill_tree(proc: subprocess.Popen) -> None:
     ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
 ])
 def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_settings, char_data, tmp_path):
+    check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, "cpu",
+                                  (DIST_GRAD_RTOL, DIST_GRAD_ATOL), (DIST_PARAM_RTOL, DIST_PARAM_ATOL))
+
+
+def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, device, grad_tol, param_tol) -> None:
+    """Also run on 2 GPUs (NCCL) by tests/test_gpu.py. Tolerances are (rtol, atol)."""
     # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
-    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, **stage_settings)
+    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, device=device,
+                      **stage_settings)
     launch_workers(cfg, DIST_STEPS, tmp_path)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
-    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(NPROC)]
+    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device),
+                                            DIST_STEPS)
+    grads_single = [{k: g.cpu() for k, g in grads.items()} for grads in grads_single]
+    params_single = {k: p.cpu() for k, p in full_params(single.raw).items()}
 
     # The sampler's promise, checked on what the ranks really trained on: at every step the ranks'
     # batches, in rank order, are the single process's batch.
-    assert torch.equal(torch.cat([r["inputs"] for r in ranks], dim=1), torch.stack(single.inputs))
+    assert torch.equal(torch.cat([r["inputs"] for r in ranks], dim=1), torch.stack(single.inputs).cpu())
     rank_mean = [sum(losses) / NPROC for losses in zip(*(r["losses"] for r in ranks))]
     assert rank_mean == pytest.approx(single.losses, rel=1e-5)
     # Identical weights (compared below), but each rank its own dropout masks: build_model reseeds with the
@@ -414,12 +412,11 @@ def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_setti
 
     for step, (gd, gs) in enumerate(zip(ranks[0]["grads"], grads_single)):
         assert global_norm(gs) == pytest.approx(1.0, rel=1e-4)  # the clip was active
-        report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, DIST_GRAD_RTOL, DIST_GRAD_ATOL)
-        torch.testing.assert_close(gd, gs, rtol=DIST_GRAD_RTOL, atol=DIST_GRAD_ATOL)
+        report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, *grad_tol)
+        torch.testing.assert_close(gd, gs, rtol=grad_tol[0], atol=grad_tol[1])
     report(f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps", ranks[0]["params"],
-           full_params(single.raw), DIST_PARAM_RTOL, DIST_PARAM_ATOL)
-    torch.testing.assert_close(ranks[0]["params"], full_params(single.raw), rtol=DIST_PARAM_RTOL,
-                               atol=DIST_PARAM_ATOL)
+           params_single, *param_tol)
+    torch.testing.assert_close(ranks[0]["params"], params_single, rtol=param_tol[0], atol=param_tol[1])
 
 
 def test_fsdp_shards_on_a_mesh_of_the_stage_device_not_the_default_one(char_data):
