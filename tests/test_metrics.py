@@ -32,24 +32,25 @@ def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before(
 
 class FakeAllocator:
     """Writes what torch.cuda.memory._snapshot() returns for one device: 'device_traces' (every alloc,
-    free_requested and free_completed since recording started, among other actions) and 'segments' (the
-    blocks at the end, with their state). Addresses are handed out fresh unless one is reused on purpose."""
+    free_requested and free_completed since recording started, with the requested size, among other actions)
+    and 'segments' (the blocks at the end, with their size and state). A block is its request rounded up to
+    512 bytes unless `block` says otherwise. Addresses are fresh unless one is reused on purpose."""
 
     def __init__(self, device=0):
         self.device, self.live, self.trace, self.next, self.allocations = device, {}, [], 1 << 20, 0
 
-    def alloc(self, mib: float, addr: int | None = None) -> int:
+    def alloc(self, mib: float, addr: int | None = None, block: int | None = None) -> int:
         if addr is None:
             addr, self.next = self.next, self.next + (1 << 30)
         size = int(mib * MiB)
-        self.live[addr] = size
+        self.live[addr] = (size, block or -(-size // 512) * 512)
         self.allocations += 1
         self.trace += [{"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []},
                        {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": []}]
         return addr
 
     def free(self, addr: int) -> None:
-        size = self.live.pop(addr)
+        size, _ = self.live.pop(addr)
         self.trace += [{"action": a, "addr": addr, "size": size, "stream": 0, "frames": []}
                        for a in ("free_requested", "free_completed")]
 
@@ -57,8 +58,8 @@ class FakeAllocator:
         self.trace, self.allocations = [], 0
 
     def snapshot(self) -> dict:
-        blocks = [{"address": a, "size": s, "requested_size": s, "state": "active_allocated", "frames": []}
-                  for a, s in sorted(self.live.items())]
+        blocks = [{"address": a, "size": block, "requested_size": size, "state": "active_allocated", "frames": []}
+                  for a, (size, block) in sorted(self.live.items())]
         blocks.append({"address": self.next, "size": 7 * MiB, "requested_size": 0, "state": "inactive"})
         other_device = {"device": self.device + 1, "address": 1, "total_size": MiB, "blocks": [
             {"address": 1, "size": MiB, "requested_size": MiB, "state": "active_allocated", "frames": []}]}
@@ -118,6 +119,19 @@ def test_a_trace_that_frees_what_it_never_saw_allocated():
     timeline, breakdown = traced_step_memory(a.snapshot(), 0)
     assert [t / MiB for t in timeline] == [2, 0, 1]
     assert breakdown["total"] == breakdown["other"] == 2
+
+
+def test_blocks_count_at_the_allocator_size():
+    """The trace has requested sizes; max_memory_allocated counts blocks. A block alive at the end counts at
+    its size in the segments (here a 1.5 MiB request in a 2 MiB block, left unsplit), one freed within the
+    trace at its request rounded up to 512 bytes (100 bytes -> 512)."""
+    a = FakeAllocator()
+    a.start_recording()
+    kept = a.alloc(1.5, block=2 * MiB)
+    a.free(a.alloc(100 / MiB))
+    timeline, breakdown = traced_step_memory(a.snapshot(), 0, [(2, kept, "parameters")])
+    assert timeline == [0, 2 * MiB, 2 * MiB + 512, 2 * MiB]
+    assert breakdown["parameters"] == 2.0 and breakdown["temporaries"] == round(512 / MiB, 2)  # at the peak
 
 
 def test_step_marks_place_forward_passes_and_gradients():
