@@ -230,8 +230,9 @@ def print_summary(record: dict, out: Path) -> None:
     if m.get("compile_s") is not None:
         print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step)")
     mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
-    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB, MFU {mfu} ({m['peak_flops_source']}), "
-          f"data wait {m['data_wait_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
+          f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
+          f"loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
     parent = record.get("parent")
