@@ -138,8 +138,11 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
     FSDP (FSDP2, `fully_shard`): every rank holds 1/W of each parameter, gradient and optimizer state.
     Each block is its own unit: its parameters are all-gathered just before its forward (and again
     before its backward) and freed after; gradients are reduce-scattered. The root call covers what is
-    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here:
-    reshard_after_forward=True (ZeRO-3: free gathered parameters after forward), fp32 throughout."""
+    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here: the blocks free
+    their gathered parameters after forward (reshard_after_forward=True, ZeRO-3); the root keeps FSDP2's
+    default, which keeps it unsharded from forward to backward, where it is needed first (resharding it
+    would add an all-gather per step); fp32 throughout. The mesh is built on the stage's device: without
+    one, fully_shard builds it on the machine's accelerator, and a CPU stage would move to cuda:0."""
     if cfg.distributed is None:
         return model
     if cfg.distributed == "ddp":
@@ -148,7 +151,16 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
+    mesh = device_mesh(device)
     for block in model.transformer.h:
-        fully_shard(block, reshard_after_forward=True)
-    fully_shard(model, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh)
     return model
+
+
+def device_mesh(device: torch.device):
+    """All ranks of the process group in one dimension, on `device`'s type."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))

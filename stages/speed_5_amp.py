@@ -5,6 +5,10 @@ Parent: speed_4_compile. Reference (1x H100): 0.73 s per 10240 samples (-33%).
 Matmuls run in 16-bit on tensor cores (or the CPU's bf16 units) at several times the fp32 rate and move
 half the bytes; softmax, layer norm and the loss stay in fp32. fp16's narrow exponent needs the loss
 scaled so small gradients do not flush to zero (GradScaler); bf16 keeps fp32's range and needs no scaler.
+The scaler has a cost of its own: GradScaler.step reads its "found inf" flag on the host (`.item()`) every
+step to decide whether to skip the update, a device synchronisation inside the timed loop that stalls the
+queue of kernels. It is part of what this stage measures. (A fused AdamW, `fused=True`, would read the flag
+on the device instead; the ladder keeps the reference's foreach AdamW.)
 Code: gpt/optimizations.py:mixed_precision.
 """
 from gpt.ladder import stage_main
