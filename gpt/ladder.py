@@ -20,7 +20,7 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.metrics import resolve_device
 from gpt.optimizations import why_no_effect
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, failure_of, read_record, writable_dir, write_record
+from gpt.records import environment, failure_of, peak_memory_pair, read_record, writable_dir, write_record
 
 STAGES_DIR = REPO_ROOT / "stages"
 
@@ -177,6 +177,11 @@ def record_path(out: Path, stage: str) -> Path:
     return Path(out) / f"{stage}.json"
 
 
+def snapshot_path(out: Path, stage: str) -> Path:
+    """The CUDA allocator's snapshot of the stage's instrumented step (pytorch.org/memory_viz opens it)."""
+    return Path(out) / f"{stage}.memory.pickle"
+
+
 def stage_main(script: str, argv: list[str] | None = None) -> None:
     """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
     if os.environ.get(TEST_HOOKS_ENV):
@@ -195,8 +200,6 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        device=args.device)
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
-    if not args.data_dir:
-        prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
     if cfg.distributed and distributed.under_torchrun():
         cfg.nproc = int(os.environ["WORLD_SIZE"])  # launched by hand (e.g. several machines): the launcher decides
         cfg.validate()
@@ -210,6 +213,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
             write_record(path, unfinished_record(stage, profile, "skipped", reason, cfg))
         print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
         return EXIT_SKIPPED
+    if not args.data_dir:
+        prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
     if launching:
         load_prepared(cfg.data_dir)  # missing data: one line here, not one per rank
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
@@ -263,7 +268,8 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     rank = int(os.environ.get("RANK", 0))
     writes = rank == 0
     try:
-        record = {**meta, **train.run(cfg, label=meta["stage"])}
+        record = {**meta, **train.run(cfg, label=meta["stage"],
+                                      memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except UserError:
         raise
@@ -305,16 +311,21 @@ def print_summary(record: dict, out: Path) -> None:
           f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
     if m.get("compile_s") is not None:
         print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step)")
-    mfu = f"{m['mfu_pct']:.1f}% ({m['peak_flops_source']})" if m.get("mfu_pct") is not None else "n/a"
-    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB, MFU {mfu}, data wait {m['data_wait_pct']:.1f}%, "
+    mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
+    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
+          f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
           f"loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
     parent = record.get("parent")
     prev = read_record(record_path(out, parent)) if parent else None
     if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:
-        pm = prev["metrics"]
-        dt = 100 * (m["seconds_mean"] / pm["seconds_mean"] - 1)
-        dm = 100 * (m["peak_memory_mib"] / pm["peak_memory_mib"] - 1)
-        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm:+.1f}%")
+        dt = 100 * (m["seconds_mean"] / prev["metrics"]["seconds_mean"] - 1)
+        new, old, basis = peak_memory_pair(record, prev)
+        dm = "not comparable (measured by different methods)" if basis == "none" else \
+            f"{100 * (new / old - 1):+.1f}%" + (" (max_memory_reserved of both)" if basis == "reserved" else "")
+        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm}")
     print(f"  record: {record_path(out, stage)}")
+    if m.get("memory_snapshot"):
+        print(f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
+              "https://pytorch.org/memory_viz)")

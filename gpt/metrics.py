@@ -5,6 +5,7 @@ Names follow torchtitan's metrics: peak active memory, tokens/s, MFU, data-loadi
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -111,10 +112,14 @@ class TimelineMemTracker(MemTracker):
         return res
 
 
+# The breakdown's parts, by their MemTracker names (the CUDA breakdown uses the same parts).
+BREAKDOWN_PARTS = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer_state",
+             "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
+
+
 def memory_breakdown(tracker: MemTracker) -> dict:
     """Peak snapshot of a tracker as {'parameters': MiB, ..., 'total': MiB}, summed over devices."""
-    names = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer_state",
-             "ACT": "activations", "TEMP": "temporaries", "OTH": "other", "Total": "total"}
+    names = {**BREAKDOWN_PARTS, "Total": "total"}
     out = dict.fromkeys(names.values(), 0.0)
     for snap in tracker.get_tracker_snapshot("peak").values():
         for key, nbytes in snap.items():
@@ -122,36 +127,253 @@ def memory_breakdown(tracker: MemTracker) -> dict:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+# What the record's choices.memory_method can be, and what each means (the report prints these).
+MEMORY_METHODS = {
+    "memtracker": "MemTracker: peak live tensor storage during one extra training step after timing (a compiled "
+                  "model runs eager under the tracker)",
+    "cuda_max_allocated": "torch.cuda.max_memory_allocated over the timed repeats (peak reset after warm-up)",
+    "cuda_max_reserved": "torch.cuda.max_memory_reserved over the timed repeats, because CUDA graphs replay in a "
+                         "private pool that max_memory_allocated does not see (an upper bound: it includes the "
+                         "allocator's cached free blocks)",
+}
+
+
+def memory_method(device: torch.device, compile_mode: str | None) -> str:
+    """How a run's peak memory is measured: a key of MEMORY_METHODS.
+
+    CUDA graphs (compile mode "reduce-overhead") are recorded during warm-up into a private memory pool. A
+    replay runs the recorded kernels on that pool's memory without asking the allocator, so what the graphs
+    keep (activations, gradients, their scratch) is not counted by max_memory_allocated once warm-up is over,
+    and a CUDA-graph stage would report a drop in memory that is not real. max_memory_reserved counts every
+    segment the allocator holds from the device, the graph pool whole: what the stage takes from the GPU, and
+    what decides an out-of-memory error. (The pool's size plus the eager peak would be tighter, but the blocks
+    the pool hands out are also counted as allocated, and the sum is not a state the GPU was ever in.) Eager
+    CUDA stages keep max_memory_allocated, as the reference measured; every CUDA record carries both figures,
+    so the report can compare a CUDA-graph stage with its eager parent on the same one."""
+    if device.type != "cuda":
+        return "memtracker"
+    return "cuda_max_reserved" if compile_mode == "reduce-overhead" else "cuda_max_allocated"
+
+
+def release_cuda_cache(device: torch.device) -> None:
+    """Return the allocator's unused cached segments to the device: after the first step, so that the reserved
+    figure describes training, not what compilation and kernel autotuning cached."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def reset_cuda_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def cuda_peak_mib(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / MiB
-    return None
+def cuda_peaks_mib(device: torch.device) -> dict | None:
+    """{'allocated': max_memory_allocated, 'reserved': max_memory_reserved}, MiB, since the last reset."""
+    if device.type != "cuda":
+        return None
+    return {"allocated": torch.cuda.max_memory_allocated(device) / MiB,
+            "reserved": torch.cuda.max_memory_reserved(device) / MiB}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one step recorded by the CUDA caching allocator (on the CPU, TimelineMemTracker does this job)
+#
+# torch.cuda.memory._record_memory_history makes the allocator log every allocation and free; _snapshot()
+# returns that log ('device_traces') and the blocks alive at the end ('segments'): the pickle that
+# pytorch.org/memory_viz opens. traced_step_memory derives the timeline and the breakdown at the peak from it.
+# (This is the one place that reads the format for the ladder's own runs; a reader of the reference's
+# snapshots for the memory planner is planned in gpt/memory, and the two should become one.)
+
+MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 (3,726 allocations)
+
+
+class StepMarks:
+    """Where a traced step stands, counted in allocations since recording started (`count()` is the allocator's
+    running number of allocations, which moves by one with every 'alloc' entry of the trace): the span of each
+    forward pass, and which blocks hold parameters, buffers, optimizer state and, as the optimizer is about to
+    step, the gradients. The hooks sit on the module train_step calls, outside any compiled region."""
+
+    def __init__(self, model, optimizer, count):
+        self.count, self.start = count, count()
+        self.forward: list[list[int | None]] = []  # [start, end] positions of each forward pass
+        self.tensors: list[tuple[int, int, str]] = []  # (position, storage address, category)
+        self._hooks = [
+            model.register_forward_pre_hook(self._forward_begins),
+            model.register_forward_hook(self._forward_ends),
+            optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs: self.observe("gradients", [p.grad for g in opt.param_groups
+                                                                     for p in g["params"]])),
+        ]
+
+    def position(self) -> int:
+        return self.count() - self.start
+
+    def _forward_begins(self, module, args):
+        self.forward.append([self.position(), None])
+
+    def _forward_ends(self, module, args, output):
+        self.forward[-1][1] = self.position()
+
+    def observe(self, category: str, tensors) -> None:
+        now = self.position()
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard (FSDP)
+                if t.is_cuda:
+                    self.tensors.append((now, t.untyped_storage().data_ptr(), category))
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Path | None = None) -> dict:
+    """Run `step()` with the allocator recording its history; write the snapshot to `path` if given; return
+    {'timeline_bytes': allocated bytes after every allocation and free, 'breakdown_mib': at the peak}."""
+    count = lambda: torch.cuda.memory_stats(device)["allocation.all.allocated"]  # noqa: E731
+    # Python stacks only: C++ frames make the snapshot slow to symbolise and large, and this code is Python.
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_TRACE_ENTRIES, clear_history=True)
+    marks = StepMarks(model, optimizer, count)
+    try:
+        marks.observe("parameters", raw.parameters())
+        marks.observe("buffers", raw.buffers())
+        marks.observe("optimizer_state", [v for state in optimizer.state.values() for v in state.values()])
+        step()
+        synchronize(device)
+        allocations = marks.position()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        marks.remove()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    if path is not None:
+        write_pickle(path, snapshot)
+    timeline, breakdown = traced_step_memory(snapshot, device.index, marks.tensors, marks.forward)
+    traced = sum(e["action"] == "alloc" for e in snapshot["device_traces"][device.index])
+    if traced != allocations:  # the marks' positions only place them in a trace that holds every allocation
+        print(f"warning: the allocator traced {traced} of the step's {allocations} allocations; the memory "
+              "breakdown is left out", flush=True)
+        breakdown = None
+    return {"timeline_bytes": timeline, "breakdown_mib": breakdown}
+
+
+def write_pickle(path: Path, obj) -> None:
+    import pickle
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def traced_step_memory(snapshot: dict, device: int, tensors=(), forward=()) -> tuple[list[int], dict]:
+    """From an allocator snapshot: (allocated bytes before the trace and after each of its allocations and
+    frees, the breakdown at the peak in MiB with memory_breakdown's keys).
+
+    What max_memory_allocated counts is blocks: a block alive at the end has its size in 'segments'; the trace
+    only gives requested sizes, so a block freed within it counts as its request rounded up to the allocator's
+    512 bytes (it may have been larger: a large block is not split for a rest under 1 MiB). A block stops
+    counting at 'free_requested', when max_memory_allocated drops. The blocks before the trace are found by
+    undoing it from the end; replayed forward, a block is known by its address and the number of the
+    allocation that made it (0: made before the trace). At the peak, a block is what `tensors` says:
+    (position, address, category) means the block at that address after `position` allocations held that
+    category; otherwise it is an activation if a forward pass made it (start < number <= end for a
+    [start, end] of `forward`), a temporary if the traced step made it elsewhere, and 'other' if it was there
+    before (DDP's gradient buckets, cuBLAS workspaces)."""
+    events = [e for e in snapshot["device_traces"][device] if e["action"] in ("alloc", "free_requested")]
+    before = {b["address"]: b["size"] for s in snapshot["segments"] if s["device"] == device
+              for b in s["blocks"] if b["state"] == "active_allocated"}
+    sizes = {}  # index of an 'alloc' event -> the size of the block it made
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if e["action"] == "alloc":
+            sizes[i] = before.pop(e["addr"], _block_size(e["size"]))
+        else:
+            before[e["addr"]] = _block_size(e["size"])
+
+    observed = {}
+    for position, addr, category in tensors:
+        observed.setdefault(position, []).append((addr, category))
+    known = {}  # (address, allocation number) -> category
+
+    def replay(until: int):
+        """The blocks alive after `until` events (address -> (size, allocation number)), and the timeline."""
+        blocks = {addr: (size, 0) for addr, size in before.items()}
+        timeline, number = [sum(before.values())], 0
+        for addr, category in observed.get(0, ()):
+            known[(addr, 0)] = category
+        for i, e in enumerate(events[:until]):
+            if e["action"] == "alloc":
+                number += 1
+                blocks[e["addr"]] = (sizes[i], number)
+                timeline.append(timeline[-1] + sizes[i])
+                for addr, category in observed.get(number, ()):
+                    if addr in blocks:
+                        known[(addr, blocks[addr][1])] = category
+            else:
+                timeline.append(timeline[-1] - blocks.pop(e["addr"], (0, 0))[0])
+        return blocks, timeline
+
+    _, timeline = replay(len(events))
+    peak_at = timeline.index(max(timeline))
+    parts = dict.fromkeys(BREAKDOWN_PARTS.values(), 0)
+    for addr, (size, number) in replay(peak_at)[0].items():
+        category = known.get((addr, number))
+        if category is None:
+            in_forward = any(start < number <= end for start, end in forward if end is not None)
+            category = "other" if number == 0 else "activations" if in_forward else "temporaries"
+        parts[category] += size
+    parts["total"] = timeline[peak_at]
+    return timeline, {k: round(v / MiB, 2) for k, v in parts.items()}
+
+
+def _block_size(requested: int) -> int:
+    """CUDACachingAllocator's rounding of a request: at least 512 bytes, a multiple of 512."""
+    return max(512, -(-requested // 512) * 512)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # peak FLOPS and MFU
 
-# Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by (name fragment, dtype).
+# Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
 # fp32 means plain FP32 (no TF32): the reference ran fp32 without TF32.
 GPU_PEAK_TFLOPS = {
     "H100 SXM": {"float32": 67.0, "bfloat16": 989.4, "float16": 989.4},
     "H100 NVL": {"float32": 60.0, "bfloat16": 835.0, "float16": 835.0},
-    "H100": {"float32": 51.2, "bfloat16": 756.5, "float16": 756.5},  # PCIe
-    "H200": {"float32": 67.0, "bfloat16": 989.4, "float16": 989.4},
-    "A100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},
+    "H100 PCIe": {"float32": 51.2, "bfloat16": 756.5, "float16": 756.5},
+    "H200 SXM": {"float32": 67.0, "bfloat16": 989.4, "float16": 989.4},
+    "H200 NVL": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
+    "A100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},  # SXM4 and PCIe alike
     "A10G": {"float32": 31.2, "bfloat16": 70.0, "float16": 70.0},
-    "L40S": {"float32": 91.6, "bfloat16": 362.1, "float16": 362.1},
+    "L40S": {"float32": 91.6, "bfloat16": 362.05, "float16": 362.05},
+    "L40": {"float32": 90.5, "bfloat16": 181.05, "float16": 181.05},
     "L4": {"float32": 30.3, "bfloat16": 121.0, "float16": 121.0},
     "RTX 4090": {"float32": 82.6, "bfloat16": 165.2, "float16": 165.2},
     "RTX 3090": {"float32": 35.6, "bfloat16": 71.0, "float16": 71.0},
-    "V100": {"float32": 15.7, "float16": 125.0},
+    "V100 SXM2": {"float32": 15.7, "float16": 125.0},
+    "V100 PCIe": {"float32": 14.0, "float16": 112.0},
     "T4": {"float32": 8.1, "float16": 65.0},
 }
+
+# torch.cuda.get_device_name as the driver reports it, upper case, without "NVIDIA", "Tesla", "GeForce" and the
+# memory size ("NVIDIA A100-SXM4-80GB" -> "A100 SXM4") -> its row above. Only exact names match: "L40" is not
+# "L4", "H200 NVL" is not the H200 SXM; an unknown name gets no MFU rather than another board's peak.
+GPU_NAMES = {
+    "H100 HBM3": "H100 SXM", "H100 SXM5": "H100 SXM", "H100 NVL": "H100 NVL", "H100 PCIE": "H100 PCIe",
+    "H200": "H200 SXM", "H200 NVL": "H200 NVL",
+    "A100": "A100", "A100 SXM4": "A100", "A100 PCIE": "A100", "A10G": "A10G",
+    "L40S": "L40S", "L40": "L40", "L4": "L4", "RTX 4090": "RTX 4090", "RTX 3090": "RTX 3090",
+    "V100 SXM2": "V100 SXM2", "V100 PCIE": "V100 PCIe", "T4": "T4",
+}
+
+
+def gpu_board(name: str) -> str | None:
+    """The GPU_PEAK_TFLOPS row of a CUDA device name, or None if the name is not one the table knows."""
+    words = [w for w in re.split(r"[\s-]+", name.strip().upper())
+             if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB", w)]
+    return GPU_NAMES.get(" ".join(words))
+
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-ladder" / "cpu_peak_flops.json"
 
@@ -161,13 +383,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
     dt = str(dtype).removeprefix("torch.")
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        # H100 SXM reports as "NVIDIA H100 80GB HBM3"; PCIe as "NVIDIA H100 PCIe".
-        if "H100" in name and "HBM3" in name:
-            name = "H100 SXM"
-        for key, table in GPU_PEAK_TFLOPS.items():
-            if key in name and dt in table:
-                return table[dt] * 1e12, f"data sheet: {key} {dt} dense"
-        return None, f"unknown GPU {name!r}: add it to GPU_PEAK_TFLOPS in gpt/metrics.py"
+        board = gpu_board(name)
+        if board and dt in GPU_PEAK_TFLOPS[board]:
+            return GPU_PEAK_TFLOPS[board][dt] * 1e12, f"data sheet: {board} {dt} dense"
+        return None, (f"no data-sheet peak for {name!r} in {dt} (add it to GPU_PEAK_TFLOPS and GPU_NAMES in "
+                      "gpt/metrics.py)")
     return measure_cpu_matmul_flops(dtype), f"measured: {dt} matmul, {torch.get_num_threads()} thread(s)"
 
 

@@ -198,9 +198,11 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
     FSDP (FSDP2, `fully_shard`): every rank holds 1/W of each parameter, gradient and optimizer state.
     Each block is its own unit: its parameters are all-gathered just before its forward (and again
     before its backward) and freed after; gradients are reduce-scattered. The root call covers what is
-    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here:
-    reshard_after_forward=True (ZeRO-3: free gathered parameters after forward); precision and offloading
-    in fsdp_policies."""
+    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here: the blocks free
+    their gathered parameters after forward (reshard_after_forward=True, ZeRO-3); the root keeps FSDP2's
+    default, which keeps it unsharded from forward to backward, where it is needed first (resharding it
+    would add an all-gather per step); precision and offloading in fsdp_policies. The mesh is built on the stage's device: without
+    one, fully_shard builds it on the machine's accelerator, and a CPU stage would move to cuda:0."""
     if cfg.distributed is None:
         return model
     if cfg.distributed == "ddp":
@@ -209,12 +211,19 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    policies = fsdp_policies(cfg)
+    mesh, policies = device_mesh(device), fsdp_policies(cfg)
     for block in model.transformer.h:
-        fully_shard(block, reshard_after_forward=True, **policies)
-    fully_shard(model, reshard_after_forward=True, **policies)
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, **policies)
+    fully_shard(model, mesh=mesh, **policies)
     return model
 
+
+def device_mesh(device: torch.device):
+    """All ranks of the process group in one dimension, on `device`'s type."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))
 
 def fsdp_policies(cfg: TrainConfig) -> dict:
     """FSDP2's precision and offloading settings (the "lean" ladder).

@@ -99,7 +99,8 @@ OK_KEYS = {"model", "device", "choices", "metrics"}
 METRIC_KEYS = {
     "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
     "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
-    "peak_memory_mib", "memory_breakdown_mib", "memory_timeline_mib", "flops_per_token",
+    "peak_memory_mib", "peak_memory_allocated_mib", "peak_memory_reserved_mib", "memory_breakdown_mib",
+    "memory_timeline_mib", "memory_snapshot", "flops_per_token",
     "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
     "mfu_fastest_pct", "loss_first", "loss_final", "losses",
 }
@@ -121,3 +122,25 @@ def record_problems(record: dict) -> list[str]:
     elif not record.get("reason"):
         problems.append(f"a {status!r} record needs a reason")
     return problems
+
+
+def peak_memory_pair(new: dict, old: dict) -> tuple[float | None, float | None, str]:
+    """Two finished records' peak memory (MiB), measured the same way, and on what basis: 'same' method; or,
+    when the methods differ (a CUDA-graph stage after an eager one), 'reserved': both records'
+    max_memory_reserved, which every CUDA record carries; or 'none' (None, None): no common figure."""
+    methods = [_memory_method(r) for r in (new, old)]
+    if methods[0] == methods[1]:
+        return new["metrics"]["peak_memory_mib"], old["metrics"]["peak_memory_mib"], "same"
+    reserved = [r["metrics"].get("peak_memory_reserved_mib") for r in (new, old)]
+    if None not in reserved:
+        return *reserved, "reserved"
+    return None, None, "none"
+
+
+# Records written before the methods had names described them in words.
+_MEMORY_METHODS_IN_WORDS = {"MemTracker": "memtracker", "torch.cuda.max_memory_allocated": "cuda_max_allocated"}
+
+
+def _memory_method(record: dict) -> str | None:
+    method = record.get("choices", {}).get("memory_method") or ""
+    return next((name for words, name in _MEMORY_METHODS_IN_WORDS.items() if method.startswith(words)), method)

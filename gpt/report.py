@@ -15,7 +15,8 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, load_stage, record_path
-from gpt.records import read_record
+from gpt.metrics import MEMORY_METHODS
+from gpt.records import peak_memory_pair, read_record
 
 MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_ladder.py): the machine the ladder ran on
 BREAKDOWN = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]  # + "other"
@@ -75,10 +76,25 @@ class Rung:
         return self.record["metrics"].get(key) if self.ok else None
 
     def vs(self, other: dict | None, key: str) -> float | None:
-        """Change of metric `key` against another record, if the two are comparable."""
+        """Change of metric `key` against another record, if the two are comparable. Peak memory is compared
+        only as measured alike (see memory_basis)."""
         if not comparable(self.record, other):
             return None
+        if key == "peak_memory_mib":
+            return pct(*peak_memory_pair(self.record, other)[:2])
         return pct(self.m(key), other["metrics"].get(key))
+
+    def memory_basis(self, other: dict | None) -> str | None:
+        """None when this stage's peak memory and `other`'s were measured by the same method; else 'reserved'
+        (the change compares both stages' max_memory_reserved) or 'none' (no figure in common: no change)."""
+        if not comparable(self.record, other):
+            return None
+        basis = peak_memory_pair(self.record, other)[2]
+        return None if basis == "same" else basis
+
+    def memory_vs(self, other: dict | None) -> str:
+        """The 'vs' cell of peak memory; marked with † when it compares max_memory_reserved (see method_notes)."""
+        return fmt_pct(self.vs(other, "peak_memory_mib")) + (" †" if self.memory_basis(other) == "reserved" else "")
 
     def ref_vs(self, key: str, other: dict | None) -> float | None:
         return pct(self.reference.get(key), (other or {}).get(key))
@@ -221,7 +237,7 @@ def speed_table(rungs: list[Rung]) -> list[str]:
             fmt_pct(r.vs(r.parent, "seconds_mean")), fmt_pct(r.vs(r.baseline, "seconds_mean")),
             ref,
             f"{r.m('tokens_per_s'):,.0f}",
-            fmt_mib(r.m("peak_memory_mib")), fmt_pct(r.vs(r.parent, "peak_memory_mib")),
+            fmt_mib(r.m("peak_memory_mib")), r.memory_vs(r.parent),
             "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
             f"{r.m('data_wait_pct'):.0f}%",
             f"{r.m('loss_final'):.3f}",
@@ -244,7 +260,7 @@ def memory_table(rungs: list[Rung]) -> list[str]:
         rows.append([
             r.stage, r.change,
             fmt_mib(r.m("peak_memory_mib")),
-            fmt_pct(r.vs(r.parent, "peak_memory_mib")), fmt_pct(r.vs(r.baseline, "peak_memory_mib")),
+            r.memory_vs(r.parent), r.memory_vs(r.baseline),
             ref_mib,
             f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
             fmt_pct(r.vs(r.parent, "seconds_mean")),
@@ -390,13 +406,34 @@ def noise_line(rungs: list[Rung]) -> list[str]:
             "changes."]
 
 
-def method_notes(rungs: list[Rung]) -> list[str]:
-    """How peak memory and MFU were measured, once per distinct method."""
+def method_notes(rungs: list[Rung], memory_vs_baseline: bool) -> list[str]:
+    """How peak memory and MFU were measured, once per distinct method; which memory changes shown (against
+    the parent, and the baseline if `memory_vs_baseline`) compare stages measured differently; where the
+    allocator snapshots are."""
     done = [r for r in rungs if r.ok]
-    memory = sorted({r.record["choices"]["memory_method"] for r in done})
-    flops = sorted({r.m("peak_flops_source") for r in done} - {None})
+    memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []
-    return notes + ([f"MFU is against the device's peak FLOPS, {'; '.join(flops)}."] if flops else [])
+    for r in done:
+        compared = (r.parent, r.baseline) if memory_vs_baseline else (r.parent,)
+        for other in {id(o): o for o in compared if o}.values():
+            basis = r.memory_basis(other)
+            if basis:
+                methods = r.record["choices"]["memory_method"], other["choices"]["memory_method"]
+            if basis == "reserved":
+                notes.append(f"† `{r.stage}` measures peak memory as {methods[0]}, `{other['stage']}` as "
+                             f"{methods[1]}: their change compares the max_memory_reserved of both.")
+            elif basis == "none":
+                notes.append(f"`{r.stage}` ({methods[0]}) and `{other['stage']}` ({methods[1]}) measure peak "
+                             "memory differently and share no figure, so no memory change is given between them.")
+    flops = sorted({r.m("peak_flops_source") for r in done if r.m("peak_flops_per_device")})
+    unknown = sorted({r.m("peak_flops_source") for r in done if not r.m("peak_flops_per_device")} - {None})
+    notes += [f"MFU is against the device's peak FLOPS, {'; '.join(flops)}."] if flops else []
+    notes += [f"No MFU: {u}." for u in unknown]
+    snapshots = [f"`{r.m('memory_snapshot')}`" for r in done if r.m("memory_snapshot")]
+    if snapshots:
+        notes.append(f"The CUDA allocator's record of one training step, beside the records (open at "
+                     f"https://pytorch.org/memory_viz): {', '.join(snapshots)}.")
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -437,7 +474,8 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     """This run and the reference, each relative to its own baseline (different hardware, same shape)."""
     x = list(range(len(rungs)))
     base = rungs[0]
-    ours = [r.m(key) / base.m(key) if comparable(r.record, base.record) else None for r in rungs]
+    changes = [r.vs(base.record, key) for r in rungs]  # peak memory only as measured alike
+    ours = [None if d is None else 1 + d / 100 for d in changes]
     theirs = [r.reference[ref_key] / base.reference[ref_key] for r in rungs]
     ax.plot(x, theirs, "s--", color="tab:gray", label="reference (H100)")
     ax.plot([i for i, v in zip(x, ours) if v is not None], [v for v in ours if v is not None], "o-",
@@ -606,7 +644,7 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
                   "(other hardware: compare the changes, not the seconds).", ""]
         lines += speed_table(rungs) if name == "speed" else memory_table(rungs)
         findings = speed_findings(rungs) if name == "speed" else memory_findings(rungs)
-        lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs)]
+        lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, name == "memory")]
         if done:
             if name == "speed":
                 plot_speed(rungs, plots / "speed.png")

@@ -5,12 +5,15 @@ compilation, is timed on its own), then `repeats` times "train on N samples" bet
 synchronisations. Under DDP/FSDP each of the W ranks trains on N/W samples and a repeat lasts as long as
 the slowest rank. No `.item()` and no synchronisation inside a timed repeat: losses stay on the device
 until the repeat ends. Peak memory: on CUDA `max_memory_allocated` over the timed repeats (peak reset
-after warm-up); on the CPU, MemTracker's peak of live tensor memory over one extra step after timing.
+after warm-up), or `max_memory_reserved` for CUDA graphs (gpt/metrics.py:memory_method says why); on the
+CPU, MemTracker's peak of live tensor memory over one extra step after timing. That extra step also gives
+the memory timeline and breakdown: MemTracker's on the CPU, the CUDA allocator's own history on CUDA.
 """
 import math
 import statistics
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,12 +25,15 @@ from gpt.data import WindowSampler, make_dataset
 from gpt.metrics import (
     StepClock,
     TimelineMemTracker,
-    cuda_peak_mib,
+    cuda_peaks_mib,
+    cuda_step_memory,
     device_name,
     memory_breakdown,
     fastest_peak_flops,
+    memory_method,
     mfu,
     peak_flops,
+    release_cuda_cache,
     reset_cuda_peak,
     resolve_device,
     synchronize,
@@ -52,8 +58,12 @@ MiB = 2**20
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     """The model with the ladder's model-side optimizations applied, in the order they compose:
     checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly
-    sharded) parameters, then compile the whole."""
-    torch.manual_seed(cfg.seed)  # every rank builds identical weights (FSDP does not broadcast them)
+    sharded) parameters, then compile the whole.
+
+    Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
+    reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
+    different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
+    torch.manual_seed(cfg.seed)
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
                                       dropout=cfg.dropout, attention=cfg.attention, loss=cfg.loss,
@@ -65,6 +75,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     model = parallelize(model, cfg, device)
     optimizer = make_optimizer(model, cfg)
     model = compile_model(model, cfg, device)
+    torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
 
 
@@ -104,21 +115,23 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp) -> torch.Tensor:
     return total
 
 
-def run(cfg: TrainConfig, label: str = "train") -> dict:
-    """Train under the measurement protocol and return the run's record (see README: The JSON record)."""
+def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None) -> dict:
+    """Train under the measurement protocol and return the run's record (see README: The JSON record).
+    On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot` if given."""
     cfg.validate()
     device = resolve_device(cfg.device)
     with distributed.process_group(device, enabled=bool(cfg.distributed)):  # a failed rank leaves at once
-        return _measure(cfg, device, label)
+        return _measure(cfg, device, label, memory_snapshot)
 
 
-def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
+def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None) -> dict:
     world, rank = cfg.world_size, distributed.rank()
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
     amp = mixed_precision(cfg, device)
     fp32_matmuls = matmul_precision(cfg, device)
     cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
+    method = memory_method(device, compile_mode(cfg, device))
 
     total_steps = cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + int(cfg.measure_memory)
     sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
@@ -146,6 +159,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         if i == 0:
             synchronize(device)
             first_step_s, first_loss = time.perf_counter() - t0, loss.item()
+            release_cuda_cache(device)
     synchronize(device)
     warmup_s = time.perf_counter() - t0
 
@@ -168,11 +182,19 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         repeat_s.append(time.perf_counter() - t0)
         step_s += clock.durations()
         losses += torch.stack(rep_losses).float().tolist()  # after the clock stopped
-    peak_mib = cuda_peak_mib(device)
+    cuda_peaks = cuda_peaks_mib(device)
 
     # ---- memory: one extra, instrumented step ----
     memory = {}
-    if cfg.measure_memory:
+    if cfg.measure_memory and device.type == "cuda":
+        # The allocator's own history: MemTracker would not do here, since dynamo does not compile under its
+        # dispatch mode (it would describe an eager step) and it costs minutes at 36 layers.
+        path = Path(snapshot_path) if snapshot_path and rank == 0 else None
+        traced = cuda_step_memory(step, model, raw, optimizer, device, path)
+        memory = {"breakdown_mib": traced["breakdown_mib"],
+                  "timeline_mib": _downsample([b / MiB for b in traced["timeline_bytes"]], 400),
+                  "snapshot": path.name if path else None}
+    elif cfg.measure_memory:
         tracker = TimelineMemTracker()
         tracker.track_external(model, optimizer)
         with tracker:
@@ -180,15 +202,19 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             step()
         memory = {"breakdown_mib": memory_breakdown(tracker),
                   "timeline_mib": _downsample([b / MiB for b in tracker.timeline], 400)}
-        if peak_mib is None:
-            peak_mib = memory["breakdown_mib"]["total"]
     progress.close()
+    if cuda_peaks:
+        peak_mib = cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]
+    else:
+        peak_mib = memory["breakdown_mib"]["total"] if memory else None
 
     if world > 1:  # a repeat lasts as long as its slowest rank; report rank-averaged losses and peaks
         repeat_s = _all_reduce(repeat_s, device, dist.ReduceOp.MAX)
         losses = _all_reduce(losses, device, dist.ReduceOp.SUM, scale=1 / world)
         waits = _all_reduce(waits, device, dist.ReduceOp.MAX)
         peak_mib = _all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0]
+        if cuda_peaks:
+            cuda_peaks = dict(zip(cuda_peaks, _all_reduce(list(cuda_peaks.values()), device, dist.ReduceOp.MAX)))
 
     mean_s = statistics.fmean(repeat_s)
     tokens_per_s = cfg.samples * cfg.block_size / mean_s
@@ -215,7 +241,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             "compile_mode": compile_mode(cfg, device),
             "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
             "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
-            "memory_method": _memory_method(device, cfg),
+            "memory_method": method,
         },
         "env": environment(),
         "metrics": {
@@ -234,8 +260,11 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             "compile_s": (first_step_s - steady) if cfg.compile and first_step_s is not None else None,
             "data_wait_pct": 100 * sum(waits) / sum(repeat_s),
             "peak_memory_mib": peak_mib,
+            "peak_memory_allocated_mib": (cuda_peaks or {}).get("allocated"),
+            "peak_memory_reserved_mib": (cuda_peaks or {}).get("reserved"),
             "memory_breakdown_mib": memory.get("breakdown_mib"),
             "memory_timeline_mib": memory.get("timeline_mib"),
+            "memory_snapshot": memory.get("snapshot"),
             "flops_per_token": raw.flops_per_token(),
             "peak_flops_per_device": flops,
             "peak_flops_source": flops_source,
@@ -248,15 +277,6 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             "losses": losses,
         },
     }
-
-
-def _memory_method(device: torch.device, cfg: TrainConfig) -> str:
-    if device.type == "cuda":
-        return "torch.cuda.max_memory_allocated over the timed repeats (peak reset after warm-up)"
-    method = "MemTracker: peak live tensor storage during one extra training step after timing"
-    if cfg.compile:
-        method += " (a compiled model runs as traced under the tracker)"
-    return method
 
 
 def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.0) -> list[float]:

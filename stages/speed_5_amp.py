@@ -9,6 +9,10 @@ On a CPU the rule is measured, not assumed: bf16 autocast if this CPU's bf16 mat
 fp32 ones (the two rates come from gpt/metrics.py's cached matmul benchmark and go into the record), else
 the stage keeps fp32 and its record says "no effect" with both rates. CPUs differ: one with AMX ran bf16
 7x faster than fp32 in this project's runs, one with AVX512-BF16 but no AMX at half the fp32 rate.
+The scaler has a cost of its own: GradScaler.step reads its "found inf" flag on the host (`.item()`) every
+step to decide whether to skip the update, a device synchronisation inside the timed loop that stalls the
+queue of kernels. It is part of what this stage measures. (A fused AdamW, `fused=True`, would read the flag
+on the device instead; the ladder keeps the reference's foreach AdamW.)
 Code: gpt/optimizations.py:mixed_precision.
 """
 from gpt.ladder import stage_main

@@ -3,8 +3,19 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` (tests/test_gpu.py) are skipped where there is no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 
 
 def load_prepare_module():

@@ -6,9 +6,10 @@ single-process runs, and this file is also the torchrun entry point of the DDP /
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_worker.py \
         --config '{"distributed": "ddp", ...}' --steps 3 --out DIR
 
-Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses and (rank 0) the gradients
-of every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
-DTensor.full_tensor() gathers them).
+Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses, its RNG state as training
+started (dropout draws from it) and (rank 0) the gradients of every step and the final parameters,
+unsharded (FSDP keeps 1/W of each parameter per rank: DTensor.full_tensor() gathers them). The config's
+device is used: "cpu" (gloo) in the default suite, "cuda" (NCCL, one GPU per rank) in tests/test_gpu.py.
 """
 import argparse
 import json
@@ -21,10 +22,9 @@ from torch.distributed.tensor import DTensor
 from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
+from gpt.metrics import resolve_device
 from gpt.optimizations import make_loader, mixed_precision, to_device
 from gpt.train import build_model, train_step
-
-CPU = torch.device("cpu")
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Run:
     raw: torch.nn.Module  # the GPT module itself (inside any wrapper)
     model: torch.nn.Module  # what train_step called (checkpointed / DDP / FSDP / compiled)
     optimizer: torch.optim.Optimizer
+    rng: torch.Tensor | None = None  # the CPU generator's state as training starts (dropout's masks)
     inputs: list = field(default_factory=list)  # x of every step, as the model received it
     losses: list = field(default_factory=list)
 
@@ -61,21 +62,22 @@ def record_grads(store: list):
     return setup
 
 
-def run_steps(cfg: TrainConfig, steps: int, setup=None) -> Run:
+def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None) -> Run:
     """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
-    `setup(run)` is called after the model and optimizer are built (to attach hooks)."""
+    `setup(run)` is called after the model and optimizer are built (to attach hooks). `amp` replaces the
+    config's MixedPrecision (the tests force fp16 + GradScaler, which the CPU does not choose)."""
     cfg.validate()
-    rank, world = distributed.rank(), cfg.world_size
+    rank, world, device = distributed.rank(), cfg.world_size, resolve_device(cfg.device)
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
-    raw, model, optimizer = build_model(cfg, dataset.vocab_size, CPU)
-    run = Run(raw, model, optimizer)
+    raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
+    run = Run(raw, model, optimizer, rng=torch.get_rng_state())
     if setup:
         setup(run)
-    amp = mixed_precision(cfg, CPU)
+    amp = amp or mixed_precision(cfg, device)
     sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, world)
     model.train()
-    for batch in make_loader(dataset, sampler, cfg, CPU):
-        x, y = to_device(batch, CPU, cfg)
+    for batch in make_loader(dataset, sampler, cfg, device):
+        x, y = to_device(batch, device, cfg)
         run.inputs.append(x.clone())
         run.losses.append(train_step(model, optimizer, x, y, cfg, amp).item())
     assert len(run.losses) == steps
@@ -89,13 +91,13 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="directory for rank<r>.pt")
     a = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads(a.config))
-    distributed.init(CPU)
+    distributed.init(resolve_device(cfg.device))
     try:
         grads = []
         run = run_steps(cfg, a.steps, setup=record_grads(grads))
         params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
-        torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses,
+        torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses, "rng": run.rng,
                     "grads": grads if rank == 0 else None, "params": params if rank == 0 else None},
                    Path(a.out) / f"rank{rank}.pt")
     finally:

@@ -11,10 +11,12 @@ Gradients are read where AdamW reads them: an optimizer step pre-hook copies eve
 the step (after clipping), since train_step sets them to None once it has stepped.
 """
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -24,7 +26,8 @@ from conftest import REPO, load_prepare_module
 from dist_worker import full_params, record_grads, run_steps
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
-from gpt.optimizations import make_loader, mixed_precision, to_device
+from gpt.optimizations import MixedPrecision, make_loader, mixed_precision, to_device
+from gpt.train import build_model, train_step
 
 CPU = torch.device("cpu")
 TINY = dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, dataset="tokens",
@@ -36,12 +39,12 @@ def tiny_config(data_dir, **overrides) -> TrainConfig:
     return TrainConfig(**{**TINY, "data_dir": str(data_dir), **overrides}).validate()
 
 
-def train_with_grads(cfg: TrainConfig, steps: int, *setups):
+def train_with_grads(cfg: TrainConfig, steps: int, *setups, amp=None):
     grads = []
     def setup(run):
         for s in (record_grads(grads), *setups):
             s(run)
-    return run_steps(cfg, steps, setup), grads
+    return run_steps(cfg, steps, setup, amp=amp), grads
 
 
 def seeded(seed: int):
@@ -205,22 +208,6 @@ def test_pinned_non_blocking_copies_give_identical_batches(char_data):
     assert not make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, CPU).pin_memory
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the non_blocking copy path needs a CUDA device")
-def test_pinned_non_blocking_copies_to_cuda(char_data):
-    """Tolerance 0: the copy from pinned memory is only queued (non_blocking); once synchronised it
-    must equal the host batch and the blocking copy from pageable memory."""
-    cuda = torch.device("cuda")
-    pinned, pageable = tiny_config(char_data, pin_memory=True), tiny_config(char_data, pin_memory=False)
-    dataset = make_dataset(pinned.dataset, pinned.data_dir, pinned.block_size)
-    batch = next(iter(make_loader(dataset, WindowSampler(len(dataset), 8, 1, 0), pinned, cuda)))
-    assert all(t.is_pinned() for t in batch)
-    queued = to_device(batch, cuda, pinned)  # non_blocking=True
-    blocking = to_device(tuple(t.clone() for t in batch), cuda, pageable)
-    torch.cuda.synchronize()
-    for a, b, host in zip(queued, blocking, batch):
-        assert a.device.type == "cuda" and torch.equal(a.cpu(), host) and torch.equal(a, b)
-
-
 # ---- torch.compile (speed_4) -----------------------------------------------------------------------------
 
 # Inductor fuses layer norm, softmax, GELU and the loss into generated, vectorised C++ loops that reduce
@@ -266,6 +253,70 @@ def test_bf16_autocast_loss_tracks_fp32(char_data):
           f"max |diff| {max(diffs):.3g}")
     assert max(diffs) < AMP_LOSS_ATOL
     assert fp32.losses[0] - fp32.losses[-1] > 5 * AMP_LOSS_ATOL  # the tolerance is small next to learning
+
+
+# ---- fp16 + GradScaler (speed_5 on CUDA), forced on the CPU ----------------------------------------------
+
+# On CUDA, speed_5 runs fp16 autocast with a GradScaler; the CPU picks bf16 (gpt/optimizations.py:
+# mixed_precision), so these tests build the CUDA choice themselves and run it through train_step on the
+# CPU, whose build has fp16 autocast and GradScaler("cpu"). fp16 keeps 11 significant bits (bf16: 8), so each
+# matmul output is rounded by up to 2^-11 ~ 5e-4 relative. First-step gradients (same weights, clipping off
+# so that a wrong scale could not be hidden by it): measured max |diff| 6.1e-4 of each tensor's largest
+# value; the bound, 2e-3, is broken by bf16 (measured 4.6e-3) and by gradients left scaled (x65536). Losses
+# over 8 steps with accumulation x2: measured 8.4e-5; bound 5e-4. (AdamW divides by the gradients' own size,
+# so the losses alone would not see a wrong scale: the gradients are the check of the scaler.)
+FP16_GRAD_RTOL = 2e-3
+FP16_LOSS_ATOL = 5e-4
+
+
+def fp16_with_scaler(**scaler_args) -> MixedPrecision:
+    return MixedPrecision(torch.float16, "cpu", torch.amp.GradScaler("cpu", **scaler_args))
+
+
+def test_fp16_with_grad_scaler_and_accumulation_tracks_fp32(char_data):
+    check_fp16_tracks_fp32(char_data, fp16_with_scaler())
+
+
+def check_fp16_tracks_fp32(char_data, amp: MixedPrecision, device: str = "cpu") -> None:
+    """Also run on a GPU by tests/test_gpu.py, with the amp mixed_precision chooses there."""
+    cfg = dict(lr=3e-3, batch_size=16, grad_accum_steps=2, grad_clip=NO_CLIP, device=device)
+    fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 8)
+    fp16, grads_fp16 = train_with_grads(tiny_config(char_data, **cfg), 8, amp=amp)
+    with torch.no_grad(), amp.autocast():  # the matmuls really ran in fp16
+        assert fp16.model(fp16.inputs[0])[0].dtype == torch.float16
+    assert amp.scaler.get_scale() == 2.0**16  # the default scale never overflowed: every step was applied
+    report("fp16 + scaler vs fp32, step 1 gradients", grads_fp16[0], grads_fp32[0])
+    assert max_diff(grads_fp16[0], grads_fp32[0])[1] < FP16_GRAD_RTOL
+    diffs = [abs(a - b) for a, b in zip(fp16.losses, fp32.losses)]
+    print(f"fp16 + scaler vs fp32 losses over 8 steps: max |diff| {max(diffs):.3g}")
+    assert all(math.isfinite(loss) for loss in fp16.losses) and max(diffs) < FP16_LOSS_ATOL
+    assert fp32.losses[0] - fp32.losses[-1] > 100 * FP16_LOSS_ATOL  # the tolerance is small next to learning
+
+
+def test_grad_scaler_skips_a_step_with_inf_gradients_and_halves_its_scale(char_data):
+    """GradScaler's documented rule: after `growth_interval` steps without inf/NaN gradients the scale is
+    multiplied by growth_factor (2); a step whose gradients hold an inf is skipped (parameters and AdamW's
+    state untouched) and the scale multiplied by backoff_factor (0.5)."""
+    cfg = tiny_config(char_data, lr=3e-3, batch_size=16, grad_accum_steps=2)
+    batches = loader_batches(cfg, steps=4)
+    raw, model, optimizer = build_model(cfg, make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size).vocab_size,
+                                        CPU)
+    amp = fp16_with_scaler(init_scale=2.0**10, growth_interval=2)
+    poisoned = raw.transformer.h[0].mlp.c_fc.weight
+    scales, applied = [], []
+    for step, (x, y) in enumerate(batches):
+        before = {**full_params(raw), **{f"exp_avg {i}": s["exp_avg"].clone()
+                                         for i, s in enumerate(optimizer.state.values())}}
+        hook = poisoned.register_hook(lambda g: torch.full_like(g, float("inf"))) if step == 2 else None
+        loss = train_step(model, optimizer, x, y, cfg, amp)
+        if hook:
+            hook.remove()
+        after = {**full_params(raw), **{f"exp_avg {i}": s["exp_avg"] for i, s in enumerate(optimizer.state.values())}}
+        assert math.isfinite(loss.item())  # the loss is fine: only the injected gradient is not
+        scales.append(amp.scaler.get_scale())
+        applied.append(any(not torch.equal(after[k], v) for k, v in before.items()))
+    assert applied == [True, True, False, True]
+    assert scales == [2.0**10, 2.0**11, 2.0**10, 2.0**10]  # grown after 2 good steps, halved by the inf one
 
 
 # ---- DDP (speed_6) and FSDP (memory_4) on 2 gloo processes ------------------------------------------------
@@ -334,23 +385,56 @@ def kill_tree(proc: subprocess.Popen) -> None:
     ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
 ])
 def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_settings, char_data, tmp_path):
+    check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, "cpu",
+                                  (DIST_GRAD_RTOL, DIST_GRAD_ATOL), (DIST_PARAM_RTOL, DIST_PARAM_ATOL))
+
+
+def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, device, grad_tol, param_tol) -> None:
+    """Also run on 2 GPUs (NCCL) by tests/test_gpu.py. Tolerances are (rtol, atol)."""
     # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
-    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, **stage_settings)
+    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, device=device,
+                      **stage_settings)
     launch_workers(cfg, DIST_STEPS, tmp_path)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
-    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(NPROC)]
+    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device),
+                                            DIST_STEPS)
+    grads_single = [{k: g.cpu() for k, g in grads.items()} for grads in grads_single]
+    params_single = {k: p.cpu() for k, p in full_params(single.raw).items()}
 
     # The sampler's promise, checked on what the ranks really trained on: at every step the ranks'
     # batches, in rank order, are the single process's batch.
-    assert torch.equal(torch.cat([r["inputs"] for r in ranks], dim=1), torch.stack(single.inputs))
+    assert torch.equal(torch.cat([r["inputs"] for r in ranks], dim=1), torch.stack(single.inputs).cpu())
     rank_mean = [sum(losses) / NPROC for losses in zip(*(r["losses"] for r in ranks))]
     assert rank_mean == pytest.approx(single.losses, rel=1e-5)
+    # Identical weights (compared below), but each rank its own dropout masks: build_model reseeds with the
+    # rank, so rank 0 draws what one process draws, and rank 1 other masks.
+    assert torch.equal(ranks[0]["rng"], single.rng) and not torch.equal(ranks[1]["rng"], single.rng)
 
     for step, (gd, gs) in enumerate(zip(ranks[0]["grads"], grads_single)):
         assert global_norm(gs) == pytest.approx(1.0, rel=1e-4)  # the clip was active
-        report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, DIST_GRAD_RTOL, DIST_GRAD_ATOL)
-        torch.testing.assert_close(gd, gs, rtol=DIST_GRAD_RTOL, atol=DIST_GRAD_ATOL)
+        report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, *grad_tol)
+        torch.testing.assert_close(gd, gs, rtol=grad_tol[0], atol=grad_tol[1])
     report(f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps", ranks[0]["params"],
-           full_params(single.raw), DIST_PARAM_RTOL, DIST_PARAM_ATOL)
-    torch.testing.assert_close(ranks[0]["params"], full_params(single.raw), rtol=DIST_PARAM_RTOL,
-                               atol=DIST_PARAM_ATOL)
+           params_single, *param_tol)
+    torch.testing.assert_close(ranks[0]["params"], params_single, rtol=param_tol[0], atol=param_tol[1])
+
+
+def test_fsdp_shards_on_a_mesh_of_the_stage_device_not_the_default_one(char_data):
+    """Without a mesh, fully_shard builds one on the machine's accelerator (a CPU stage would move to cuda:0
+    on a machine with a GPU). parallelize passes its own, so fully_shard's default must never be built."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
+
+    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC)
+    torch.distributed.init_process_group("fake", rank=0, world_size=NPROC, store=FakeStore())
+    try:
+        with mock.patch.object(_fully_shard, "_init_default_mesh", side_effect=AssertionError("default mesh")):
+            raw, model, _ = build_model(cfg, 65, CPU)
+        units = [m for m in raw.modules() if isinstance(m, FSDPModule)]
+        assert len(units) == cfg.n_layer + 1  # every block and the root
+        meshes = {p.device_mesh for p in raw.parameters()}
+        assert len(meshes) == 1 and meshes.pop().device_type == "cpu"
+        assert all(p.device.type == "cpu" for p in raw.parameters())
+    finally:
+        torch.distributed.destroy_process_group()

@@ -36,7 +36,8 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
         "step_time_s": seconds / steps, "step_time_median_s": seconds / steps,
         "step_times_s": [seconds / steps] * len(losses), "first_step_s": 5.0 if cfg["compile"] else 0.1,
         "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0,
-        "peak_memory_mib": peak,
+        "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
+        "memory_snapshot": None,
         "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
                                  "optimizer_state": 0.2 * peak, "activations": 0.5 * peak,
                                  "temporaries": 0.1 * peak, "other": 0.0, "total": peak},
@@ -52,7 +53,7 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
                         "compile_mode": "default" if cfg["compile"] else None,
                         "pinned_memory_non_blocking": False,
                         "distributed_backend": "gloo" if cfg["distributed"] else None,
-                        "memory_method": "MemTracker (test)"}}
+                        "memory_method": "memtracker"}}
 
 
 def write_ladder(out: Path, records: list[dict]) -> None:
@@ -135,6 +136,57 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
     for name in ("memory.png", "memory_timeline.png", "memory_planner.png"):
         assert (plots / name).read_bytes()[:4] == PNG, name
         assert f"(plots/{name})" in md
+
+
+def cuda_record(stage: str, allocated: float, reserved: float | None, **metrics) -> dict:
+    """A record as a CUDA run writes it: both peaks, and the one of its method as its peak."""
+    record = fake_record(stage, peak=allocated, **metrics)
+    method = "cuda_max_reserved" if record["config"]["compile"] else "cuda_max_allocated"
+    record["device"].update(type="cuda", name="NVIDIA H100 80GB HBM3")
+    record["choices"].update(memory_method=method, compile_mode="reduce-overhead" if method == "cuda_max_reserved"
+                             else None)
+    record["metrics"].update(peak_memory_allocated_mib=allocated, peak_memory_reserved_mib=reserved,
+                             peak_memory_mib=reserved if method == "cuda_max_reserved" else allocated,
+                             memory_snapshot=f"{stage}.memory.pickle")
+    return record
+
+
+def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
+    """CUDA graphs: speed_4's allocated peak (20 MiB) misses the graph pool; its peak is reserved memory
+    (160), compared with speed_3's reserved (150), never with its allocated (100). A parent without a
+    reserved figure gives no change at all. Every such cell is explained under the table."""
+    write_ladder(tmp_path, [
+        cuda_record("speed_0_baseline", 90.0, 120.0),
+        cuda_record("speed_1_batch_size", 95.0, 130.0),
+        cuda_record("speed_2_num_workers", 95.0, None),  # no reserved figure: as from an older record
+        cuda_record("speed_3_non_blocking", 100.0, 150.0),
+        cuda_record("speed_4_compile", 20.0, 160.0),
+        cuda_record("speed_5_amp", 15.0, 140.0),
+    ])
+    md = report.write_report(tmp_path).read_text()
+    assert row(md, "speed_1_batch_size")[7:9] == ["95.0", "+5.6%"]  # both eager: allocated vs allocated
+    assert row(md, "speed_4_compile")[7:9] == ["160", "+6.7% †"]  # reserved 160 vs 150, not -80% or +60%
+    assert row(md, "speed_5_amp")[7:9] == ["140", "-12%"]  # both CUDA graphs: reserved vs reserved, no mark
+    assert "† `speed_4_compile` measures peak memory as cuda_max_reserved, `speed_3_non_blocking` as " \
+           "cuda_max_allocated: their change compares the max_memory_reserved of both." in md
+    assert "because CUDA graphs replay in a private pool that max_memory_allocated does not see" in md
+    assert "`speed_0_baseline` as" not in md  # the speed table shows no memory change against the baseline
+    assert "open at https://pytorch.org/memory_viz): `speed_0_baseline.memory.pickle`" in md
+
+    older = tmp_path / "older"  # a parent recorded without its reserved figure
+    write_ladder(older, [cuda_record("speed_3_non_blocking", 100.0, None), cuda_record("speed_4_compile", 20.0, 160.0)])
+    md = report.write_report(older).read_text()
+    assert row(md, "speed_4_compile")[8] == ""
+    assert "`speed_4_compile` (cuda_max_reserved) and `speed_3_non_blocking` (cuda_max_allocated) measure peak " \
+           "memory differently and share no figure, so no memory change is given between them." in md
+
+    from gpt.ladder import print_summary
+    print_summary(cuda_record("speed_4_compile", 20.0, 160.0), older)
+    print_summary(cuda_record("speed_4_compile", 20.0, 160.0), tmp_path)
+    out = capsys.readouterr().out
+    assert "peak memory not comparable (measured by different methods)" in out
+    assert "peak memory +6.7% (max_memory_reserved of both)" in out
+    assert "speed_4_compile.memory.pickle (open it at https://pytorch.org/memory_viz)" in out
 
 
 def test_report_cli_without_records_is_one_line_error(tmp_path):

@@ -5,8 +5,9 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
-from gpt import train
+from gpt import optimizations, train
 from gpt.config import TrainConfig
 from gpt.records import record_problems
 
@@ -39,6 +40,27 @@ def test_cpu_training_is_deterministic(char_data):
     cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False)
     a, b = train.run(cfg)["metrics"]["losses"], train.run(cfg)["metrics"]["losses"]
     assert a == b  # bit-identical on the CPU for the same seed
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
+def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkeypatch):
+    """The CUDA path of the step loop (compile mode "reduce-overhead": a cudagraph_mark_step_begin before
+    every step, the loss cloned out of the graph's memory) forced on the CPU, where reduce-overhead compiles
+    without CUDA graphs. Every step marks its beginning; the losses are those of eager training within
+    test_compile_matches_eager's tolerance."""
+    marks = []
+    mark = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
+    reduce_overhead = lambda cfg, device: "reduce-overhead" if cfg.compile else None  # noqa: E731
+    monkeypatch.setattr(optimizations, "compile_mode", reduce_overhead)
+    monkeypatch.setattr(train, "compile_mode", reduce_overhead)
+    cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
+    eager = train.run(tiny_config(char_data, **cfg))["metrics"]["losses"]
+    assert marks == []
+    record = train.run(tiny_config(char_data, compile=True, **cfg))
+    assert record["choices"]["compile_mode"] == "reduce-overhead"
+    assert len(marks) == 2 + 2 * 2  # warm-up steps + repeats x steps per repeat (16 samples / batch 8)
+    assert record["metrics"]["losses"] == pytest.approx(eager, rel=1e-5)
 
 
 def run_stage(*args, stage="speed_0_baseline"):

@@ -44,6 +44,7 @@ from torch.distributed._tools import mem_tracker
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.metrics import TimelineMemTracker, memory_breakdown
+from gpt import optimizations
 from gpt.optimizations import mixed_precision
 from gpt.train import build_model, train_step
 
@@ -172,18 +173,16 @@ def _cuda_rules():
 @contextlib.contextmanager
 def _fake_process_group(world_size: int):
     """This process as rank 0 of `world_size` ranks whose collectives do nothing."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp._fully_shard import _fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
     if dist.is_initialized():
         raise UserError("a process group is already initialised: run the memory estimate in its own process")
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
-        # fully_shard's default device mesh is built from a tensor of rank ids, which FakeTensorMode would make
-        # fake (and unreadable). Build the mesh here, outside fake mode, on the simulation's device.
-        mesh = init_device_mesh(SIM_DEVICE.type, (world_size,))
-        with mock.patch.object(_fully_shard, "_init_default_mesh", return_value=mesh):
+        # A device mesh is built from a tensor of rank ids, which FakeTensorMode would make fake (and
+        # unreadable). Build the stage's mesh here, outside fake mode, on the simulation's device.
+        mesh = optimizations.device_mesh(SIM_DEVICE)
+        with mock.patch.object(optimizations, "device_mesh", return_value=mesh):
             yield
     finally:
         dist.destroy_process_group()

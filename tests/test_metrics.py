@@ -1,0 +1,181 @@
+"""What a GPU run measures, checked on the CPU where the logic allows: how peak memory is measured per stage,
+the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic one, written as the allocator
+writes it), the marks that place a step's phases in that trace, and the GPU names of the MFU table.
+tests/test_gpu.py checks the same on a real GPU."""
+import pytest
+import torch
+
+from gpt import metrics
+from gpt.ladder import LADDERS, stage_config
+from gpt.metrics import GPU_PEAK_TFLOPS, MiB, StepMarks, gpu_board, memory_method, peak_flops, traced_step_memory
+from gpt.optimizations import compile_mode
+
+CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on it
+
+
+# ---- which method measures peak memory -------------------------------------------------------------------
+
+
+def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before():
+    assert memory_method(torch.device("cpu"), None) == memory_method(torch.device("cpu"), "default") == "memtracker"
+    methods = {stage: memory_method(CUDA, compile_mode(stage_config(stage, "reference", device="cuda"), CUDA))
+               for stage in LADDERS["speed"] + LADDERS["memory"]}
+    # torch.compile comes in at speed_4 and uses CUDA graphs ("reduce-overhead") on CUDA from there on
+    graphs = {"speed_4_compile", "speed_5_amp", "speed_6_ddp"}
+    assert {s for s, m in methods.items() if m == "cuda_max_reserved"} == graphs
+    assert all(m == "cuda_max_allocated" for s, m in methods.items() if s not in graphs)
+    assert set(methods.values()) | {"memtracker"} == set(metrics.MEMORY_METHODS)
+
+
+# ---- the allocator's trace ---------------------------------------------------------------------------------
+
+
+class FakeAllocator:
+    """Writes what torch.cuda.memory._snapshot() returns for one device: 'device_traces' (every alloc,
+    free_requested and free_completed since recording started, with the requested size, among other actions)
+    and 'segments' (the blocks at the end, with their size and state). A block is its request rounded up to
+    512 bytes unless `block` says otherwise. Addresses are fresh unless one is reused on purpose."""
+
+    def __init__(self, device=0):
+        self.device, self.live, self.trace, self.next, self.allocations = device, {}, [], 1 << 20, 0
+
+    def alloc(self, mib: float, addr: int | None = None, block: int | None = None) -> int:
+        if addr is None:
+            addr, self.next = self.next, self.next + (1 << 30)
+        size = int(mib * MiB)
+        self.live[addr] = (size, block or -(-size // 512) * 512)
+        self.allocations += 1
+        self.trace += [{"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []},
+                       {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": []}]
+        return addr
+
+    def free(self, addr: int) -> None:
+        size, _ = self.live.pop(addr)
+        self.trace += [{"action": a, "addr": addr, "size": size, "stream": 0, "frames": []}
+                       for a in ("free_requested", "free_completed")]
+
+    def start_recording(self) -> None:
+        self.trace, self.allocations = [], 0
+
+    def snapshot(self) -> dict:
+        blocks = [{"address": a, "size": block, "requested_size": size, "state": "active_allocated", "frames": []}
+                  for a, (size, block) in sorted(self.live.items())]
+        blocks.append({"address": self.next, "size": 7 * MiB, "requested_size": 0, "state": "inactive"})
+        other_device = {"device": self.device + 1, "address": 1, "total_size": MiB, "blocks": [
+            {"address": 1, "size": MiB, "requested_size": MiB, "state": "active_allocated", "frames": []}]}
+        segment = {"device": self.device, "address": blocks[0]["address"], "blocks": blocks, "segment_pool_id": (0, 0),
+                   "total_size": sum(b["size"] for b in blocks)}
+        traces = [[] for _ in range(self.device + 2)]
+        traces[self.device] = self.trace + [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0}]
+        return {"segments": [segment, other_device], "device_traces": traces}
+
+
+@pytest.mark.parametrize("grad_mib", [4, 10])
+def test_timeline_and_breakdown_at_the_peak_from_a_snapshot(grad_mib):
+    """A training step in miniature (MiB): parameters, optimizer state and a workspace exist before the
+    trace, one block is freed during it; a forward pass makes two activations and a temporary; backward
+    makes a temporary and a gradient in the address an activation just gave back. With a 4 MiB gradient the
+    peak is the backward temporary's allocation, with both activations alive; with 10 MiB it is the gradient's:
+    the same address then counts as a gradient, because the allocation there is the one the optimizer read."""
+    a = FakeAllocator(device=1)
+    param, state, workspace, stale = a.alloc(4), a.alloc(8), a.alloc(1), a.alloc(2)
+    a.start_recording()
+    tensors = [(0, param, "parameters"), (0, state, "optimizer_state")]
+    forward = [[a.allocations, None]]
+    act1, act2 = a.alloc(3), a.alloc(5)
+    a.free(stale)
+    a.free(a.alloc(1))  # a temporary inside forward
+    forward[0][1] = a.allocations
+    scratch = a.alloc(6)
+    a.free(act2)
+    grad = a.alloc(grad_mib, addr=act2)
+    a.free(act1)
+    a.free(scratch)
+    tensors.append((a.allocations, grad, "gradients"))  # the optimizer's step pre-hook
+    a.free(a.alloc(2))  # the optimizer's temporaries
+    a.free(grad)  # zero_grad(set_to_none=True)
+
+    timeline, breakdown = traced_step_memory(a.snapshot(), 1, tensors, forward)
+
+    g = grad_mib
+    expected = [15, 18, 23, 21, 22, 21, 27, 22, 22 + g, 19 + g, 13 + g, 15 + g, 13 + g, 13]
+    assert [t / MiB for t in timeline] == expected
+    parts = {"parameters": 4, "buffers": 0, "optimizer_state": 8, "other": 1, "temporaries": 6}
+    if grad_mib == 4:  # peak 27: right after the backward temporary
+        parts.update(gradients=0, activations=8, total=27)
+    else:  # peak 32: right after the gradient, in the address of the 5 MiB activation
+        parts.update(gradients=10, activations=3, total=32)
+    assert breakdown == parts
+    assert sum(v for k, v in breakdown.items() if k != "total") == breakdown["total"] == max(expected)
+
+
+def test_a_trace_that_frees_what_it_never_saw_allocated():
+    """Recording started mid-step: a free of a block made before the trace restores it to the initial level."""
+    a = FakeAllocator()
+    old = a.alloc(2)
+    a.start_recording()
+    a.free(old)
+    a.alloc(1)
+    timeline, breakdown = traced_step_memory(a.snapshot(), 0)
+    assert [t / MiB for t in timeline] == [2, 0, 1]
+    assert breakdown["total"] == breakdown["other"] == 2
+
+
+def test_blocks_count_at_the_allocator_size():
+    """The trace has requested sizes; max_memory_allocated counts blocks. A block alive at the end counts at
+    its size in the segments (here a 1.5 MiB request in a 2 MiB block, left unsplit), one freed within the
+    trace at its request rounded up to 512 bytes (100 bytes -> 512)."""
+    a = FakeAllocator()
+    a.start_recording()
+    kept = a.alloc(1.5, block=2 * MiB)
+    a.free(a.alloc(100 / MiB))
+    timeline, breakdown = traced_step_memory(a.snapshot(), 0, [(2, kept, "parameters")])
+    assert timeline == [0, 2 * MiB, 2 * MiB + 512, 2 * MiB]
+    assert breakdown["parameters"] == 2.0 and breakdown["temporaries"] == round(512 / MiB, 2)  # at the peak
+
+
+def test_step_marks_place_forward_passes_and_gradients():
+    """The hooks of StepMarks on a real model and optimizer: one [start, end] per forward pass (two micro-batches
+    here), the gradients seen as the optimizer steps, nothing for CPU tensors (no allocator block)."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    count = iter(range(100))
+    marks = StepMarks(model, optimizer, lambda: next(count))
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    marks.remove()
+    model(torch.randn(2, 4))
+    assert marks.forward == [[1, 2], [3, 4]]  # this count moves by one per call
+    assert marks.tensors == []  # CPU tensors are not in a CUDA trace
+
+
+# ---- MFU's table of GPUs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, board", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA A100-PCIE-40GB", "A100"),
+    ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("NVIDIA A10G", "A10G"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+    ("Tesla V100-PCIE-32GB", "V100 PCIe"), ("Tesla T4", "T4"),
+    # not in the table: no board, so no MFU rather than a neighbour's peak
+    ("NVIDIA GH200 480GB", None), ("NVIDIA H800", None), ("NVIDIA H100", None), ("NVIDIA A40", None),
+    ("NVIDIA RTX 6000 Ada Generation", None), ("NVIDIA L40G", None), ("AMD Instinct MI300X", None),
+])
+def test_gpu_names_match_their_own_row_only(name, board):
+    assert gpu_board(name) == board
+
+
+def test_unknown_gpu_gets_no_mfu_and_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L40")
+    flops, source = peak_flops(CUDA, torch.bfloat16)
+    assert flops == GPU_PEAK_TFLOPS["L40"]["bfloat16"] * 1e12 != GPU_PEAK_TFLOPS["L4"]["bfloat16"] * 1e12
+    assert source == "data sheet: L40 bfloat16 dense"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GH200 480GB")
+    flops, source = peak_flops(CUDA, torch.bfloat16)
+    assert flops is None and "no data-sheet peak for 'NVIDIA GH200 480GB'" in source
+    assert metrics.mfu(1e6, 1e3, flops) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert peak_flops(CUDA, torch.bfloat16)[0] is None  # T4 has no bf16 peak on its data sheet
