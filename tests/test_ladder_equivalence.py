@@ -242,10 +242,11 @@ AMP_LOSS_ATOL = 2e-3
 
 def test_bf16_autocast_loss_tracks_fp32(char_data):
     cfg = dict(lr=3e-3)
-    amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
-    assert amp.dtype == torch.bfloat16 and amp.scaler is None
+    # The CPU's autocast where bf16 is the faster dtype; whether it is, is measured per CPU (speed_5's rule,
+    # tested in tests/test_beyond_equivalence.py), so the maths is checked in bf16 on every CPU.
+    amp = MixedPrecision(torch.bfloat16, "cpu", None)
     fp32 = run_steps(tiny_config(char_data, **cfg), steps=8)
-    bf16 = run_steps(tiny_config(char_data, amp=True, **cfg), steps=8)
+    bf16 = run_steps(tiny_config(char_data, amp=True, **cfg), steps=8, amp=amp)
     with torch.no_grad(), amp.autocast():  # the matmuls really ran in bf16
         assert bf16.model(bf16.inputs[0])[0].dtype == torch.bfloat16
     diffs = [abs(a - b) for a, b in zip(bf16.losses, fp32.losses)]
