@@ -26,7 +26,7 @@ from conftest import REPO, load_prepare_module
 from dist_worker import full_params, record_grads, run_steps
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
-from gpt.optimizations import MixedPrecision, make_loader, mixed_precision, to_device
+from gpt.optimizations import MixedPrecision, make_loader, to_device
 from gpt.train import build_model, train_step
 
 CPU = torch.device("cpu")
