@@ -179,3 +179,16 @@ def test_unknown_gpu_gets_no_mfu_and_says_so(monkeypatch):
     assert metrics.mfu(1e6, 1e3, flops) is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     assert peak_flops(CUDA, torch.bfloat16)[0] is None  # T4 has no bf16 peak on its data sheet
+
+
+def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkeypatch):
+    """The memory planner calls mixed_precision, and so the CPU benchmark, under FakeTensorMode: fake matmuls
+    take no time, and an unguarded benchmark would cache an absurd peak (> 1e14 FLOP/s for n=256) for every
+    later stage's MFU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(metrics, "_CACHE", tmp_path / "cpu_peak_flops.json")
+    with FakeTensorMode():
+        flops = metrics.measure_cpu_matmul_flops(torch.float32, n=256, seconds=0.2)
+    assert 1e8 < flops < 1e14  # a real CPU's rate, not a fake tensor's
+    assert metrics.measure_cpu_matmul_flops(torch.float32, n=256) == flops  # and that is what was cached
