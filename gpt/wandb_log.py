@@ -31,7 +31,8 @@ def run_config(record: dict) -> dict:
 
 
 def summary(record: dict) -> dict:
-    """The record's scalar figures (lists are logged as curves), breakdown as memory_breakdown_mib/<part>."""
+    """The record's scalar figures (lists are logged as curves), dicts flattened: memory_breakdown_mib/<part>,
+    time_breakdown_pct/<category>, profiler/<fact>."""
     out = {"status": record["status"]}
     for key, value in record.get("metrics", {}).items():
         if isinstance(value, dict):
@@ -41,19 +42,20 @@ def summary(record: dict) -> dict:
     return out
 
 
-def log_run(record: dict, mode: str) -> None:
-    """Log one stage (mode offline | online; disabled does nothing). Never raises."""
+def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
+    """Log one stage (mode offline | online; disabled does nothing), attaching `files` (the profiler's
+    trace) to the run. Never raises."""
     if mode == "disabled":
         return
     try:
-        _log(record, mode)
+        _log(record, mode, files)
     except Exception as e:  # noqa: BLE001 - any W&B problem: warn once, the stage has succeeded
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
               "the JSON record is unaffected", file=sys.stderr)
 
 
-def _log(record: dict, mode: str) -> None:
+def _log(record: dict, mode: str, files: list[Path]) -> None:
     import wandb
 
     if mode == "online" and not wandb.login(prompt=False, verify=False):
@@ -67,6 +69,7 @@ def _log(record: dict, mode: str) -> None:
         disable_git=True,  # the commit is in the config already
         save_code=False,
         init_timeout=60,  # online with an unreachable server: give up instead of waiting forever
+        symlink=False,  # attach files as hard links or copies: a rerun replacing the trace must not change this run
     )
     run = wandb.init(project=PROJECT, group=run_group(record), job_type=record["ladder"], name=record["stage"],
                      config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
@@ -87,6 +90,8 @@ def _log(record: dict, mode: str) -> None:
         for i, mib in enumerate(m.get("memory_timeline_mib") or []):
             run.log({"memory/event": i, "memory/live_mib": mib})
         run.summary.update(summary(record))
+        for path in files:  # copied into the run's files (uploaded with it)
+            run.save(str(path), base_path=str(Path(path).parent), policy="now")
     finally:
         run.finish()
         wandb.teardown()  # waits until the run is on disk (finish() alone may return before that)
