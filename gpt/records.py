@@ -64,7 +64,8 @@ OK_KEYS = {"model", "device", "choices", "metrics"}
 METRIC_KEYS = {
     "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
     "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
-    "copy_pct", "time_breakdown_pct", "profiler", "peak_memory_mib", "memory_breakdown_mib", "memory_timeline_mib", "flops_per_token",
+    "peak_memory_mib", "memory_breakdown_mib", "memory_timeline_mib", "flops_per_token",
+    "copy_pct", "time_breakdown_pct", "profiler",
     "peak_flops_per_device", "peak_flops_source", "mfu_pct", "loss_first", "loss_final", "losses",
 }
 STATUSES = {"ok", "oom", "failed", "skipped"}

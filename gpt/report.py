@@ -286,6 +286,12 @@ def noise_pct(r: Rung) -> float:
     return 100 * math.hypot(*cv)
 
 
+def within_noise(r: Rung, d: float) -> str:
+    """A note when a time change `d` (%) is smaller than the comparison's run-to-run noise."""
+    noise = noise_pct(r)
+    return f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
+
+
 def why_no_speedup(r: Rung) -> str:
     """The measured reason a speed stage did not make the ladder faster here."""
     m, p = r.record["metrics"], r.parent["metrics"]
@@ -357,9 +363,7 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
         lines.append(f"Overall, baseline to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
     for r, d in steps:
         if d > -NO_GAIN_PCT and not time_line(r, time_goal=True):  # else its breakdown line says why
-            noise = noise_pct(r)
-            within = f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
-            lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within}): {why_no_speedup(r)}.")
+            lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")
     compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None), None)
     if compiled:  # the stage that switched compilation on; later stages pay it again in their warm-up
         lines.append(compile_line(compiled))
@@ -428,7 +432,7 @@ def method_notes(rungs: list[Rung]) -> list[str]:
 # listed here is described by the category that changed most.
 TARGETS = {
     "num_workers": ("data",),
-    "pin_memory": ("copy",),
+    "pin_memory": ("copy", "data"),  # a blocking copy drains the GPU queue, which then idles while the next batch loads
     "compile": ("gpu_idle", "forward", "backward"),
     "amp": ("forward", "backward"),
     "distributed": ("forward", "backward", "communication"),
@@ -472,7 +476,7 @@ def time_line(r: Rung, time_goal: bool) -> str | None:
     targets = list(dict.fromkeys(c for f in sorted(config_diff(r)) for c in TARGETS.get(f, ()) if c in cats))
     biggest = max(cats, key=lambda c: abs(t.get(c, 0) - pt.get(c, 0)))
     d = r.vs(r.parent, "seconds_mean")
-    head = f"`{r.stage}` ({fmt_pct(d)} time"
+    head = f"`{r.stage}` ({fmt_pct(d)} time{within_noise(r, d)}"
     if time_goal and d > -NO_GAIN_PCT:
         if targets and all(pb.get(c, 0) < SMALL_SHARE_PCT for c in targets):
             was = " and ".join(f"{label(c)} was {fmt_share(pb.get(c, 0))}" for c in targets)

@@ -9,6 +9,7 @@ and `wandb sync wandb/offline-run-*` uploads them later.
 A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
 """
 import os
+import shutil
 import sys
 from datetime import date
 from pathlib import Path
@@ -69,7 +70,6 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
         disable_git=True,  # the commit is in the config already
         save_code=False,
         init_timeout=60,  # online with an unreachable server: give up instead of waiting forever
-        symlink=False,  # attach files as hard links or copies: a rerun replacing the trace must not change this run
     )
     run = wandb.init(project=PROJECT, group=run_group(record), job_type=record["ladder"], name=record["stage"],
                      config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
@@ -90,8 +90,9 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
         for i, mib in enumerate(m.get("memory_timeline_mib") or []):
             run.log({"memory/event": i, "memory/live_mib": mib})
         run.summary.update(summary(record))
-        for path in files:  # copied into the run's files (uploaded with it)
-            run.save(str(path), base_path=str(Path(path).parent), policy="now")
+        for path in files:  # a copy in the run's own directory: a rerun replacing the file cannot change it
+            copy = Path(shutil.copy(path, run.dir))
+            run.save(str(copy), base_path=run.dir, policy="now")
     finally:
         run.finish()
         wandb.teardown()  # waits until the run is on disk (finish() alone may return before that)
