@@ -188,7 +188,8 @@ def breakdown(events: list[dict]) -> dict:
     {"shares_pct": {category: % of wall time, adding up to 100}, "steps", "step_s",
      "gpu_idle_pct": % of wall time with no GPU activity at all (CUDA; None on the CPU)}."""
     spans = [e for e in events if e.get("ph") == "X" and "ts" in e]
-    steps = [e for e in spans if e.get("name") == STEP]
+    # the host's ranges ("user_annotation"; on CUDA Kineto repeats them on the GPU's timeline as "gpu_user_annotation")
+    steps = [e for e in spans if e.get("name") == STEP and e.get("cat") == "user_annotation"]
     if not steps:
         raise ValueError(f"no {STEP!r} ranges in the trace")
     main = (steps[0].get("pid"), steps[0].get("tid"))  # the training thread

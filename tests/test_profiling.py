@@ -96,6 +96,9 @@ def test_cuda_breakdown_by_what_the_gpu_was_doing():
         span("cudaLaunchKernel", 61, 1, cat="cuda_runtime", correlation=6),
         span("multi_tensor_apply_kernel", 90, 5, cat="kernel", correlation=6, **gpu),
         span("mystery_kernel", 96, 1, cat="kernel", correlation=99, **gpu),  # launch not in the trace
+        # Kineto repeats the host's ranges on the GPU's timeline: they are not the host's, nor GPU work
+        span(profiling.STEP, 5, 100, cat="gpu_user_annotation", **gpu),
+        span("ladder/forward", 15, 30, cat="gpu_user_annotation", **gpu),
     ]
     b = breakdown(events)
     # GPU idle from 0 to 11: the host fetched data (to 10), then copied; 12-15: the host was launching
