@@ -66,13 +66,17 @@ def extra_steps(cfg, device: torch.device) -> int:
 # profiling a few steps
 
 
-def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict | None:
+def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict:
     """Run `cfg.profile_steps` more steps under torch.profiler (CPU activities, plus CUDA on a GPU; no
-    shapes, stacks or memory, which cost time and trace size) and return the breakdown (rank 0; the other
-    ranks run the profiler too, so that they stay in step, and discard it). The trace goes to `trace_path`
-    (gzipped Chrome trace JSON) when given."""
+    shapes, stacks or memory, which cost time and trace size). Returns the record's metrics
+    `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they stay
+    in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome
+    trace JSON) when given."""
     from gpt.metrics import synchronize
 
+    none = {"time_breakdown_pct": None, "profiler": None}
+    if not cfg.profile_steps:
+        return none
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     warm = CUDA_WARMUP_STEPS if cuda else 0
@@ -85,12 +89,13 @@ def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank
                 if i == total - 1:
                     synchronize(device)  # the last step's window ends when its GPU work does
     if rank != 0:
-        return None
+        return none
     try:
-        return _export_and_measure(prof, trace_path, cfg.profile_steps)
+        facts = _export_and_measure(prof, trace_path, cfg.profile_steps)
     except Exception as e:  # noqa: BLE001 - the timed figures are measured already; never lose them for this
         print(f"warning: the profiled steps gave no breakdown ({type(e).__name__}: {e})", file=sys.stderr)
-        return None
+        return none
+    return {"time_breakdown_pct": facts.pop("shares_pct"), "profiler": {**facts, "rank": rank}}
 
 
 def _export_and_measure(prof, trace_path: Path | None, steps: int) -> dict:
@@ -104,7 +109,7 @@ def _export_and_measure(prof, trace_path: Path | None, steps: int) -> dict:
             raise ValueError(f"found {result['steps']} profiled steps in the trace, expected {steps}")
         if trace_path:
             os.replace(exported, trace_path)  # atomic, like the record beside it
-            result["trace"] = trace_path.name
+        result["trace"] = trace_path.name if trace_path else None
     return result
 
 

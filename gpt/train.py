@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gpt import distributed, profiling
+from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.metrics import (
@@ -35,7 +35,6 @@ from gpt.metrics import (
     synchronize,
 )
 from gpt.model import GPT, GPTConfig
-from gpt.profiling import region
 from gpt.optimizations import (
     checkpoint_blocks,
     compile_mode,
@@ -46,6 +45,7 @@ from gpt.optimizations import (
     parallelize,
     to_device,
 )
+from gpt.profiling import extra_steps, profile_steps, region
 from gpt.records import SCHEMA_VERSION, environment
 
 MiB = 2**20
@@ -128,7 +128,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, trace_path: Pat
     amp = mixed_precision(cfg, device)
     cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
 
-    total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + profiling.extra_steps(cfg, device)
+    total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
                    + int(cfg.measure_memory))
     sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
     batches = iter(make_loader(dataset, sampler, cfg, device))
@@ -181,7 +181,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, trace_path: Pat
     waits, copies = feed.data_s, feed.copy_s()  # after the last synchronize
 
     # ---- where the time goes: a few profiled steps, after timing so that they never change it ----
-    breakdown = (profiling.profile_steps(step, cfg, device, trace_path, rank) if cfg.profile_steps else None)
+    profiled = profile_steps(step, cfg, device, trace_path, rank)  # time_breakdown_pct and profiler
 
     # ---- memory: one extra, instrumented step ----
     memory = {}
@@ -245,9 +245,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, trace_path: Pat
             "compile_s": (first_step_s - steady) if cfg.compile and first_step_s is not None else None,
             "data_wait_pct": 100 * sum(waits) / sum(repeat_s),
             "copy_pct": 100 * sum(copies) / sum(repeat_s),
-            "time_breakdown_pct": breakdown and breakdown["shares_pct"],
-            "profiler": breakdown and {**{k: v for k, v in breakdown.items() if k != "shares_pct"},
-                                       "rank": 0, "trace": breakdown.get("trace")},
+            **profiled,
             "peak_memory_mib": peak_mib,
             "memory_breakdown_mib": memory.get("breakdown_mib"),
             "memory_timeline_mib": memory.get("timeline_mib"),
