@@ -2,6 +2,7 @@
 then results.md.
 
     ./run_all.sh [--profile P] [--only speed|memory] [--device auto|cpu|cuda] [--wandb MODE] [--out DIR] [--resume]
+                  [--no-profiler]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,

@@ -301,6 +301,15 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
     assert "**failed**" not in (out / "results.md").read_text()
 
 
+def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
+    out, _, _ = stub_stages
+    commands = []
+    monkeypatch.setattr(run_ladder, "run_stage", lambda cmd, log, show: commands.append(cmd) or 1)
+    run_ladder.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
+                     "--wandb", "disabled", "--no-profiler"])
+    assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
+
+
 def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, monkeypatch):
     out, behave, calls = stub_stages
     for stage in LADDERS["memory"]:
