@@ -4,7 +4,9 @@
   block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
 - cpu: GPT-2 BPE tokens; sized so both ladders finish in about half an hour on 2 CPU cores. The
   memory ladder keeps GPT-2-large's depth and head count (36 layers, 20 heads) at a quarter of its
-  width (320), so parameters, optimizer state and activations all fit in RAM and time. Default without CUDA.
+  width (320), so parameters, optimizer state and activations all fit in RAM and time. One profiled step
+  per stage: a CPU step lasts long enough to measure, and every profiled step adds its time to the stage.
+  Default without CUDA.
 - smoke: tiny shapes, seconds per stage; for tests.
 
 Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
@@ -24,10 +26,10 @@ PROFILES = {
     },
     "cpu": {
         "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
-                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2,
+                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2, profile_steps=1,
                       **_REFERENCE_TRAINING),
         "memory": dict(preset="gpt2-large", n_embd=320, data_dir="data/shakespeare_gpt2", dataset="tokens",
-                       block_size=64, batch_size=32, samples=64, repeats=2, warmup_iters=1,
+                       block_size=64, batch_size=32, samples=64, repeats=2, warmup_iters=1, profile_steps=1,
                        **_REFERENCE_TRAINING),
     },
     "smoke": {
