@@ -14,7 +14,7 @@ import torch
 
 from gpt import train
 from gpt.errors import UserError
-from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
+from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
 from gpt.memory.__main__ import main
 from gpt.memory.planner import (
@@ -342,3 +342,25 @@ def test_reference_estimate_matches_the_traced_step(stage):
     ours, traced = snapshot_breakdown(est.breakdown_mib), r.peak_mib_by_category
     for key in ("parameters", "gradients", "optimizer_state", "activations"):
         assert ours[key] == pytest.approx(traced[key], rel=0.005), key
+
+
+def test_cpu_memory_profile_shows_the_documented_mechanisms():
+    """The cpu profile's memory ladder as the planner estimates it for the CPU (which matches what the CPU runs
+    measure): each stage's change within 10 points of the documented H100 one, each peak made of the same
+    things: activations (memory_0, memory_1), AdamW's foreach temporaries (memory_2), the gradients and the
+    moments (memory_3), half the model state per process (memory_4)."""
+    vocab = 80  # the characters of the default corpus (data/prepare.py --tokenizer char)
+    stages = LADDERS["memory"]
+    est = {s: estimate(stage_config(s, "cpu"), vocab, "cpu") for s in stages}
+    for prev, stage in zip(stages, stages[1:]):
+        documented = [load_stage(s).REFERENCE["peak_mib"] for s in (prev, stage)]
+        change = 100 * (est[stage].peak_mib / est[prev].peak_mib - 1)
+        assert abs(change - 100 * (documented[1] / documented[0] - 1)) <= 10, (stage, change)
+    b = {s: e.breakdown_mib for s, e in est.items()}
+    params = b["memory_0_baseline"]["parameters"]
+    assert b["memory_0_baseline"]["activations"] > params + b["memory_0_baseline"]["optimizer_state"]
+    assert b["memory_1_grad_accum"]["gradients"] == pytest.approx(params)  # the first micro-batch's
+    assert b["memory_2_checkpointing"]["optimizer_state"] > 2.9 * params  # moments + a square root of each
+    assert b["memory_3_foreach_off"]["optimizer_state"] == pytest.approx(2 * params, rel=0.01)
+    assert b["memory_3_foreach_off"]["gradients"] == pytest.approx(params)
+    assert b["memory_4_fsdp"]["optimizer_state"] == pytest.approx(params, rel=0.01)  # sharded over 2
