@@ -738,11 +738,22 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
              "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
     ref = files["reference"]
     if ref:
-        lines += ["", f"### Estimate vs the reference's documented peaks ({ref.get('target', '?')})", ""]
-        lines += table(["stage", "change", "estimate MiB", "documented MiB", "error"], [
-            [s["stage"], s.get("change", ""), fmt_mib(s["estimate_mib"]), fmt_mib(s.get("documented_mib")),
-             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
+        lines += ["", f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})", "",
+                  "Documented: `max_memory_allocated` over the reference's warm-up. Traced step: the peak of one "
+                  "later step in the reference's own allocator snapshot, where there is one.", ""]
+        lines += table(["stage", "change", "documented MiB", "traced step MiB", "estimate MiB", "vs documented",
+                        "vs traced step"], [
+            [s["stage"], s.get("change", ""), fmt_mib(s.get("documented_mib")), fmt_mib(s.get("snapshot_mib")),
+             fmt_mib(s["estimate_mib"]), fmt_pct(s.get("error_pct")), fmt_pct(s.get("snapshot_error_pct"))]
             for s in ref.get("stages", [])])
+        traced = [s for s in ref.get("stages", []) if s.get("snapshot_breakdown_mib")]
+        if traced:
+            lines += ["", "At the peak, category by category (MiB, estimate / traced step):", ""]
+            keys = list(traced[0]["snapshot_breakdown_mib"])
+            lines += table(["category"] + [s["stage"] for s in traced], [
+                [key.replace("_", " ")] + [f"{fmt_mib(s['estimate_snapshot_categories_mib'].get(key))} / "
+                                           f"{fmt_mib(s['snapshot_breakdown_mib'][key])}" for s in traced]
+                for key in keys])
         lines += [""] + [f"- {note}" for note in ref.get("notes", [])]
         stages = [s for s in ref.get("stages", []) if s.get("breakdown_mib")]
         if stages:
@@ -750,10 +761,11 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
             fig, ax = plt.subplots(figsize=(9, 4.8))
             breakdowns = [{**s["breakdown_mib"], "total": s["estimate_mib"]} for s in stages]
             _stacked(ax, [short(s["stage"]) for s in stages], breakdowns, "estimated peak breakdown (MiB)")
-            documented = [(i, s["documented_mib"]) for i, s in enumerate(stages) if s.get("documented_mib")]
-            if documented:
-                ax.plot(*zip(*documented), "k_", markersize=30, mew=2, label="documented")
-                ax.legend(fontsize=8)
+            for key, style, legend in (("documented_mib", "k_", "documented"), ("snapshot_mib", "r_", "traced step")):
+                marks = [(i, s[key]) for i, s in enumerate(stages) if s.get(key)]
+                if marks:
+                    ax.plot(*zip(*marks), style, markersize=30, mew=2, label=legend)
+            ax.legend(fontsize=8)
             fig.tight_layout()
             fig.savefig(plots / "memory_planner.png", dpi=110)
             plt.close(fig)

@@ -127,7 +127,12 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
             {"stage": "memory_0_baseline", "change": "baseline", "estimate_mib": 35000, "documented_mib": 36272,
              "error_pct": -3.5, "breakdown_mib": {"parameters": 2700, "gradients": 2700,
                                                   "optimizer_state": 5400, "activations": 22000,
-                                                  "temporaries": 2200}}]}))
+                                                  "temporaries": 2200},
+             "snapshot_mib": 34800, "snapshot_error_pct": 0.57,
+             "snapshot_breakdown_mib": {"parameters": 2704, "activations": 23800, "rounding": 73},
+             "estimate_snapshot_categories_mib": {"parameters": 2700, "activations": 22000, "rounding": 0}},
+            {"stage": "memory_2_checkpointing", "change": "checkpointing", "estimate_mib": 13500,
+             "documented_mib": 15394, "error_pct": -12.3}]}))
     (tmp_path / "memory_fit.json").write_text(json.dumps({
         "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
             {"setting": "baseline", "world_size": 1, "n_layer": 90, "params": 1.8e9, "peak_mib": 80000,
@@ -138,7 +143,10 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
     assert row(md, "memory_1_grad_accum")[7] == "+10%"  # time vs previous
     assert row(md, "memory_3_foreach_off")[2] == "not run"
     assert "`memory_2_checkpointing` did not lower the peak here (+0.0%)" in md
-    assert "## Memory planner" in md and "| memory_0_baseline | baseline | 35,000 | 36,272 | -3.5% |" in md
+    assert "## Memory planner" in md
+    assert "| memory_0_baseline | baseline | 36,272 | 34,800 | 35,000 | -3.5% | +0.6% |" in md
+    assert "| memory_2_checkpointing | checkpointing | 15,394 |  | 13,500 | -12% |  |" in md  # no snapshot
+    assert "| activations | 22,000 / 23,800 |" in md and "| rounding | 0.00 / 73.0 |" in md
     assert "| baseline | 1 | 90 | 1,800M | 80,000 | 1,795M |" in md
     plots = tmp_path / "docs" / "plots"
     for name in ("memory.png", "memory_timeline.png", "memory_planner.png"):
