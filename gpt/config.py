@@ -32,6 +32,7 @@ class TrainConfig:
     warmup_iters: int = 10
     seed: int = 3407
     measure_memory: bool = True  # CPU: one extra instrumented step after timing (see gpt/metrics.py)
+    profile_steps: int = 2  # steps profiled after timing: time breakdown + trace (gpt/profiling.py); 0 = off
 
     # --- optimizer: AdamW as the reference (two parameter groups) ---
     lr: float = 5e-4
@@ -77,8 +78,8 @@ class TrainConfig:
             raise UserError(
                 f"batch size {self.batch_size} must be a multiple of grad_accum_steps {self.grad_accum_steps}"
             )
-        if self.samples < 1 or self.repeats < 1 or self.warmup_iters < 0:
-            raise UserError("samples and repeats must be >= 1 and warmup_iters >= 0")
+        if self.samples < 1 or self.repeats < 1 or self.warmup_iters < 0 or self.profile_steps < 0:
+            raise UserError("samples and repeats must be >= 1, warmup_iters and profile_steps >= 0")
         world = self.world_size
         if self.samples % (self.batch_size * world):
             raise UserError(

@@ -67,6 +67,9 @@ LADDERS = {
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).
 STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp"}
 
+# What each ladder lowers: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones.
+LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory"}
+
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 # Test-only: a Python file every process of a stage runs first (tests/stage_hooks.py injects a fault into a
 # rank, or saves the trained weights), so that tests run the real stage command. Not for users.
@@ -149,6 +152,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
     p.add_argument("--block-size", type=int, help="sequence length (at most the model's 1024 positions)")
     p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
+    p.add_argument("--no-profiler", action="store_true",
+                   help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz")
     return p.parse_args(argv)
 
 
@@ -182,6 +187,11 @@ def snapshot_path(out: Path, stage: str) -> Path:
     return Path(out) / f"{stage}.memory.pickle"
 
 
+def trace_path(out: Path, stage: str) -> Path:
+    """The profiler's trace of the stage (gzipped Chrome trace JSON: Perfetto, chrome://tracing)."""
+    return Path(out) / f"{stage}.trace.json.gz"
+
+
 def stage_main(script: str, argv: list[str] | None = None) -> None:
     """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
     if os.environ.get(TEST_HOOKS_ENV):
@@ -198,7 +208,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
-                       device=args.device)
+                       device=args.device, profile_steps=0 if args.no_profiler else None)
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if cfg.distributed and distributed.under_torchrun():
         cfg.nproc = int(os.environ["WORLD_SIZE"])  # launched by hand (e.g. several machines): the launcher decides
@@ -267,8 +277,11 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
 
     rank = int(os.environ.get("RANK", 0))
     writes = rank == 0
+    trace = trace_path(path.parent, meta["stage"])
+    if rank == 0:
+        trace.unlink(missing_ok=True)  # a trace from an earlier run must not pass for this one's
     try:
-        record = {**meta, **train.run(cfg, label=meta["stage"],
+        record = {**meta, **train.run(cfg, label=meta["stage"], trace_path=trace,
                                       memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except UserError:
@@ -291,7 +304,7 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     if record["status"] == "ok" and wandb_mode != "disabled":
         from gpt.wandb_log import log_run
 
-        log_run(record, mode=wandb_mode)
+        log_run(record, mode=wandb_mode, files=[trace] if trace.exists() else [])
     return record
 
 
@@ -314,7 +327,14 @@ def print_summary(record: dict, out: Path) -> None:
     mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
     print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
           f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
-          f"loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+          f"copy {m['copy_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    if m.get("time_breakdown_pct"):
+        from gpt.profiling import label
+
+        shares = sorted(m["time_breakdown_pct"].items(), key=lambda kv: -kv[1])
+        print(f"  where the time goes ({m['profiler']['steps']} profiled steps): "
+              + ", ".join(f"{label(k)} {v:.0f}%" for k, v in shares if v >= 0.5)
+              + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else ""))
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
     parent = record.get("parent")

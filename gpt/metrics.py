@@ -7,12 +7,14 @@ import os
 import platform
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from gpt.errors import UserError
+from gpt.profiling import region
 
 MiB = 2**20
 
@@ -80,6 +82,38 @@ class StepClock:
         if self.cuda:
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+class FeedClock:
+    """What feeding the device costs, per step: host seconds waiting for the DataLoader's next batch, and
+    seconds of the host-to-device copy. Both are also profiler phases ("data", "copy").
+
+    Kept apart because a blocking copy from pageable memory first waits for all GPU work already queued: a
+    host clock around it would count compute as copying. On CUDA the copy is timed with CUDA events around it
+    (the copy on the GPU's stream, read after the repeat's synchronize); on the CPU the host clock is the
+    device clock."""
+
+    def __init__(self, device: torch.device):
+        self.data_s: list[float] = []
+        self._copy = StepClock(device)  # marks in pairs: before and after each copy
+
+    @contextmanager
+    def data(self):
+        t0 = time.perf_counter()
+        with region("data"):
+            yield
+        self.data_s.append(time.perf_counter() - t0)
+
+    @contextmanager
+    def copy(self):
+        self._copy.mark()
+        with region("copy"):
+            yield
+        self._copy.mark()
+
+    def copy_s(self) -> list[float]:
+        """Seconds of each copy; call after synchronize()."""
+        return self._copy.durations()[::2]
 
 
 # ----------------------------------------------------------------------------------------------------------

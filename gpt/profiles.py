@@ -2,9 +2,16 @@
 
 - reference: the documented setup (../shared/reference/README.md): character-level Shakespeare,
   block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
-- cpu: GPT-2 BPE tokens; sized so both ladders finish in about half an hour on 2 CPU cores. The
-  memory ladder keeps GPT-2-large's depth and head count (36 layers, 20 heads) at a quarter of its
-  width (320), so parameters, optimizer state and activations all fit in RAM and time. Default without CUDA.
+- cpu: sized so both ladders finish in about half an hour on 2 CPU cores. Default without CUDA.
+  The speed ladder reads GPT-2 BPE tokens. The memory ladder reads the reference's kind of data (characters,
+  block 128) and keeps GPT-2-large's depth (36 layers) at a quarter of its width (320, five 64-wide heads as
+  in GPT-2), batch 12. The shape is chosen so that the same things make each stage's peak as on the H100
+  (`python -m gpt.memory estimate --profile cpu --target cpu` checks a shape in seconds): activations at the
+  end of the forward pass (memory_0, memory_1), AdamW's foreach step (memory_2), the gradients and moments at
+  the end of backward (memory_3), and each stage's change lands within 10 points of the documented one. With
+  GPT-2's 50257 tokens the logits, not the optimizer step, made the peak after checkpointing.
+  One profiled step per stage: a CPU step lasts long enough to measure, and every profiled step adds
+  its time to the stage.
 - smoke: tiny shapes, seconds per stage; for tests.
 
 Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
@@ -24,10 +31,11 @@ PROFILES = {
     },
     "cpu": {
         "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
-                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2,
+                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2, profile_steps=1,
                       **_REFERENCE_TRAINING),
-        "memory": dict(preset="gpt2-large", n_embd=320, data_dir="data/shakespeare_gpt2", dataset="tokens",
-                       block_size=64, batch_size=32, samples=64, repeats=2, warmup_iters=1,
+        "memory": dict(preset="gpt2-large", n_embd=320, n_head=5, data_dir="data/shakespeare_char",
+                       dataset="tokens", block_size=128, batch_size=12, samples=48, repeats=2, warmup_iters=1,
+                       profile_steps=1,
                        **_REFERENCE_TRAINING),
     },
     "smoke": {

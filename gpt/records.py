@@ -100,7 +100,7 @@ METRIC_KEYS = {
     "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
     "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
     "peak_memory_mib", "peak_memory_allocated_mib", "peak_memory_reserved_mib", "memory_breakdown_mib",
-    "memory_timeline_mib", "memory_snapshot", "flops_per_token",
+    "memory_timeline_mib", "memory_snapshot", "flops_per_token", "copy_pct", "time_breakdown_pct", "profiler",
     "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
     "mfu_fastest_pct", "loss_first", "loss_final", "losses",
 }
@@ -119,6 +119,9 @@ def record_problems(record: dict) -> list[str]:
         problems += [f"missing metric {k!r}" for k in sorted(METRIC_KEYS - set(metrics))]
         if not metrics.get("seconds_mean", 0) > 0:
             problems.append("seconds_mean must be positive")
+        shares = metrics.get("time_breakdown_pct")
+        if shares is not None and (abs(sum(shares.values()) - 100) > 1e-6 or min(shares.values()) < 0):
+            problems.append(f"time_breakdown_pct must be shares adding up to 100, got {shares}")
     elif not record.get("reason"):
         problems.append(f"a {status!r} record needs a reason")
     return problems

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDERS, load_stage, record_path
+from gpt.ladder import LADDER_GOAL, LADDERS, load_stage, record_path
 from gpt.metrics import MEMORY_METHODS
+from gpt.profiling import CATEGORIES, label
 from gpt.records import peak_memory_pair, read_record
 
 MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_ladder.py): the machine the ladder ran on
@@ -220,16 +221,30 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
     return lines
 
 
+def reference_cell(r: Rung, key: str, fmt=str) -> str:
+    """The documented figure and its change against the parent's (empty for a stage without one)."""
+    if r.reference.get(key) is None:
+        return ""
+    vs = r.ref_vs(key, r.parent_reference)
+    return fmt(r.reference[key]) + (f" ({fmt_pct(vs)})" if vs is not None else "")
+
+
+def feed_cell(r: Rung) -> str:
+    """Data wait (the DataLoader) / copy (host to device): two different waits, see README."""
+    copy = r.m("copy_pct")
+    return f"{r.m('data_wait_pct'):.0f}%" + ("" if copy is None else f" / {fmt_share(copy)}")
+
+
 def speed_table(rungs: list[Rung]) -> list[str]:
     n = samples_label(rungs)
     head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline",
-            "reference s (vs prev.)", "tokens/s", "peak MiB", "MiB vs prev.", "MFU", "data wait", "final loss"]
+            "reference s (vs prev.)", "tokens/s", "peak MiB", "MiB vs prev.", "MFU", "data wait / copy",
+            "bottleneck", "final loss"]
     rows = []
     for r in rungs:
-        ref = f"{r.reference['seconds']}" + (f" ({fmt_pct(r.ref_vs('seconds', r.parent_reference))})"
-                                             if r.parent_reference else "")
+        ref = reference_cell(r, "seconds")
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", ref, "", "", "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", ref, "", "", "", "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
@@ -239,7 +254,8 @@ def speed_table(rungs: list[Rung]) -> list[str]:
             f"{r.m('tokens_per_s'):,.0f}",
             fmt_mib(r.m("peak_memory_mib")), r.memory_vs(r.parent),
             "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
-            f"{r.m('data_wait_pct'):.0f}%",
+            feed_cell(r),
+            bottleneck(r),
             f"{r.m('loss_final'):.3f}",
         ])
     return table(head, rows)
@@ -248,14 +264,14 @@ def speed_table(rungs: list[Rung]) -> list[str]:
 def memory_table(rungs: list[Rung]) -> list[str]:
     n = samples_label(rungs)
     head = ["stage", "change", "peak MiB", "vs previous", "vs baseline", "reference MiB (vs prev.)",
-            f"s / {n} samples", "time vs prev.", "reference s", "tokens/s", "MFU", "data wait", "final loss"]
+            f"s / {n} samples", "time vs prev.", "reference s", "tokens/s", "MFU", "data wait / copy",
+            "bottleneck", "final loss"]
     rows = []
     for r in rungs:
-        ref_mib = f"{r.reference['peak_mib']:,}" + (
-            f" ({fmt_pct(r.ref_vs('peak_mib', r.parent_reference))})" if r.parent_reference else "")
-        ref_s = f"{r.reference['seconds']}"
+        ref_mib = reference_cell(r, "peak_mib", lambda v: f"{v:,}")
+        ref_s = str(r.reference.get("seconds", ""))
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", ref_mib, "", "", ref_s, "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", ref_mib, "", "", ref_s, "", "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
@@ -267,7 +283,8 @@ def memory_table(rungs: list[Rung]) -> list[str]:
             ref_s,
             f"{r.m('tokens_per_s'):,.0f}",
             "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
-            f"{r.m('data_wait_pct'):.0f}%",
+            feed_cell(r),
+            bottleneck(r),
             f"{r.m('loss_final'):.3f}",
         ])
     return table(head, rows)
@@ -285,6 +302,12 @@ def noise_pct(r: Rung) -> float:
     return 100 * math.hypot(*cv)
 
 
+def within_noise(r: Rung, d: float) -> str:
+    """A note when a time change `d` (%) is smaller than the comparison's run-to-run noise."""
+    noise = noise_pct(r)
+    return f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
+
+
 def why_no_speedup(r: Rung) -> str:
     """The measured reason a speed stage did not make the ladder faster here."""
     m, p = r.record["metrics"], r.parent["metrics"]
@@ -299,9 +322,13 @@ def why_no_speedup(r: Rung) -> str:
             why += f"; on a CPU the {r.record['config']['num_workers']} workers compete with training for " \
                    "the same cores"
         return why
+    copy = f"the copy took {fmt_share(p['copy_pct'])} of the time before" if p.get("copy_pct") is not None else ""
     if "pin_memory" in changed and not r.record["choices"]["pinned_memory_non_blocking"]:
         return ("on a CPU there is no host-to-device copy to overlap (choices.pinned_memory_non_blocking is "
-                "false), so this change does nothing here and the difference is run-to-run variation")
+                "false), so this change does nothing here and the difference is run-to-run variation"
+                + (f" ({copy})" if copy else ""))
+    if "pin_memory" in changed and copy:  # CUDA events around the copy: the copy, not the wait before it
+        return f"{copy}, so an asynchronous copy had little to hide"
     if "compile" in changed:
         return (f"the compiled steps were not faster at this size ({step}); compilation itself took "
                 f"{fmt_time(m['compile_s'])}, outside the timed repeats")
@@ -346,14 +373,13 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
     last = next((r for r in reversed(rungs) if r.vs(r.baseline, "seconds_mean") is not None), None)
     if last:
         ours = rungs[0].m("seconds_mean") / last.m("seconds_mean")
-        theirs = rungs[0].reference["seconds"] / last.reference["seconds"]
-        lines.append(f"Overall, baseline to `{last.stage}`: {ours:.1f}x faster here, {theirs:.1f}x in the "
-                     "reference.")
+        documented = rungs[0].reference.get("seconds") and last.reference.get("seconds")
+        theirs = f", {rungs[0].reference['seconds'] / last.reference['seconds']:.1f}x in the reference" \
+            if documented else ""
+        lines.append(f"Overall, baseline to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
     for r, d in steps:
-        if d > -NO_GAIN_PCT:
-            noise = noise_pct(r)
-            within = f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
-            lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within}): {why_no_speedup(r)}.")
+        if d > -NO_GAIN_PCT and not time_line(r, time_goal=True):  # else its breakdown line says why
+            lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")
     compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None), None)
     if compiled:  # the stage that switched compilation on; later stages pay it again in their warm-up
         lines.append(compile_line(compiled))
@@ -437,6 +463,107 @@ def method_notes(rungs: list[Rung], memory_vs_baseline: bool) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# where the time goes: the profiled steps' breakdown (gpt/profiling.py)
+
+# The shares of a step each change attacks (TrainConfig field -> categories). A stage whose change is not
+# listed here is described by the category that changed most.
+TARGETS = {
+    "num_workers": ("data",),
+    "pin_memory": ("copy", "data"),  # a blocking copy drains the GPU queue, which then idles while the next batch loads
+    "compile": ("gpu_idle", "forward", "backward"),
+    "amp": ("forward", "backward"),
+    "distributed": ("forward", "backward", "communication"),
+    "activation_checkpointing": ("backward",),
+    "optimizer_foreach": ("optimizer",),
+}
+SMALL_SHARE_PCT = 5.0  # a change whose targets held less than this share of the parent's step had little to win
+
+
+def shares(record: dict | None) -> dict | None:
+    """The record's time breakdown: % of a profiled step's wall time per category, adding up to 100."""
+    return record["metrics"].get("time_breakdown_pct") if ok(record) else None
+
+
+def seconds_by_category(record: dict) -> dict:
+    """The timed seconds per N samples, split by the profiled shares."""
+    return {c: record["metrics"]["seconds_mean"] * v / 100 for c, v in shares(record).items()}
+
+
+def fmt_share(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}%" if x < 0.95 else f"{x:.0f}%"
+
+
+def bottleneck(r: Rung) -> str:
+    """The largest share of the stage's step, e.g. "backward 48%"."""
+    b = shares(r.record)
+    if not b:
+        return ""
+    top = max(b, key=b.get)
+    return f"{label(top)} {fmt_share(b[top])}"
+
+
+def time_line(r: Rung, time_goal: bool) -> str | None:
+    """What the stage's change did to where the time goes, from its breakdown and its parent's: the shares
+    the change attacks (TARGETS) or else the one that moved most, as % of the step and seconds per N samples."""
+    b, pb = shares(r.record), shares(r.parent)
+    if not b or not pb or not comparable(r.record, r.parent):
+        return None
+    t, pt = seconds_by_category(r.record), seconds_by_category(r.parent)
+    cats = [c for c in CATEGORIES if c in b or c in pb]
+    targets = list(dict.fromkeys(c for f in sorted(config_diff(r)) for c in TARGETS.get(f, ()) if c in cats))
+    biggest = max(cats, key=lambda c: abs(t.get(c, 0) - pt.get(c, 0)))
+    d = r.vs(r.parent, "seconds_mean")
+    head = f"`{r.stage}` ({fmt_pct(d)} time{within_noise(r, d)}"
+    if time_goal and d > -NO_GAIN_PCT:
+        if targets and all(pb.get(c, 0) < SMALL_SHARE_PCT for c in targets):
+            was = " and ".join(f"{label(c)} was {fmt_share(pb.get(c, 0))}" for c in targets)
+            return f"{head}, did not help): {was} of the step already, so there was little to remove"
+        head += ", did not help"
+
+    def moved(c: str) -> str:
+        return (f"{label(c)} {fmt_share(pb.get(c, 0))} -> {fmt_share(b.get(c, 0))} "
+                f"({fmt_time(pt.get(c, 0))} -> {fmt_time(t.get(c, 0))})")
+
+    cited = targets or [biggest]
+    return f"{head}): " + ", ".join(map(moved, cited)) + (
+        f"; largest change: {moved(biggest)}" if biggest not in cited else "")
+
+
+def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
+    """Under a ladder's table: one line per stage from the breakdowns of the stage and of its parent."""
+    lines = [time_line(r, time_goal) for r in rungs]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return []
+    return ["", f"Where the time goes, stage by stage (share of a profiled step's wall time, then seconds per "
+                f"{samples_label(rungs)} samples; the bottleneck column is the largest share):", ""] + \
+        [f"- {ln}" for ln in lines]
+
+
+def time_section(runs: Path, ladders: dict[str, list[Rung]], plots: Path, rel: str) -> list[str]:
+    """The breakdown plot of every ladder, how the shares are measured, and where the traces are."""
+    if not plot_time_breakdown(ladders, plots / "time_breakdown.png"):
+        return []
+    profiled = [r for rungs in ladders.values() for r in rungs if shares(r.record)]
+    traces = [r.stage for r in profiled if r.m("profiler").get("trace")]
+    steps = sorted({r.m("profiler")["steps"] for r in profiled})
+    gpu = any("gpu_idle" in shares(r.record) for r in profiled)
+    lines = ["", "## Where the time goes", "",
+             f"After its timed repeats, each stage trains {' or '.join(map(str, steps))} more step(s) under "
+             "`torch.profiler` (rank 0 of distributed stages). Every instant of those steps goes to one "
+             "category, so the shares add up to 100%; the bars split each stage's timed seconds by them. "
+             + ("On the GPU a category is what the GPU was doing (the phase that launched the running kernel); "
+                "GPU idle is time with no kernel running while the host was neither waiting for data nor "
+                "copying. " if gpu else "On the CPU a category is the phase the training thread was in. ")
+             + "README.md, 'Where the time goes', defines each one.", "",
+             f"![where the time goes]({rel}/time_breakdown.png)"]
+    if traces:
+        lines += ["", f"Traces: `{display(runs)}/<stage>.trace.json.gz` for {len(traces)} stage(s); open one in "
+                      "https://ui.perfetto.dev or chrome://tracing."]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
 # plots (matplotlib, Agg: no display needed)
 
 
@@ -476,8 +603,10 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     base = rungs[0]
     changes = [r.vs(base.record, key) for r in rungs]  # peak memory only as measured alike
     ours = [None if d is None else 1 + d / 100 for d in changes]
-    theirs = [r.reference[ref_key] / base.reference[ref_key] for r in rungs]
-    ax.plot(x, theirs, "s--", color="tab:gray", label="reference (H100)")
+    documented = [r.reference.get(ref_key) for r in rungs]
+    theirs = [v / documented[0] for v in documented] if None not in documented else []
+    if theirs:
+        ax.plot(x, theirs, "s--", color="tab:gray", label="reference (H100)")
     ax.plot([i for i, v in zip(x, ours) if v is not None], [v for v in ours if v is not None], "o-",
             color="tab:orange", label="this run")
     ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
@@ -487,7 +616,7 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     ax.legend(fontsize=8)
 
 
-def plot_speed(rungs: list[Rung], path: Path) -> None:
+def plot_speed(rungs: list[Rung], path: Path, title: str = "Speed ladder") -> None:
     plt = _pyplot()
     n = samples_label(rungs)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -497,7 +626,7 @@ def plot_speed(rungs: list[Rung], path: Path) -> None:
     _bars(axes[1], rungs, [r.m("tokens_per_s") for r in rungs], lambda v: f"{v:,.0f}", color="tab:green")
     axes[1].set_title("tokens / s")
     _relative(axes[2], rungs, "seconds_mean", "seconds", "time")
-    fig.suptitle("Speed ladder")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -526,7 +655,7 @@ def _stacked(ax, labels: list[str], breakdowns: list[dict | None], title: str):
     ax.legend(fontsize=8)
 
 
-def plot_memory(rungs: list[Rung], path: Path) -> None:
+def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _bars(axes[0], rungs, [r.m("peak_memory_mib") for r in rungs], fmt_mib, color="tab:purple")
@@ -534,10 +663,45 @@ def plot_memory(rungs: list[Rung], path: Path) -> None:
     _stacked(axes[1], [short(r.stage) for r in rungs], [r.m("memory_breakdown_mib") for r in rungs],
              "at the peak: what the memory holds (MiB)")
     _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
-    fig.suptitle("Memory ladder")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
+    """Stacked horizontal bars, one per stage and a panel per ladder: the timed seconds per N samples split
+    by the profiled time breakdown. False (no plot) when no stage has a breakdown."""
+    shown = {name: rungs for name, rungs in ladders.items() if any(shares(r.record) for r in rungs)}
+    if not shown:
+        return False
+    plt = _pyplot()
+    sizes = [len(rungs) for rungs in shown.values()]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.0 + 0.4 * sum(sizes) + 0.9 * len(shown)),
+                             gridspec_kw={"height_ratios": sizes}, squeeze=False)
+    colors = dict(zip(CATEGORIES, plt.get_cmap("tab10").colors))
+    for ax, (name, rungs) in zip(axes[:, 0], shown.items()):
+        parts = [seconds_by_category(r.record) if shares(r.record) else {} for r in rungs]
+        left = [0.0] * len(rungs)
+        for c in CATEGORIES:
+            widths = [p.get(c, 0.0) for p in parts]
+            if any(widths):
+                ax.barh(range(len(rungs)), widths, left=left, color=colors[c], label=label(c))
+                left = [a + w for a, w in zip(left, widths)]
+        for i, (r, p) in enumerate(zip(rungs, parts)):
+            if not p:
+                status = (r.record or {}).get("status", "not run")
+                ax.text(0, i, f" {status if status != 'ok' else 'no breakdown recorded'}", va="center",
+                        fontsize=8, color="tab:red")
+        ax.set_yticks(range(len(rungs)), [short(r.stage) for r in rungs], fontsize=8)
+        ax.invert_yaxis()  # the baseline on top, as in the tables
+        ax.set_xlabel(f"seconds per {samples_label(rungs)} samples")
+        ax.set_title(f"{name.capitalize()} ladder: where the time goes", fontsize=10)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def plot_timelines(rungs: list[Rung], path: Path) -> bool:
@@ -574,11 +738,22 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
              "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
     ref = files["reference"]
     if ref:
-        lines += ["", f"### Estimate vs the reference's documented peaks ({ref.get('target', '?')})", ""]
-        lines += table(["stage", "change", "estimate MiB", "documented MiB", "error"], [
-            [s["stage"], s.get("change", ""), fmt_mib(s["estimate_mib"]), fmt_mib(s.get("documented_mib")),
-             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
+        lines += ["", f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})", "",
+                  "Documented: `max_memory_allocated` over the reference's warm-up. Traced step: the peak of one "
+                  "later step in the reference's own allocator snapshot, where there is one.", ""]
+        lines += table(["stage", "change", "documented MiB", "traced step MiB", "estimate MiB", "vs documented",
+                        "vs traced step"], [
+            [s["stage"], s.get("change", ""), fmt_mib(s.get("documented_mib")), fmt_mib(s.get("snapshot_mib")),
+             fmt_mib(s["estimate_mib"]), fmt_pct(s.get("error_pct")), fmt_pct(s.get("snapshot_error_pct"))]
             for s in ref.get("stages", [])])
+        traced = [s for s in ref.get("stages", []) if s.get("snapshot_breakdown_mib")]
+        if traced:
+            lines += ["", "At the peak, category by category (MiB, estimate / traced step):", ""]
+            keys = list(traced[0]["snapshot_breakdown_mib"])
+            lines += table(["category"] + [s["stage"] for s in traced], [
+                [key.replace("_", " ")] + [f"{fmt_mib(s['estimate_snapshot_categories_mib'].get(key))} / "
+                                           f"{fmt_mib(s['snapshot_breakdown_mib'][key])}" for s in traced]
+                for key in keys])
         lines += [""] + [f"- {note}" for note in ref.get("notes", [])]
         stages = [s for s in ref.get("stages", []) if s.get("breakdown_mib")]
         if stages:
@@ -586,10 +761,11 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
             fig, ax = plt.subplots(figsize=(9, 4.8))
             breakdowns = [{**s["breakdown_mib"], "total": s["estimate_mib"]} for s in stages]
             _stacked(ax, [short(s["stage"]) for s in stages], breakdowns, "estimated peak breakdown (MiB)")
-            documented = [(i, s["documented_mib"]) for i, s in enumerate(stages) if s.get("documented_mib")]
-            if documented:
-                ax.plot(*zip(*documented), "k_", markersize=30, mew=2, label="documented")
-                ax.legend(fontsize=8)
+            for key, style, legend in (("documented_mib", "k_", "documented"), ("snapshot_mib", "r_", "traced step")):
+                marks = [(i, s[key]) for i, s in enumerate(stages) if s.get(key)]
+                if marks:
+                    ax.plot(*zip(*marks), style, markersize=30, mew=2, label=legend)
+            ax.legend(fontsize=8)
             fig.tight_layout()
             fig.savefig(plots / "memory_planner.png", dpi=110)
             plt.close(fig)
@@ -636,24 +812,28 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     rel = "plots"
     lines = header(runs, records)
-    for name, rungs in ladders_of(records).items():
-        done = sum(r.ok for r in rungs)
-        lines += ["", f"## {name.capitalize()} ladder", "",
+    ladders = ladders_of(records)
+    for name, rungs in ladders.items():
+        done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
+        title = f"{name.capitalize()} ladder"
+        lines += ["", f"## {title}", "",
                   f"{done} of {len(rungs)} stages finished. Each stage keeps every earlier change; "
                   "'vs previous' compares with the stage above. The reference is the documented H100 run "
                   "(other hardware: compare the changes, not the seconds).", ""]
-        lines += speed_table(rungs) if name == "speed" else memory_table(rungs)
-        findings = speed_findings(rungs) if name == "speed" else memory_findings(rungs)
-        lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, name == "memory")]
+        lines += speed_table(rungs) if time_goal else memory_table(rungs)
+        findings = speed_findings(rungs) if time_goal else memory_findings(rungs)
+        lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, not time_goal)]
+        lines += time_lines(rungs, time_goal)
         if done:
-            if name == "speed":
-                plot_speed(rungs, plots / "speed.png")
-                lines += ["", f"![speed ladder]({rel}/speed.png)"]
+            if time_goal:
+                plot_speed(rungs, plots / f"{name}.png", title)
+                lines += ["", f"![{name} ladder]({rel}/{name}.png)"]
             else:
-                plot_memory(rungs, plots / "memory.png")
-                lines += ["", f"![memory ladder]({rel}/memory.png)"]
-                if plot_timelines(rungs, plots / "memory_timeline.png"):
-                    lines += ["", f"![memory over one step]({rel}/memory_timeline.png)"]
+                plot_memory(rungs, plots / f"{name}.png", title)
+                lines += ["", f"![{name} ladder]({rel}/{name}.png)"]
+                if plot_timelines(rungs, plots / f"{name}_timeline.png"):
+                    lines += ["", f"![memory over one step]({rel}/{name}_timeline.png)"]
+    lines += time_section(runs, ladders, plots, rel)
     planner = planner_section(runs, plots, rel)
     if planner:
         lines += [""] + planner

@@ -2,6 +2,7 @@
 then results.md.
 
     ./run_all.sh [--profile P] [--only speed|memory] [--device auto|cpu|cuda] [--wandb MODE] [--out DIR] [--resume]
+                  [--no-profiler]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
@@ -44,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="records, logs and results.md (default: runs/<profile>-<device>)")
     p.add_argument("--resume", action="store_true",
                    help="skip stages that already have an ok/oom/skipped record for this profile and device")
+    p.add_argument("--no-profiler", action="store_true",
+                   help="no profiled steps after timing: no time breakdown, no traces")
     return p.parse_args(argv)
 
 
@@ -203,7 +206,8 @@ def run_stages(stages: list[str], args, profile: str, device: str, out: Path) ->
         before = path.stat().st_mtime_ns if path.exists() else None
         t0, rc, interrupted = time.monotonic(), None, False
         try:
-            rc = run_stage(stage_command(stage, profile, device, args.wandb, out), log, show)
+            cmd = stage_command(stage, profile, device, args.wandb, out) + ["--no-profiler"] * args.no_profiler
+            rc = run_stage(cmd, log, show)
         except KeyboardInterrupt:
             interrupted = True
         record = read_record(path) if path.exists() and path.stat().st_mtime_ns != before else None

@@ -8,6 +8,8 @@ until the repeat ends. Peak memory: on CUDA `max_memory_allocated` over the time
 after warm-up), or `max_memory_reserved` for CUDA graphs (gpt/metrics.py:memory_method says why); on the
 CPU, MemTracker's peak of live tensor memory over one extra step after timing. That extra step also gives
 the memory timeline and breakdown: MemTracker's on the CPU, the CUDA allocator's own history on CUDA.
+Where the time goes: `profile_steps` more steps under torch.profiler after the timed repeats, before the
+memory step (gpt/profiling.py).
 """
 import math
 import statistics
@@ -23,6 +25,7 @@ from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.metrics import (
+    FeedClock,
     StepClock,
     TimelineMemTracker,
     cuda_peaks_mib,
@@ -50,6 +53,7 @@ from gpt.optimizations import (
     parallelize,
     to_device,
 )
+from gpt.profiling import extra_steps, profile_steps, region
 from gpt.records import SCHEMA_VERSION, environment
 
 MiB = 2**20
@@ -98,33 +102,39 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp) -> torch.Tensor:
     total = torch.zeros((), device=x.device)
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
         with _grad_sync(model, last_micro_batch=i == k - 1):
-            with amp.autocast():
-                _, loss = model(xm, ym)
-            loss = loss / k
-            (amp.scaler.scale(loss) if amp.scaler else loss).backward()
+            with region("forward"):
+                with amp.autocast():
+                    _, loss = model(xm, ym)
+                loss = loss / k
+            with region("backward"):
+                (amp.scaler.scale(loss) if amp.scaler else loss).backward()
         total += loss.detach()
-    if amp.scaler:
-        amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    if amp.scaler:
-        amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
-        amp.scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    with region("optimizer"):
+        if amp.scaler:
+            amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if amp.scaler:
+            amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+            amp.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return total
 
 
-def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None) -> dict:
+def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None,
+        trace_path: Path | None = None) -> dict:
     """Train under the measurement protocol and return the run's record (see README: The JSON record).
-    On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot` if given."""
+    On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot`, and with
+    `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
     cfg.validate()
     device = resolve_device(cfg.device)
     with distributed.process_group(device, enabled=bool(cfg.distributed)):  # a failed rank leaves at once
-        return _measure(cfg, device, label, memory_snapshot)
+        return _measure(cfg, device, label, memory_snapshot, trace_path)
 
 
-def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None) -> dict:
+def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None = None,
+             trace_path: Path | None = None) -> dict:
     world, rank = cfg.world_size, distributed.rank()
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
@@ -133,21 +143,24 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
     method = memory_method(device, compile_mode(cfg, device))
 
-    total_steps = cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + int(cfg.measure_memory)
+    total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
+                   + int(cfg.measure_memory))
     sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
     batches = iter(make_loader(dataset, sampler, cfg, device))
     progress = tqdm(total=total_steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
 
-    def step():
-        """One step; returns (loss on device, seconds the host spent waiting for the batch)."""
-        t0 = time.perf_counter()
-        x, y = to_device(next(batches), device, cfg)
-        wait = time.perf_counter() - t0
+    def step(feed: FeedClock | None = None):
+        """One step; returns the loss (on device). `feed` times the data wait and the copy."""
+        feed = feed or FeedClock(device)
+        with feed.data():
+            batch = next(batches)
+        with feed.copy():
+            x, y = to_device(batch, device, cfg)
         if cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
         loss = train_step(model, optimizer, x, y, cfg, amp)
         progress.update()
-        return (loss.clone() if cuda_graphs else loss), wait
+        return loss.clone() if cuda_graphs else loss
 
     # ---- warm-up (includes compilation and DataLoader worker start-up) ----
     model.train()
@@ -155,7 +168,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     t0 = time.perf_counter()
     first_loss, first_step_s = None, None
     for i in range(cfg.warmup_iters):
-        loss, _ = step()
+        loss = step()
         if i == 0:
             synchronize(device)
             first_step_s, first_loss = time.perf_counter() - t0, loss.item()
@@ -165,7 +178,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
 
     # ---- timed repeats ----
     reset_cuda_peak(device)
-    repeat_s, step_s, losses, waits = [], [], [], []
+    repeat_s, step_s, losses, feed = [], [], [], FeedClock(device)
     for _ in range(cfg.repeats):
         if world > 1:
             dist.barrier()  # start together, so a repeat measures the ranks' joint work
@@ -174,15 +187,17 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
         t0 = time.perf_counter()
         for _ in range(cfg.steps_per_repeat):
             clock.mark()
-            loss, wait = step()
-            rep_losses.append(loss)
-            waits.append(wait)
+            rep_losses.append(step(feed))
         clock.mark()
         synchronize(device)
         repeat_s.append(time.perf_counter() - t0)
         step_s += clock.durations()
         losses += torch.stack(rep_losses).float().tolist()  # after the clock stopped
     cuda_peaks = cuda_peaks_mib(device)
+    waits, copies = feed.data_s, feed.copy_s()  # after the last synchronize
+
+    # ---- where the time goes: a few profiled steps, after timing so that they never change it ----
+    profiled = profile_steps(step, cfg, device, trace_path, rank)  # time_breakdown_pct and profiler
 
     # ---- memory: one extra, instrumented step ----
     memory = {}
@@ -212,6 +227,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
         repeat_s = _all_reduce(repeat_s, device, dist.ReduceOp.MAX)
         losses = _all_reduce(losses, device, dist.ReduceOp.SUM, scale=1 / world)
         waits = _all_reduce(waits, device, dist.ReduceOp.MAX)
+        copies = _all_reduce(copies, device, dist.ReduceOp.MAX)
         peak_mib = _all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0]
         if cuda_peaks:
             cuda_peaks = dict(zip(cuda_peaks, _all_reduce(list(cuda_peaks.values()), device, dist.ReduceOp.MAX)))
@@ -259,6 +275,8 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
             # compilation happens in the first step; what it adds over a steady step is its cost
             "compile_s": (first_step_s - steady) if cfg.compile and first_step_s is not None else None,
             "data_wait_pct": 100 * sum(waits) / sum(repeat_s),
+            "copy_pct": 100 * sum(copies) / sum(repeat_s),
+            **profiled,
             "peak_memory_mib": peak_mib,
             "peak_memory_allocated_mib": (cuda_peaks or {}).get("allocated"),
             "peak_memory_reserved_mib": (cuda_peaks or {}).get("reserved"),

@@ -9,6 +9,7 @@ and `wandb sync wandb/offline-run-*` uploads them later.
 A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
 """
 import os
+import shutil
 import sys
 from datetime import date
 from pathlib import Path
@@ -31,7 +32,8 @@ def run_config(record: dict) -> dict:
 
 
 def summary(record: dict) -> dict:
-    """The record's scalar figures (lists are logged as curves), breakdown as memory_breakdown_mib/<part>."""
+    """The record's scalar figures (lists are logged as curves), dicts flattened: memory_breakdown_mib/<part>,
+    time_breakdown_pct/<category>, profiler/<fact>."""
     out = {"status": record["status"]}
     for key, value in record.get("metrics", {}).items():
         if isinstance(value, dict):
@@ -41,19 +43,20 @@ def summary(record: dict) -> dict:
     return out
 
 
-def log_run(record: dict, mode: str) -> None:
-    """Log one stage (mode offline | online; disabled does nothing). Never raises."""
+def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
+    """Log one stage (mode offline | online; disabled does nothing), attaching `files` (the profiler's
+    trace) to the run. Never raises."""
     if mode == "disabled":
         return
     try:
-        _log(record, mode)
+        _log(record, mode, files)
     except Exception as e:  # noqa: BLE001 - any W&B problem: warn once, the stage has succeeded
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
               "the JSON record is unaffected", file=sys.stderr)
 
 
-def _log(record: dict, mode: str) -> None:
+def _log(record: dict, mode: str, files: list[Path]) -> None:
     import wandb
 
     if mode == "online" and not wandb.login(prompt=False, verify=False):
@@ -87,6 +90,9 @@ def _log(record: dict, mode: str) -> None:
         for i, mib in enumerate(m.get("memory_timeline_mib") or []):
             run.log({"memory/event": i, "memory/live_mib": mib})
         run.summary.update(summary(record))
+        for path in files:  # a copy in the run's own directory: a rerun replacing the file cannot change it
+            copy = Path(shutil.copy(path, run.dir))
+            run.save(str(copy), base_path=run.dir, policy="now")
     finally:
         run.finish()
         wandb.teardown()  # waits until the run is on disk (finish() alone may return before that)

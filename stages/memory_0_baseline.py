@@ -5,7 +5,8 @@ per 1024 samples.
 
 fp32 parameters, gradients and AdamW's two moments take 16 bytes per parameter; on top of them the
 forward pass keeps every layer's activations (with the naive attention, B x H x T x T scores, softmax and
-dropout mask per layer) until backward uses them. The peak comes during backward or the optimizer step.
+dropout mask per layer) until backward uses them. The peak comes when the forward pass ends and every
+layer's activations are alive (the reference's own H100 trace: in its cross_entropy).
 """
 from gpt.ladder import stage_main
 

@@ -9,7 +9,8 @@ import pytest
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.ladder import EXIT_SKIPPED, LADDERS, STAGES_DIR, ladder_of, lineage, load_stage, parent_of, stage_config
+from gpt.ladder import (EXIT_SKIPPED, LADDER_GOAL, LADDERS, STAGES_DIR, ladder_of, lineage, load_stage, parent_of,
+                        stage_config)
 from gpt.profiles import PROFILES
 
 from conftest import REPO
@@ -43,6 +44,11 @@ DOCUMENTED = ("speed", "memory")  # the book's ladders; the others go beyond it 
 def test_every_stage_has_a_script_and_every_script_a_stage():
     assert sorted(p.stem for p in STAGES_DIR.glob("*.py")) == sorted(ALL_STAGES)
     assert len(ALL_STAGES) == 21
+
+
+def test_every_ladder_says_what_it_lowers():
+    """The report builds a time table or a memory table for a ladder from its goal."""
+    assert set(LADDER_GOAL) == set(LADDERS) and set(LADDER_GOAL.values()) <= {"time", "memory"}
 
 
 @pytest.mark.parametrize("stage", ALL_STAGES)

@@ -3,6 +3,8 @@ the reference emulation keeps what it says it keeps, the fit search finds the bo
 line. About a minute in all; the reference-size checks are marked slow."""
 import json
 import math
+import os
+import pickle
 import subprocess
 import sys
 import time
@@ -11,10 +13,21 @@ import pytest
 import torch
 
 from gpt import train
-from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
-from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate
+from gpt.errors import UserError
+from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
+from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
 from gpt.memory.__main__ import main
-from gpt.memory.planner import compare_records, largest_fit, reference_config, with_newgelu
+from gpt.memory.planner import (
+    SNAPSHOT_DIR,
+    SNAPSHOTS,
+    VARIANTS,
+    compare_records,
+    largest_fit,
+    reference_config,
+    snapshot_breakdown,
+    vocabulary_of,
+    with_newgelu,
+)
 from gpt.model import GPT
 
 from conftest import REPO
@@ -139,3 +152,221 @@ def test_every_ladder_stage_is_covered_or_excused():
                "lean_3_cpu_offload"} | COMPILED
     assert all(stage_config(s, "smoke").compile for s in COMPILED)
     assert set(IN_PROCESS + TWO_PROCESSES) | excused == {s for stages in LADDERS.values() for s in stages}
+
+
+# ---- CUDA allocator snapshots (gpt/memory/snapshot.py) -------------------------------------------------------
+
+# The keys of the reference's real snapshots (torch.cuda.memory._dump_snapshot); checked against the files
+# themselves by test_real_snapshots_have_the_format_written_here when they are beside the checkout.
+SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
+BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
+EVENT_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
+BASE = 0x10000000
+
+FORWARD = [{"name": "forward", "filename": "/src/model.py", "line": 10},
+           {"name": "_call_impl", "filename": "/lib/torch/nn/modules/module.py", "line": 1520},
+           {"name": "run", "filename": "/src/trainer.py", "line": 94}]
+BACKWARD = [{"name": "torch::autograd::generated::MmBackward0::apply", "filename": "", "line": 0},
+            {"name": "torch::autograd::Engine::evaluate_function", "filename": "", "line": 0}]
+ZERO_GRAD = [{"name": "zero_grad", "filename": "/lib/torch/nn/modules/module.py", "line": 2457},
+             {"name": "run", "filename": "/src/trainer.py", "line": 97}]
+OPTIMIZER = [{"name": "_multi_tensor_adamw", "filename": "/lib/torch/optim/adamw.py", "line": 500},
+             {"name": "run", "filename": "/src/trainer.py", "line": 100}]
+
+
+def synthetic_snapshot(g1_block_mib: float = 4) -> dict:
+    """One 64 MiB segment. Before the trace: a parameter, its two moments (3.5 MiB requests in 4 MiB blocks, as
+    the allocator leaves a remainder up to 1 MiB unsplit), a 2 MiB workspace and the previous step's gradient.
+    The trace: two activations, zero_grad, a backward temporary (the peak: 36 MiB), the new gradient in the old
+    one's place, the optimizer's temporary."""
+    mib = 2**20
+    req = int(3.5 * mib)
+
+    def ev(action, off, size, frames):
+        return {"action": action, "addr": BASE + int(off * mib), "size": size, "stream": 0, "time_us": 0,
+                "frames": frames}
+
+    def free(off, size, frames):
+        return [ev("free_requested", off, size, frames), ev("free_completed", off, size, frames)]
+
+    trace = [ev("alloc", 18, 8 * mib, FORWARD), ev("alloc", 26, 8 * mib, FORWARD), *free(14, req, ZERO_GRAD),
+             ev("alloc", 34, 6 * mib, BACKWARD), *free(26, 8 * mib, BACKWARD), ev("alloc", 14, req, BACKWARD),
+             *free(34, 6 * mib, BACKWARD), *free(18, 8 * mib, BACKWARD), ev("alloc", 18, 4 * mib, OPTIMIZER),
+             *free(18, 4 * mib, OPTIMIZER)]
+    for i, e in enumerate(trace):
+        e["time_us"] = 1000 * i
+
+    def block(off, size, requested, state="active_allocated", frames=()):
+        return {"address": BASE + int(off * mib), "size": int(size * mib), "requested_size": requested,
+                "state": state, "frames": list(frames)}
+
+    blocks = [block(0, 4, req), block(4, 4, req), block(8, 4, req), block(12, 2, 2 * mib),
+              block(14, g1_block_mib, req, frames=BACKWARD), block(14 + g1_block_mib, 50 - g1_block_mib, 0, "inactive")]
+    segment = {"device": 0, "address": BASE, "total_size": 64 * mib, "allocated_size": 0, "active_size": 0,
+               "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+               "is_expandable": False, "frames": [], "blocks": blocks}
+    return {"segments": [segment], "device_traces": [trace, []]}
+
+
+def test_snapshot_peak_and_categories_by_stacks():
+    r = snapshot.analyse(synthetic_snapshot())
+    assert r.blocks_replayed  # the 4 MiB block of the 3.5 MiB gradient was replayed from the split rule
+    assert r.start_mib == 18 and r.end_mib == 18
+    assert r.start_mib_by_category == {"parameters": 3.5, "gradients": 3.5, "optimizer_state": 7, "activations": 0,
+                                       "temporaries": 0, "other": 2, "rounding": 2}
+    assert r.peak_mib == 36 and r.peak_event == 4 and r.peak_ms == 4.0
+    assert r.peak_mib_by_category == {"parameters": 3.5, "gradients": 0, "optimizer_state": 7, "activations": 16,
+                                      "temporaries": 6, "other": 2, "rounding": 1.5}
+    assert r.peak_where.startswith("in backward pass 1 of 1")
+    assert r.params == int(3.5 * 2**20) // 4  # the gradient's fp32 values
+    assert r.reallocated_large_blocks == 3  # the two activations and the temporary
+
+
+def test_snapshot_block_sizes_fall_back_to_requests_when_the_replay_disagrees():
+    r = snapshot.analyse(synthetic_snapshot(g1_block_mib=3.5))  # the end state contradicts the split rule
+    assert not r.blocks_replayed
+    assert r.peak_mib == 36  # blocks allocated before the trace keep the snapshot's sizes
+
+
+def test_snapshot_reader_refuses_code(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[Payload()]]}))
+    with pytest.raises(UserError, match="refused, it would load"):
+        snapshot.load(path)
+    with pytest.raises(SystemExit) as e:
+        main(["snapshot", str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "refused" in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (pickle.dumps([1, 2, 3]), "not a CUDA memory snapshot"),
+    (pickle.dumps({"segments": [], "device_traces": [[]]}), "no trace of allocations"),
+    (b"\x80\x04\x95 garbage", "not a readable pickle"),
+])
+def test_snapshot_bad_files_get_one_line(content, message, tmp_path, capsys):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        main(["snapshot", str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("stage", ["memory_0_baseline", "memory_1_grad_accum", "memory_2_checkpointing"])
+@pytest.mark.parametrize("code", ["project", "reference"])
+def test_simulated_step_written_as_a_snapshot_reads_back_as_estimated(stage, code, tmp_path):
+    cfg = stage_config(stage, "smoke")
+    est = estimate(cfg, 80, "cuda", adapt=VARIANTS[code][1], record=True)
+    path = snapshot.write(tmp_path / "sim.pickle", est.snapshot)
+    data = snapshot.load(path)  # plain data: the restricted reader accepts it
+    seg = data["segments"][0]
+    assert set(seg) == SEGMENT_KEYS and all(set(b) == BLOCK_KEYS for b in seg["blocks"])
+    assert all(set(e) == EVENT_KEYS for e in data["device_traces"][0])
+    r = snapshot.analyse(data)
+    assert r.blocks_replayed and r.peak_mib == pytest.approx(est.peak_mib, abs=0.01)
+    # The stack rule gives MemTracker's categories. Two known differences: a gradient allocated just before the
+    # peak that AccumulateGrad has not yet stored counts as a gradient here, a temporary in MemTracker; AdamW's
+    # step counters (4 bytes each) are optimizer state there and, no gradient having their size, other here.
+    ours, theirs = r.peak_mib_by_category, est.breakdown_mib
+    for key in ("parameters", "activations"):
+        assert ours[key] == pytest.approx(theirs[key], abs=0.01), key
+    assert ours["gradients"] + ours["temporaries"] == pytest.approx(theirs["gradients"] + theirs["temporaries"],
+                                                                    abs=0.01)
+    steps = sum(1 for _ in GPT(est.model).parameters()) * snapshot.UNIT / 2**20
+    assert ours["optimizer_state"] == pytest.approx(theirs["optimizer_state"] - steps, abs=0.01)
+    assert ours["other"] == pytest.approx(theirs["buffers"] + theirs["other"] + steps, abs=0.01)
+    assert ours["rounding"] == 0
+
+
+def test_written_snapshot_is_read_by_pytorchs_own_tools(tmp_path):
+    from torch.cuda import _memory_viz
+
+    est = estimate(stage_config("memory_1_grad_accum", "smoke"), 80, "cuda", record=True)
+    _memory_viz.segsum(est.snapshot)  # raises if the blocks do not tile their segment
+    assert f"{len(est.snapshot['device_traces'][0])} entries" in _memory_viz.trace(est.snapshot)
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(est.snapshot)  # the memory_viz page, offline
+
+
+def test_estimate_snapshot_out_command(tmp_path, capsys):
+    out = tmp_path / "step.pickle"
+    for argv in (["estimate", "--stage", "memory_0_baseline", "--profile", "smoke", "--vocab-size", "80",
+                  "--snapshot-out", str(out)], ["snapshot", str(out)]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert out.exists() and "memory_viz" in text
+    assert "Peak:" in text and "pass 1 of 1" in text
+
+
+# ---- the reference's real snapshots (beside the checkout; skipped without them) ------------------------------
+
+needs_snapshots = pytest.mark.skipif(SNAPSHOT_DIR is None,
+                                     reason="shared/reference/snapshots is not beside this checkout")
+
+
+@needs_snapshots
+def test_real_snapshots_have_the_format_written_here():
+    for name in SNAPSHOTS.values():
+        data = snapshot.load(SNAPSHOT_DIR / name)
+        assert {k for s in data["segments"] for k in s} == SEGMENT_KEYS
+        assert {k for s in data["segments"] for b in s["blocks"] for k in b} == BLOCK_KEYS
+        assert {k for t in data["device_traces"] for e in t for k in e} == EVENT_KEYS
+
+
+@needs_snapshots
+@pytest.mark.parametrize("stage, peak_mib, where", [
+    ("memory_0_baseline", 34_784.5, "in forward pass 1 of 1 at cross_entropy"),
+    ("memory_1_grad_accum", 22_899.9, "in forward pass 2 of 2 at cross_entropy"),
+])
+def test_real_snapshot_figures(stage, peak_mib, where):
+    r = snapshot.analyse(snapshot.load(SNAPSHOT_DIR / SNAPSHOTS[stage]))
+    assert r.blocks_replayed and r.peak_mib == pytest.approx(peak_mib, abs=0.1)
+    assert r.peak_where.startswith(where)
+    # minGPT at GPT-2-large's shape with 65 characters and an untied head: the documented parameter count
+    assert r.params == 708_720_640 and vocabulary_of(r.params)[1] == 65
+    cats = r.start_mib_by_category
+    assert cats["parameters"] == cats["gradients"] == pytest.approx(r.params * 4 / 2**20, abs=0.01)
+    assert cats["optimizer_state"] == pytest.approx(2 * cats["parameters"], abs=0.01)
+
+
+@needs_snapshots
+@pytest.mark.parametrize("stage", list(SNAPSHOTS))
+def test_reference_estimate_matches_the_traced_step(stage):
+    r = snapshot.analyse(snapshot.load(SNAPSHOT_DIR / SNAPSHOTS[stage]))
+    est = estimate(reference_config(stage), 65, "cuda", adapt=VARIANTS["reference"][1])
+    assert est.peak_mib == pytest.approx(r.peak_mib, rel=0.02)
+    ours, traced = snapshot_breakdown(est.breakdown_mib), r.peak_mib_by_category
+    for key in ("parameters", "gradients", "optimizer_state", "activations"):
+        assert ours[key] == pytest.approx(traced[key], rel=0.005), key
+
+
+def test_cpu_memory_profile_shows_the_documented_mechanisms():
+    """The cpu profile's memory ladder as the planner estimates it for the CPU (which matches what the CPU runs
+    measure): each stage's change within 10 points of the documented H100 one, each peak made of the same
+    things: activations (memory_0, memory_1), AdamW's foreach temporaries (memory_2), the gradients and the
+    moments (memory_3), half the model state per process (memory_4)."""
+    vocab = 80  # the characters of the default corpus (data/prepare.py --tokenizer char)
+    stages = LADDERS["memory"]
+    est = {s: estimate(stage_config(s, "cpu"), vocab, "cpu") for s in stages}
+    for prev, stage in zip(stages, stages[1:]):
+        documented = [load_stage(s).REFERENCE["peak_mib"] for s in (prev, stage)]
+        change = 100 * (est[stage].peak_mib / est[prev].peak_mib - 1)
+        assert abs(change - 100 * (documented[1] / documented[0] - 1)) <= 10, (stage, change)
+    b = {s: e.breakdown_mib for s, e in est.items()}
+    params = b["memory_0_baseline"]["parameters"]
+    assert b["memory_0_baseline"]["activations"] > params + b["memory_0_baseline"]["optimizer_state"]
+    assert b["memory_1_grad_accum"]["gradients"] == pytest.approx(params)  # the first micro-batch's
+    assert b["memory_2_checkpointing"]["optimizer_state"] > 2.9 * params  # moments + a square root of each
+    assert b["memory_3_foreach_off"]["optimizer_state"] == pytest.approx(2 * params, rel=0.01)
+    assert b["memory_3_foreach_off"]["gradients"] == pytest.approx(params)
+    assert b["memory_4_fsdp"]["optimizer_state"] == pytest.approx(params, rel=0.01)  # sharded over 2

@@ -63,7 +63,8 @@ def test_two_torchrun_nodes_train_as_one_process_on_the_combined_batch(stage, tm
                 first.kill()
     assert_nothing_left(marker)
 
-    assert [p.name for p in nodes_out.iterdir()] == [f"{stage}.json"]  # one record, from rank 0
+    # one record and one profiler trace, both from rank 0
+    assert sorted(p.name for p in nodes_out.iterdir()) == [f"{stage}.json", f"{stage}.trace.json.gz"]
     record = json.loads((nodes_out / f"{stage}.json").read_text())
     assert record["status"] == "ok" and not record_problems(record)
     assert record["device"]["count"] == 2 and record["config"]["nproc"] == 2

@@ -1,6 +1,7 @@
 """results.md from records (tables, deltas, failed/skipped rows, plots) and run_all's orchestration
 (resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpt import report, run_ladder
+from gpt import ladder, report, run_ladder
 from gpt.ladder import LADDERS, ladder_of, parent_of, record_path, stage_config
 from gpt.records import record_problems, write_record
 
 PNG = b"\x89PNG"
+SHARES = {"data": 2.0, "copy": 0.1, "forward": 30.0, "backward": 45.0, "optimizer": 15.0, "communication": 0.0,
+          "other": 7.9}  # a CPU breakdown, adding up to 100
 
 
 def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: float = 100.0,
@@ -35,7 +38,9 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
         "tokens_per_s": cfg["samples"] * cfg["block_size"] / seconds,
         "step_time_s": seconds / steps, "step_time_median_s": seconds / steps,
         "step_times_s": [seconds / steps] * len(losses), "first_step_s": 5.0 if cfg["compile"] else 0.1,
-        "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0,
+        "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0, "copy_pct": 0.1,
+        "time_breakdown_pct": SHARES,
+        "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None},
         "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
         "memory_snapshot": None,
         "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
@@ -76,7 +81,8 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     write_ladder(tmp_path, [
         fake_record("speed_0_baseline", seconds=8.0, peak=10.0),
         fake_record("speed_1_batch_size", seconds=2.0, peak=40.0),
-        fake_record("speed_2_num_workers", seconds=2.1, peak=40.0, data_wait_pct=1.0),
+        fake_record("speed_2_num_workers", seconds=2.1, peak=40.0, data_wait_pct=1.0,
+                    time_breakdown_pct=None, profiler=None),  # run with --no-profiler
         fake_record("speed_3_non_blocking", status="failed", reason="RuntimeError: boom"),
         fake_record("speed_4_compile", seconds=1.0, peak=40.0),
         fake_record("speed_5_amp", status="oom", reason="CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -101,8 +107,11 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     assert row(md, "speed_6_ddp")[2] == "**skipped**: needs 2 GPUs, found 1"
 
     assert "Largest gain: `speed_1_batch_size`" in md
+    # no breakdown (--no-profiler): the reason comes from the timed data wait
     assert "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so " \
            "workers had little to win (data wait 2% of the time before, 1% now)" in md
+    assert row(md, "speed_2_num_workers")[10:12] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
+    assert row(md, "speed_1_batch_size")[11] == "backward 45%"
     assert "Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step" in md
     assert "![speed ladder](plots/speed.png)" in md
     assert (tmp_path / "plots" / "speed.png").read_bytes()[:4] == PNG
@@ -119,7 +128,12 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
             {"stage": "memory_0_baseline", "change": "baseline", "estimate_mib": 35000, "documented_mib": 36272,
              "error_pct": -3.5, "breakdown_mib": {"parameters": 2700, "gradients": 2700,
                                                   "optimizer_state": 5400, "activations": 22000,
-                                                  "temporaries": 2200}}]}))
+                                                  "temporaries": 2200},
+             "snapshot_mib": 34800, "snapshot_error_pct": 0.57,
+             "snapshot_breakdown_mib": {"parameters": 2704, "activations": 23800, "rounding": 73},
+             "estimate_snapshot_categories_mib": {"parameters": 2700, "activations": 22000, "rounding": 0}},
+            {"stage": "memory_2_checkpointing", "change": "checkpointing", "estimate_mib": 13500,
+             "documented_mib": 15394, "error_pct": -12.3}]}))
     (tmp_path / "memory_fit.json").write_text(json.dumps({
         "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
             {"setting": "baseline", "world_size": 1, "n_layer": 90, "params": 1.8e9, "peak_mib": 80000,
@@ -130,7 +144,10 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
     assert row(md, "memory_1_grad_accum")[7] == "+10%"  # time vs previous
     assert row(md, "memory_3_foreach_off")[2] == "not run"
     assert "`memory_2_checkpointing` did not lower the peak here (+0.0%)" in md
-    assert "## Memory planner" in md and "| memory_0_baseline | baseline | 35,000 | 36,272 | -3.5% |" in md
+    assert "## Memory planner" in md
+    assert "| memory_0_baseline | baseline | 36,272 | 34,800 | 35,000 | -3.5% | +0.6% |" in md
+    assert "| memory_2_checkpointing | checkpointing | 15,394 |  | 13,500 | -12% |  |" in md  # no snapshot
+    assert "| activations | 22,000 / 23,800 |" in md and "| rounding | 0.00 / 73.0 |" in md
     assert "| baseline | 1 | 90 | 1,800M | 80,000 | 1,795M |" in md
     plots = tmp_path / "docs" / "plots"
     for name in ("memory.png", "memory_timeline.png", "memory_planner.png"):
@@ -187,6 +204,73 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
     assert "peak memory not comparable (measured by different methods)" in out
     assert "peak memory +6.7% (max_memory_reserved of both)" in out
     assert "speed_4_compile.memory.pickle (open it at https://pytorch.org/memory_viz)" in out
+
+
+def shares(**changes) -> dict:
+    """SHARES with some categories changed and `other` absorbing the difference, so they add up to 100."""
+    out = {**SHARES, **changes}
+    out["other"] += 100 - sum(out.values())
+    assert out["other"] >= 0
+    return out
+
+
+def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
+    write_ladder(tmp_path, [
+        fake_record("speed_0_baseline", seconds=8.0),
+        fake_record("speed_1_batch_size", seconds=2.0, time_breakdown_pct=shares(data=31.0, forward=20.0,
+                                                                                backward=30.0)),
+        fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+        fake_record("speed_3_non_blocking", seconds=1.52, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+        fake_record("memory_0_baseline", seconds=3.0),
+        fake_record("memory_1_grad_accum", seconds=3.3, status="failed"),
+        fake_record("memory_2_checkpointing", seconds=4.0, time_breakdown_pct=shares(forward=15.0, backward=60.0)),
+        fake_record("memory_3_foreach_off", seconds=5.0, time_breakdown_pct=shares(forward=20.0, backward=40.0,
+                                                                                  optimizer=35.0)),
+    ])
+    md = report.write_report(tmp_path).read_text()
+    assert row(md, "speed_0_baseline")[11] == "backward 45%"  # the largest share
+    assert row(md, "speed_1_batch_size")[11] == "data wait 31%"
+    assert row(md, "memory_3_foreach_off")[12] == "backward 40%"
+    # the share each change attacks, before -> after, in % of the step and seconds per N samples
+    assert "- `speed_2_num_workers` (-25% time): data wait 31% -> 2% (620 ms -> 30 ms)" in md
+    assert "- `speed_3_non_blocking` (+1.3% time, within run-to-run noise of ±1%, did not help): copy was 0.1% " \
+           "and data wait was 2% of the step already, so there was little to remove" in md
+    # a change without a target: the category that moved most
+    assert "- `speed_1_batch_size` (-75% time): backward 45% -> 30% (3.6 s -> 600 ms)" in md
+    assert "`speed_3_non_blocking` did not help here" not in md  # the breakdown replaced the guessed reason
+    assert "- `memory_3_foreach_off` (+25% time): optimizer 15% -> 35% (600 ms -> 1.75 s); largest change: " \
+           "optimizer" not in md  # the target is the largest change: cited once
+    assert "- `memory_3_foreach_off` (+25% time): optimizer 15% -> 35% (600 ms -> 1.75 s)" in md
+    assert "memory_2_checkpointing` (+" not in md  # its parent failed: nothing to compare with
+    assert "## Where the time goes" in md and "![where the time goes](plots/time_breakdown.png)" in md
+    assert (tmp_path / "plots" / "time_breakdown.png").read_bytes()[:4] == PNG
+
+
+def test_a_new_ladder_gets_its_table_lines_and_plot(tmp_path, monkeypatch):
+    """The report is generic over LADDERS: a ladder added later (here 'fast', continuing the speed ladder
+    with stages that have no documented figure) gets its own table, breakdown lines and plot."""
+    stages = tmp_path / "stages"
+    shutil.copytree(ladder.STAGES_DIR, stages)
+    for i, name in enumerate(["fast_0_from_amp", "fast_1_more"]):
+        (stages / f"{name}.py").write_text(f'"""A test stage."""\nCHANGE = "change {i}"\nREFERENCE = {{}}\n\n\n'
+                                           "def change(cfg):\n    pass\n")
+    ladders = {**LADDERS, "fast": ["fast_0_from_amp", "fast_1_more"]}
+    monkeypatch.setattr(ladder, "STAGES_DIR", stages)
+    monkeypatch.setattr(ladder, "LADDERS", ladders)
+    monkeypatch.setattr(report, "LADDERS", ladders)
+    monkeypatch.setattr(report, "LADDER_GOAL", {**ladder.LADDER_GOAL, "fast": "time"})
+    records = [fake_record("speed_5_amp", seconds=2.0)]
+    for stage, parent, seconds, breakdown in [("fast_0_from_amp", None, 2.0, SHARES),
+                                              ("fast_1_more", "fast_0_from_amp", 1.0, shares(forward=10.0))]:
+        record = fake_record("speed_5_amp", seconds=seconds, time_breakdown_pct=breakdown)
+        records.append({**record, "stage": stage, "ladder": "fast", "parent": parent})
+    write_ladder(tmp_path, records)
+    md = report.write_report(tmp_path).read_text()
+    assert "## Fast ladder" in md and row(md, "fast_1_more")[3] == "-50%"
+    assert "- `fast_1_more` (-50% time): forward 30% -> 10% (600 ms -> 100 ms)" in md
+    assert "Overall, baseline to `fast_1_more`: 2.0x faster here." in md  # no reference to compare with
+    for name in ("fast.png", "speed.png", "time_breakdown.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == PNG, name
 
 
 def test_report_cli_without_records_is_one_line_error(tmp_path):
@@ -276,6 +360,15 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
     assert run_ladder.main(args + ["--resume"]) == 0
     assert calls() == speed + ["speed_2_num_workers", "speed_4_compile"]  # ok and skipped stages kept
     assert "**failed**" not in (out / "results.md").read_text()
+
+
+def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
+    out, _, _ = stub_stages
+    commands = []
+    monkeypatch.setattr(run_ladder, "run_stage", lambda cmd, log, show: commands.append(cmd) or 1)
+    run_ladder.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
+                     "--wandb", "disabled", "--no-profiler"])
+    assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
 
 
 def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, monkeypatch):

@@ -39,9 +39,13 @@ def wandb_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_offline_run_has_config_curves_and_summary(wandb_dir):
+def test_offline_run_has_config_curves_summary_and_trace(wandb_dir):
     record = fake_record("memory_1_grad_accum", seconds=2.5, peak=64.0)
-    wandb_log.log_run(record, mode="offline")
+    trace = wandb_dir / "records" / "memory_1_grad_accum.trace.json.gz"
+    trace.parent.mkdir()
+    trace.write_bytes(b"\x1f\x8b a trace")
+    wandb_log.log_run(record, mode="offline", files=[trace])
+    trace.write_bytes(b"a rerun's trace")  # replaced after logging: the run keeps the one it was given
 
     (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")  # W&B writes into $WANDB_DIR/wandb/
     records = read_offline_run(run_file)
@@ -61,6 +65,9 @@ def test_offline_run_has_config_curves_and_summary(wandb_dir):
     assert summary["seconds_mean"] == 2.5 and summary["peak_memory_mib"] == 64.0
     assert summary["tokens_per_s"] == pytest.approx(m["tokens_per_s"])
     assert summary["memory_breakdown_mib/activations"] == 32.0 and summary["status"] == "ok"
+    assert summary["time_breakdown_pct/backward"] == 45.0 and summary["profiler/steps"] == 2
+    (attached,) = wandb_dir.glob("wandb/offline-run-*/files/memory_1_grad_accum.trace.json.gz")
+    assert attached.read_bytes() == b"\x1f\x8b a trace"
 
     history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
                for r in records if r.HasField("history")]

@@ -17,8 +17,9 @@ Two targets:
   allocator rounds every allocation up to a multiple of 512 bytes, and CUDA's dropout kernel keeps a 1-byte
   mask for backward where the CPU's keeps its 4-byte float noise. The other ops of this model (matmuls,
   softmax, layer norm, GELU, cross-entropy, AdamW) keep the same tensors on both devices. Not modelled:
-  cuBLAS workspaces (a few MiB); the CUDA context and allocator fragmentation are outside
-  max_memory_allocated anyway.
+  cuBLAS workspaces (one per thread that runs matmuls: 2 x 32 MiB on an H100 in the reference's snapshots),
+  blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
+  the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
 
 Distributed stages are estimated for one rank. FSDP runs with a fake process group of the given world size
 (collectives move no data; every shape is right). DDP's C++ reducer reads parameter data, which fake tensors
@@ -27,7 +28,10 @@ the gradients, allocated when DDP wraps the model) are added; the CPU measuremen
 torch.compile is not simulated: a compiled stage is estimated eager (its CPU measurement runs eager under the
 tracker too; on CUDA the fused kernels of a compiled model would keep less).
 
-Usage: `python -m gpt.memory estimate|reference|fit|compare --help` (gpt/memory/__main__.py).
+Real CUDA allocator snapshots (torch.cuda.memory._dump_snapshot) are read, and the simulated step written in
+their format, by gpt/memory/snapshot.py.
+
+Usage: `python -m gpt.memory estimate|reference|fit|compare|snapshot --help` (gpt/memory/__main__.py).
 """
 import contextlib
 import dataclasses
@@ -43,6 +47,7 @@ from torch.distributed._tools import mem_tracker
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
+from gpt.memory.snapshot import StepRecorder
 from gpt.metrics import TimelineMemTracker, memory_breakdown
 from gpt import optimizations
 from gpt.optimizations import mixed_precision
@@ -64,17 +69,20 @@ class Estimate:
     target: str
     seconds: float  # how long the estimate took
     notes: list[str] = field(default_factory=list)
+    snapshot: dict | None = None  # the simulated step in torch.cuda.memory._snapshot()'s format, if recorded
 
 
-def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None) -> Estimate:
+def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None, record: bool = False) -> Estimate:
     """Peak memory of one process training with `cfg` on `target`.
 
     adapt(raw, model, optimizer), if given, may modify what build_model returned before training starts
-    (gpt/memory/planner.py uses it to emulate the reference's code)."""
+    (gpt/memory/planner.py uses it to emulate the reference's code). record: also keep every allocation and
+    free of the simulated step, with its Python stack, as a CUDA memory snapshot (Estimate.snapshot)."""
     if target not in TARGETS:
         raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGETS)})")
     sim, notes = _simulated(cfg, target)
-    tracker = _PeakTracker()
+    recorder = StepRecorder() if record else None
+    tracker = _PeakTracker(recorder)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if sim.distributed:
@@ -95,7 +103,11 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         step()  # the first step creates AdamW's state
         tracker.track_external(model, optimizer)  # what exists now: parameters, gradients, optimizer state
         stack.enter_context(tracker)
+        if recorder:
+            recorder.start()
         step()
+        if recorder:
+            recorder.stop()
     breakdown = memory_breakdown(tracker)
     if cfg.distributed == "ddp" and target == "cuda":
         # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
@@ -105,7 +117,8 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         breakdown["total"] = round(breakdown["total"] + buckets, 2)
         notes.append(f"DDP: gradient buckets ({buckets:,.1f} MiB, in 'other') added to the simulated rank")
     return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
-                    world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes)
+                    world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes,
+                    snapshot=recorder.snapshot() if recorder else None)
 
 
 def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
@@ -125,7 +138,23 @@ def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
 class _PeakTracker(TimelineMemTracker):
     """TimelineMemTracker that keeps only the global peak. MemTracker also updates the peak of every active
     module after every op, which costs O(modules) per op (minutes for a 36-layer model); the planner only
-    reads the global peak snapshot."""
+    reads the global peak snapshot. With a recorder, it also reports every storage that appears, grows,
+    shrinks or goes (gpt/memory/snapshot.py)."""
+
+    def __init__(self, recorder: StepRecorder | None = None):
+        super().__init__()
+        self.recorder = recorder
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        r = self.recorder
+        if r is None or u_type == mem_tracker._UpdateType.REF:  # REF: only the category changed
+            return
+        r.clock = len(self.timeline)
+        if u_type in (mem_tracker._UpdateType.DEL, mem_tracker._UpdateType.SIZE):
+            r.free(id(winfo))  # a resized storage (FSDP's resize_) is a new allocation, as on CUDA
+        if u_type in (mem_tracker._UpdateType.ADD, mem_tracker._UpdateType.SIZE):
+            r.alloc(id(winfo), winfo.size * winfo.element_size)
 
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():

@@ -1,9 +1,10 @@
 """python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/__init__.py).
 
     estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
-    reference  the reference's five memory stages, estimated beside their documented peaks
+    reference  the reference's five memory stages, estimated beside their documented peaks and its snapshots
     fit        the largest model that fits a memory budget, before and after the memory ladder
     compare    estimates against the peaks that real runs measured (a directory of stage records)
+    snapshot   a CUDA allocator snapshot (torch.cuda.memory._dump_snapshot): its step's peak and what made it
 """
 import argparse
 import json
@@ -14,11 +15,11 @@ from pathlib import Path
 from gpt.data import load_prepared
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, stage_config
-from gpt.memory import TARGETS, estimate
+from gpt.memory import TARGETS, estimate, snapshot
 from gpt.memory.planner import (
-    GPT2_VOCAB,
     REFERENCE_VOCAB,
     SHAPE_RULE,
+    SNAPSHOT_DIR,
     VARIANTS,
     VERIFY_MAX_LAYERS,
     Runner,
@@ -28,6 +29,9 @@ from gpt.memory.planner import (
     largest_fit,
     reference_ladder,
     reference_notes,
+    reference_snapshots,
+    snapshot_breakdown,
+    vocabulary_of,
 )
 from gpt.profiles import PROFILES
 from gpt.records import write_record
@@ -48,7 +52,7 @@ def _main(argv: list[str]) -> int:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m gpt.memory", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(required=True, metavar="{estimate,reference,fit,compare}")
+    sub = p.add_subparsers(required=True, metavar="{estimate,reference,fit,compare,snapshot}")
 
     e = sub.add_parser("estimate", help="predicted peak memory of one stage")
     e.add_argument("--stage", default="memory_0_baseline", help="stage name, e.g. memory_2_checkpointing")
@@ -63,12 +67,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     e.add_argument("--world-size", type=int, help="processes of a DDP/FSDP stage (default: the stage's)")
     _common(e, json_help="also write the estimate as JSON")
     e.add_argument("--reference-code", action="store_true",
-                   help="emulate the reference's code: NewGELU and minGPT's gradient lifetime")
+                   help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals")
+    e.add_argument("--snapshot-out", metavar="FILE",
+                   help="also write the simulated step as a CUDA memory snapshot (the pickle format of "
+                        "torch.cuda.memory._dump_snapshot), to open at https://pytorch.org/memory_viz; target cuda")
     e.set_defaults(command=cmd_estimate)
 
     r = sub.add_parser("reference", help="the reference's memory stages vs their documented peaks")
     r.add_argument("--vocab-size", type=int, default=REFERENCE_VOCAB,
                    help=f"vocabulary of the reference setup (default {REFERENCE_VOCAB}, its characters)")
+    r.add_argument("--snapshots", metavar="DIR", default=SNAPSHOT_DIR,
+                   help="directory with the reference's allocator snapshots (0_VRAM_Original.pickle, "
+                        "1_VRAM_Gradient_Accumulation.pickle; from ailzhang/EfficientPyTorch, "
+                        "chapter_10_mingpt/memory_profiles/); default: shared/reference/snapshots beside the "
+                        "checkout or a directory above it, if present")
     _common(r, json_help="write memory_reference.json-style output here", jobs=True)
     r.set_defaults(command=cmd_reference)
 
@@ -77,7 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     f.add_argument("--world-sizes", type=int, nargs="*", default=[2, 8],
                    help="FSDP process counts for the 'after' rows (default: 2 8)")
     f.add_argument("--reference-code", action="store_true",
-                   help="emulate the reference's code: NewGELU and minGPT's gradient lifetime")
+                   help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals")
     f.add_argument("--verify-max-layers", type=int, default=VERIFY_MAX_LAYERS,
                    help=f"deepest answer checked with full-depth estimates; deeper ones are extrapolated "
                         f"(default {VERIFY_MAX_LAYERS}; a sharded layer costs ~0.5 s of estimate, so checking the "
@@ -91,6 +103,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
                    help="estimates run at once, one process each (default: the cores, at most 4)")
     c.set_defaults(command=cmd_compare)
+
+    s = sub.add_parser("snapshot", help="a CUDA allocator snapshot: its step's peak and what made it")
+    s.add_argument("pickle", help="a file written by torch.cuda.memory._dump_snapshot (read as plain data only)")
+    s.add_argument("--device", type=int, help="CUDA device of the trace (default: the one with the most events)")
+    s.add_argument("--json", help="also write the figures as JSON")
+    s.set_defaults(command=cmd_snapshot)
     return p.parse_args(argv)
 
 
@@ -141,7 +159,10 @@ def estimate_config(args):
 
 def cmd_estimate(args) -> int:
     cfg, vocab = estimate_config(args)
-    est = estimate(cfg, vocab, args.target, adapt=VARIANTS["reference"][1] if args.reference_code else None)
+    if args.snapshot_out and args.target != "cuda":
+        raise UserError("--snapshot-out writes the CUDA caching allocator's format: use it with --target cuda")
+    est = estimate(cfg, vocab, args.target, adapt=VARIANTS["reference"][1] if args.reference_code else None,
+                   record=bool(args.snapshot_out))
     micro = f" (micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps})" if cfg.grad_accum_steps > 1 else ""
     print(f"{args.stage} ({args.profile} profile), target {args.target}, "
           f"{'per process of ' + str(est.world_size) if est.world_size > 1 else '1 process'}")
@@ -156,6 +177,10 @@ def cmd_estimate(args) -> int:
     for note in est.notes:
         print(f"  note: {note}")
     print(f"(estimated in {est.seconds:.1f} s on fake tensors: no memory was allocated)")
+    if args.snapshot_out:
+        path = snapshot.write(args.snapshot_out, est.snapshot)
+        print(f"wrote the simulated step to {path}: open it at https://pytorch.org/memory_viz, or read it with "
+              f"`python -m gpt.memory snapshot {path}`")
     if args.json:
         write_record(Path(args.json), {"kind": "estimate", "stage": args.stage, "profile": args.profile,
                                        "target": args.target, "vocab_size": vocab, "config": cfg.to_dict(),
@@ -173,45 +198,60 @@ def _mib(x: float) -> str:
 
 
 def cmd_reference(args) -> int:
-    print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}):")
+    snapshots = reference_snapshots(args.snapshots)
+    print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}); "
+          f"snapshots: {', '.join(p.name for p, _ in snapshots.values()) or 'none'}")
     with Runner(_jobs(args)) as runner:
-        rows = reference_ladder(args.target, vocab_size=args.vocab_size, runner=runner)
-        checks = None
-        if args.vocab_size == REFERENCE_VOCAB:  # a hypothesis for the gap that remains (see the notes)
-            print(f"Hypothesis check: the 'reference' variant with GPT-2's {GPT2_VOCAB}-token vocabulary:")
-            checks = reference_ladder(args.target, variants=("reference",), vocab_size=GPT2_VOCAB, runner=runner)
+        rows = reference_ladder(args.target, vocab_size=args.vocab_size, runner=runner, snapshots=snapshots)
     names = list(VARIANTS)
-    print("\nPeak memory, MiB (error vs documented):")
+    print("\nPeak memory, MiB (error vs documented; the traced step: the reference's snapshot of one later step):")
     for name in names:
         print(f"  {name:<9} = {VARIANTS[name][0]}")
-    print(f"  {'stage':<24}" + "".join(f"{n:>20}" for n in names) + f"{'documented':>12}")
+    print(f"  {'stage':<24}" + "".join(f"{n:>20}" for n in names) + f"{'documented':>12}{'traced step':>26}")
     for row in rows:
         cells = "".join(f"{_with_error(row[n].peak_mib, row['documented_mib']):>20}" for n in names)
-        print(f"  {row['stage']:<24}{cells}{row['documented_mib']:>12,}")
-    print("\nBreakdown of the 'reference' column at its peak, MiB:")
-    print(f"  {'stage':<24}" + "".join(f"{k[:11]:>12}" for k in BREAKDOWN[:5]))
+        traced = ""
+        if row.get("snapshot"):
+            peak = row["snapshot"].peak_mib
+            traced = f"{peak:,.0f} (estimate {_pct(row['reference'].peak_mib, peak)})"
+        print(f"  {row['stage']:<24}{cells}{row['documented_mib']:>12,}{traced:>26}")
+    print("\nBreakdown of the 'reference' column at its peak, MiB (estimate / traced step where there is one):")
+    keys = list(snapshot.CATEGORIES) + ["rounding"]
+    print(f"  {'stage':<24}" + "".join(f"{k[:15]:>18}" for k in keys))
     for row in rows:
-        b = row["reference"].breakdown_mib
-        print(f"  {row['stage']:<24}" + "".join(f"{b[k]:>12,.0f}" for k in BREAKDOWN[:5]))
-    notes = reference_notes(rows, args.vocab_size, checks)
+        est = snapshot_breakdown(row["reference"].breakdown_mib)
+        traced = row["snapshot"].peak_mib_by_category if row.get("snapshot") else None
+        print(f"  {row['stage']:<24}" + "".join(
+            f"{(f'{est[k]:,.0f} / {traced[k]:,.0f}' if traced else f'{est[k]:,.0f}'):>18}" for k in keys))
+    notes = reference_notes(rows, args.vocab_size)
     print("\nNotes:\n" + "\n".join(f"- {n}" for n in notes))
     if args.json:
         stages = []
-        for row, check in zip(rows, checks or [None] * len(rows)):
+        for row in rows:
             est, doc = row["reference"], row["documented_mib"]
             stages.append({"stage": row["stage"], "change": row["change"], "estimate_mib": est.peak_mib,
                            "documented_mib": doc, "error_pct": round(100 * (est.peak_mib / doc - 1), 2),
                            "breakdown_mib": est.breakdown_mib,
                            **{f"{n}_estimate_mib": row[n].peak_mib for n in names if n != "reference"}})
-            if check:
-                stages[-1][f"vocab_{GPT2_VOCAB}_estimate_mib"] = check["reference"].peak_mib
+            if row.get("snapshot"):
+                traced = row["snapshot"]
+                stages[-1].update(
+                    snapshot_file=row["snapshot_file"], snapshot_mib=round(traced.peak_mib, 2),
+                    snapshot_error_pct=round(100 * (est.peak_mib / traced.peak_mib - 1), 2),
+                    snapshot_breakdown_mib={k: round(v, 2) for k, v in traced.peak_mib_by_category.items()},
+                    estimate_snapshot_categories_mib=snapshot_breakdown(est.breakdown_mib),
+                    snapshot_start_mib=round(traced.start_mib, 2), snapshot_params=traced.params)
         write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
                                        "variant": VARIANTS["reference"][0], "stages": stages, "notes": notes})
     return 0
 
 
+def _pct(value: float, base: float) -> str:
+    return f"{100 * (value / base - 1):+.1f}%"
+
+
 def _with_error(value: float, documented: float) -> str:
-    return f"{value:,.0f} ({100 * (value / documented - 1):+.1f}%)"
+    return f"{value:,.0f} ({_pct(value, documented)})"
 
 
 # ---- fit ---------------------------------------------------------------------------------------------------
@@ -283,6 +323,47 @@ def cmd_compare(args) -> int:
     if args.json:
         write_record(Path(args.json), {"kind": "compare", "profile": ", ".join(profiles), "stages": rows})
     return 0
+
+
+# ---- snapshot ---------------------------------------------------------------------------------------------
+
+
+def cmd_snapshot(args) -> int:
+    path = Path(args.pickle)
+    r = snapshot.analyse(snapshot.load(path), args.device)
+    print(f"{path.name}: device {r.device}, {r.allocations:,} allocations in {r.trace_ms:,.1f} ms of trace "
+          f"({r.events:,} events)")
+    print(f"At the start of the trace: {r.start_mib:,.1f} MiB allocated")
+    _categories(r.start_mib_by_category)
+    tied, untied = vocabulary_of(r.params)
+    if not r.params:
+        print("  no gradients in the trace (no backward pass, nor a zero_grad freeing earlier ones)")
+    elif untied < 1:
+        print(f"  the gradients hold {r.params:,} fp32 values: fewer than a GPT-2-large-shaped model has")
+    else:
+        print(f"  the gradients hold {r.params:,} fp32 values (parameters); at GPT-2-large's shape (36 x 1280, "
+              f"block 128) that is a vocabulary of {untied:g} with an untied output head (minGPT), {tied:g} with a "
+              f"tied one")
+    print(f"Peak: {r.peak_mib:,.1f} MiB allocated, {r.peak_ms:,.1f} ms after the first event (event "
+          f"{r.peak_event:,} of {r.events:,}), {r.peak_where}")
+    _categories(r.peak_mib_by_category)
+    print(f"  {r.reallocated_large_blocks:,} blocks over 1 MiB that the step allocates anew are alive at the peak")
+    print("(block sizes replayed with the caching allocator's rules and checked against the snapshot's blocks)"
+          if r.blocks_replayed else
+          "(block sizes not replayed: requests rounded up to 512 bytes stand in for the allocator's blocks)")
+    if args.json:
+        write_record(Path(args.json), {"kind": "snapshot", "file": str(path), **r.as_dict(),
+                                       "vocabulary_untied_gpt2_large": untied, "vocabulary_tied_gpt2_large": tied})
+    return 0
+
+
+def _categories(mib: dict) -> None:
+    why = {"other": "allocated before recording, no gradient of that size: buffers, workspaces",
+           "rounding": "allocator blocks beyond the requests rounded to 512 bytes"}
+    for key, value in mib.items():
+        if value or key in ("parameters", "gradients", "optimizer_state", "activations"):
+            note = f"   ({why[key]})" if key in why else ""
+            print(f"  {key.replace('_', ' '):<16} {_mib(value):>12} MiB{note}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,503 @@
+"""CUDA allocator snapshots (`torch.cuda.memory._dump_snapshot`): the recorded step's peak and what made it, read
+safely; and the planner's simulated step written in the same format, to open beside a real one at
+https://pytorch.org/memory_viz.
+
+The format (PyTorch's) is a pickled dict of plain data. `segments`: what the caching allocator holds when the
+snapshot is taken, each with its `blocks` (address order, tiling the segment: `address`, `size`, `requested_size`,
+`state`, `frames` of the allocation). `device_traces[d]`: every allocator event on device d while history was
+recorded: `action` (alloc, free_requested, free_completed, segment_alloc, ...), `addr`, `size` (bytes requested),
+`stream`, `time_us` and `frames` (the C++ and Python stack, innermost first).
+
+Reading uses an unpickler that refuses every global: a file that would import or call anything is rejected before
+anything runs (`pickle.load` would run it).
+
+Allocated bytes, as torch.cuda.max_memory_allocated counts them, are allocator blocks: a request rounded up to a
+multiple of 512 bytes, or a whole cached block when what would remain is too small to split off (up to 1 MiB for
+large blocks, under 512 bytes for small ones). The trace records requests, so block sizes are replayed with those
+rules in the snapshot's segments. The replay checks itself: every allocation must start a free range and the
+replay must end with the snapshot's own blocks; if not (or if segments came and went during the trace), requests
+rounded to 512 bytes stand in for blocks (`blocks_replayed` False). At the start of the trace the allocator held
+the blocks active at the end, less those the trace allocated, plus those it freed that were allocated before.
+
+Categories (the planner's), decided by the stacks. The rule was read off the reference's H100 traces and is
+MemTracker's, which makes the planner's breakdown (gpt/memory/__init__.py):
+  allocated during the trace, by the frames of the allocation:
+    - a frame in torch/optim/ (inside optimizer.step): optimizer state; as in MemTracker, the step's own
+      temporaries count here too (AdamW's foreach square roots);
+    - a frame in torch/utils/checkpoint.py (a checkpointed block, run or recomputed): activations;
+    - the backward pass (C++ frames of the autograd engine, or torch's Python `backward`): gradients if still
+      alive when that backward pass ends (AccumulateGrad kept them as .grad), temporaries otherwise;
+    - anything else (the forward pass, the input batch, gradient clipping): activations.
+  allocated before the trace (no frames: recording began later):
+    - freed during the trace from a `zero_grad` frame: gradients (the previous step's);
+    - never freed: matched by size with the step's gradients: per gradient size, as many blocks as there are
+      gradients are parameters, the rest optimizer state (AdamW's two moments have their parameter's shape);
+      sizes no gradient has are other (buffers, cuBLAS workspaces);
+    - freed otherwise: other.
+  FSDP2 reduce-scatters each group's gradients into one flat buffer, which matches no parameter's size: in an
+  FSDP trace the blocks from before the step count as other.
+"""
+import bisect
+import pickle
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpt.errors import UserError
+
+MiB = 2**20
+UNIT = 512  # the caching allocator rounds every request up to a multiple of this (kMinBlockSize)
+SMALL = 2**20  # kSmallSize: requests up to it use the small pool; a large block keeps a remainder up to it
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+PICKLE_PROTOCOL = 4  # what _dump_snapshot writes (Python's default protocol up to 3.13)
+
+
+def rounded(nbytes: int) -> int:
+    return max(UNIT, -(-nbytes // UNIT) * UNIT)
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    pass
+
+
+class _PlainData(pickle.Unpickler):
+    """Builds dicts, lists, strings and numbers only: every global (a class, a function) is refused."""
+
+    def find_class(self, module, name):
+        raise _Refused(f"{module}.{name}")
+
+
+def load(path) -> dict:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = _PlainData(f).load()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    except _Refused as e:
+        raise UserError(f"{path}: refused, it would load {e}: a memory snapshot holds plain data only") from None
+    except Exception as e:  # malformed pickles raise many kinds of errors
+        raise UserError(f"{path} is not a readable pickle ({type(e).__name__}: {e})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("segments"), list)
+            and isinstance(data.get("device_traces"), list)):
+        raise UserError(f"{path} is not a CUDA memory snapshot (it has no 'segments' and 'device_traces')")
+    return data
+
+
+# ---- the traced step ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    requested: int
+    size: int  # allocator bytes
+    addr: int
+    frames: list
+    start: int | None  # index of its alloc event; None: allocated before the trace
+    end: int | None = None  # index of its free event; None: alive at the end
+    freed_by: list = field(default_factory=list)
+    category: str = "other"
+
+
+@dataclass
+class StepReport:
+    device: int
+    allocations: int  # alloc events in the trace
+    trace_ms: float
+    start_mib: float  # allocated at the start of the trace
+    start_mib_by_category: dict
+    params: int  # gradient bytes / 4: the parameter count of an fp32 model
+    peak_mib: float
+    peak_event: int  # index in device_traces[device]
+    events: int
+    peak_ms: float  # after the first event
+    peak_where: str  # the pass and the code that allocated at the peak
+    peak_mib_by_category: dict  # requests rounded to 512 bytes, plus 'rounding': the rest of the blocks
+    reallocated_large_blocks: int  # live at the peak, > 1 MiB, allocated anew every step (see gap notes)
+    blocks_replayed: bool
+    end_mib: float = 0.0
+
+    def as_dict(self) -> dict:
+        def rounded2(v):
+            return {k: rounded2(x) for k, x in v.items()} if isinstance(v, dict) else round(v, 2) if isinstance(
+                v, float) else v
+        return rounded2(self.__dict__)
+
+
+def analyse(snapshot: dict, device: int | None = None) -> StepReport:
+    """The traced step's peak of allocated bytes, when it happens and what is alive then, by category."""
+    traces = snapshot["device_traces"]
+    if device is None:
+        device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
+    if not 0 <= device < len(traces) or not traces[device]:
+        raise UserError(f"the snapshot has no trace of allocations on device {device} (record one with "
+                        "torch.cuda.memory._record_memory_history() before the step)")
+    try:
+        return _analyse(traces[device], [s for s in snapshot["segments"] if s.get("device", device) == device],
+                        device)
+    except (KeyError, TypeError, AttributeError, IndexError, StopIteration) as e:
+        raise UserError(f"not a well-formed CUDA memory snapshot ({type(e).__name__}: {e})") from None
+
+
+def _analyse(trace: list, segments: list, device: int) -> StepReport:
+    blocks, changes = _blocks(trace, segments)
+    replayed = _replay_block_sizes(blocks, changes, trace, segments)
+    backward_ends, gradients = _categorise(blocks, trace)
+    params = sum(b.requested for b in gradients) // 4
+    live = {c: 0 for c in CATEGORIES}
+    total = large = 0
+    for b in blocks:
+        if b.start is None:
+            live[b.category] += rounded(b.requested)
+            total += b.size
+            large += _reallocated_large(b)
+    start, start_by = total, dict(live)
+    peak, peak_at, peak_by, peak_large = total, None, dict(live), large
+    for i, b, sign in changes:
+        live[b.category] += sign * rounded(b.requested)
+        total += sign * b.size
+        large += sign * _reallocated_large(b)
+        if total > peak:
+            peak, peak_at, peak_by, peak_large = total, i, dict(live), large
+    peak_by["rounding"] = peak - sum(peak_by.values())
+    start_by["rounding"] = start - sum(start_by.values())
+    t0 = trace[0].get("time_us", 0)
+    at = peak_at if peak_at is not None else 0
+    return StepReport(
+        device=device, allocations=sum(e.get("action") == "alloc" for e in trace),
+        trace_ms=(trace[-1].get("time_us", 0) - t0) / 1e3, start_mib=start / MiB,
+        start_mib_by_category=_mib(start_by), params=params, peak_mib=peak / MiB, peak_event=at,
+        events=len(trace), peak_ms=(trace[at].get("time_us", 0) - t0) / 1e3,
+        peak_where=_where(trace, at, backward_ends) if peak_at is not None else "before the first event",
+        peak_mib_by_category=_mib(peak_by), reallocated_large_blocks=peak_large, blocks_replayed=replayed,
+        end_mib=total / MiB)
+
+
+def _mib(d: dict) -> dict:
+    return {k: v / MiB for k, v in d.items()}
+
+
+def _reallocated_large(b: _Block) -> int:
+    """Blocks the allocator hands out again every step, which could carry up to 1 MiB of unsplit remainder."""
+    return int(b.size > SMALL and b.category in ("gradients", "activations", "temporaries"))
+
+
+def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, _Block, int]]]:
+    """Every block the trace touches or the snapshot holds, and the trace's changes to allocated bytes as
+    (event index, block, +1 or -1). Allocated bytes drop at free_requested (free_completed follows when the
+    streams that used the block are done; older snapshots have a single 'free')."""
+    live, pending, blocks, changes = {}, set(), [], []
+    for i, e in enumerate(trace):
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            b = _Block(e["size"], rounded(e["size"]), addr, e.get("frames") or [], start=i)
+            live[addr] = b
+            blocks.append(b)
+            changes.append((i, b, +1))
+        elif action in ("free_requested", "free") or (action == "free_completed" and addr not in pending):
+            if action == "free_requested":
+                pending.add(addr)
+            b = live.pop(addr, None)
+            if b is None:  # allocated before the trace began
+                b = _Block(e["size"], rounded(e["size"]), addr, [], start=None)
+                blocks.append(b)
+            b.end, b.freed_by = i, e.get("frames") or []
+            changes.append((i, b, -1))
+        elif action == "free_completed":
+            pending.discard(addr)
+    for seg in segments:
+        for sb in seg.get("blocks", []):
+            if not str(sb.get("state", "")).startswith("active"):
+                continue
+            b = live.get(sb["address"])
+            if b is not None:
+                b.size = sb["size"]  # allocated in the trace and still held: the snapshot says its block
+            else:
+                blocks.append(_Block(sb.get("requested_size", sb["size"]), sb["size"], sb["address"],
+                                     sb.get("frames") or [], start=None))
+    return blocks, changes
+
+
+def _replay_block_sizes(blocks: list[_Block], changes: list, trace: list, segments: list) -> bool:
+    """Sets each block's allocator size by replaying the caching allocator's split rule (module docstring).
+    False, leaving the sizes as they are, if the replay disagrees with the snapshot."""
+    if any(str(e.get("action", "")).startswith("segment") for e in trace) or not segments:
+        return False
+    segs = sorted(segments, key=lambda s: s["address"])
+    starts = [s["address"] for s in segs]
+
+    def segment_of(addr):
+        s = segs[max(0, bisect.bisect_right(starts, addr) - 1)]
+        return s if s["address"] <= addr < s["address"] + s["total_size"] else None
+
+    held = {s["address"]: [] for s in segs}  # segment -> sorted addresses of the blocks held in it
+    size = {}  # address -> block size
+    for b in blocks:
+        if b.start is None:
+            seg = segment_of(b.addr)
+            if seg is None:
+                return False
+            held[seg["address"]].append(b.addr)
+            size[b.addr] = b.size
+    for addrs in held.values():
+        addrs.sort()
+
+    def free_range(seg, addr):
+        """(start, end) of the free range around addr, between the held blocks on either side."""
+        addrs = held[seg["address"]]
+        j = bisect.bisect_right(addrs, addr)
+        lo = addrs[j - 1] + size[addrs[j - 1]] if j else seg["address"]
+        hi = addrs[j] if j < len(addrs) else seg["address"] + seg["total_size"]
+        return lo, hi
+
+    def keeps_remainder(seg, remainder):
+        return remainder < UNIT if seg.get("segment_type") == "small" else remainder <= SMALL
+
+    # A block allocated before the trace and freed during it is known by its request only. It kept a remainder
+    # if the free range after it is one the allocator never leaves on its own (it splits off only larger ones),
+    # or if an allocation starts further on than it ends (allocations start free ranges).
+    unsure = {b.addr: b for b in blocks if b.start is None and b.end is not None}
+    for b in unsure.values():
+        seg = segment_of(b.addr)
+        lo, hi = free_range(seg, b.addr + size[b.addr])
+        if lo == b.addr + size[b.addr] and keeps_remainder(seg, hi - lo) and hi > lo:
+            size[b.addr] += hi - lo
+    sizes = {id(b): size[b.addr] for b in blocks if b.start is None}
+    for _, b, sign in changes:
+        seg = segment_of(b.addr)
+        if seg is None:
+            return False
+        addrs = held[seg["address"]]
+        if sign > 0:
+            lo, hi = free_range(seg, b.addr)
+            before = addrs[bisect.bisect_right(addrs, b.addr) - 1] if lo > seg["address"] else None
+            if lo < b.addr and before in unsure and keeps_remainder(seg, b.addr - lo):
+                size[before] += b.addr - lo
+                sizes[id(unsure[before])] = size[before]
+                lo = b.addr
+            need = rounded(b.requested)
+            if lo != b.addr or hi - lo < need:
+                return False  # the allocator always hands out the start of a free range
+            size[b.addr] = hi - lo if keeps_remainder(seg, hi - lo - need) else need
+            sizes[id(b)] = size[b.addr]
+            bisect.insort(addrs, b.addr)
+        else:
+            j = bisect.bisect_left(addrs, b.addr)
+            if j == len(addrs) or addrs[j] != b.addr:
+                return False
+            addrs.pop(j)
+    if any(b.end is None and sizes[id(b)] != b.size for b in blocks if b.start is not None):
+        return False  # the replay must end with the snapshot's own blocks
+    for b in blocks:
+        b.size = sizes[id(b)]
+    return True
+
+
+# ---- categories ---------------------------------------------------------------------------------------------
+
+
+def _in_backward(frames: list) -> bool:
+    return any("autograd::Engine" in f["name"] or (f["name"] in ("backward", "_engine_run_backward")
+                                                   and "/torch/" in f["filename"]) for f in frames)
+
+
+def _kind(frames: list) -> str:
+    """optimizer, checkpoint, backward or other, from an allocation's stack (innermost frame first)."""
+    files = [f["filename"] for f in frames]
+    if any("/torch/optim/" in f for f in files):
+        return "optimizer"
+    if any(f.endswith("torch/utils/checkpoint.py") for f in files):
+        return "checkpoint"
+    return "backward" if _in_backward(frames) else "other"
+
+
+def _categorise(blocks: list[_Block], trace: list) -> tuple[list[int], list[_Block]]:
+    """Sets every block's category (module docstring). Returns the event index where each backward pass ends and
+    the gradients of one step: the first backward pass's, or else the previous step's that zero_grad freed."""
+    backward = [_in_backward(e.get("frames") or []) for e in trace]
+    ends = [i for i in range(len(trace)) if backward[i] and (i + 1 == len(trace) or not backward[i + 1])]
+    for b in blocks:
+        if b.start is None:
+            if b.end is not None:
+                b.category = "gradients" if any(f["name"] == "zero_grad" for f in b.freed_by) else "other"
+            continue
+        kind = _kind(b.frames)
+        if kind == "optimizer":
+            b.category = "optimizer_state"
+        elif kind == "backward":
+            end = ends[bisect.bisect_left(ends, b.start)]
+            b.category = "gradients" if b.end is None or b.end > end else "temporaries"
+        else:
+            b.category = "activations"
+    step = [b for b in blocks if b.category == "gradients" and b.start is not None and ends and b.start <= ends[0]]
+    gradients = step or [b for b in blocks if b.category == "gradients"]
+    sizes, seen = Counter(b.requested for b in gradients), Counter()
+    for b in sorted((b for b in blocks if b.start is None and b.end is None), key=lambda b: b.addr):
+        seen[b.requested] += 1
+        if b.requested not in sizes:
+            b.category = "other"
+        else:
+            b.category = "parameters" if seen[b.requested] <= sizes[b.requested] else "optimizer_state"
+    return ends, gradients
+
+
+_WRAPPERS = ("torch/_dynamo/", "torch/_compile.py", "torch/utils/_contextlib.py")  # decorators' frames
+
+
+def _where(trace: list, i: int, backward_ends: list[int]) -> str:
+    frames = trace[i].get("frames") or []
+    kind = _kind(frames)
+    passes = len(backward_ends)
+    done = bisect.bisect_left(backward_ends, i)
+    if kind == "optimizer":
+        phase = "in the optimizer step"
+    elif kind == "backward":
+        phase = f"in backward pass {done + 1} of {passes}"
+    else:
+        phase = f"in forward pass {done + 1} of {passes}" if done < passes else "after the last backward pass"
+    py = [f for f in frames if f["filename"].endswith(".py") and not any(w in f["filename"] for w in _WRAPPERS)]
+    user = next((f for f in py if "/torch/" not in f["filename"] and "site-packages" not in f["filename"]), None)
+    site = f" at {_frame(py[0])}" if py else ""
+    if user is not None and user is not py[0]:
+        site += f", called from {_frame(user)}"
+    return phase + site
+
+
+def _frame(f: dict) -> str:
+    return f"{f['name']} ({'/'.join(Path(f['filename']).parts[-2:])}:{f['line']})"
+
+
+# ---- writing: the planner's simulated step -----------------------------------------------------------------
+
+_MACHINERY = ("torch/distributed/_tools/", "gpt/metrics.py")  # MemTracker and its subclass: their frames and
+# everything inside them (fake tensors, this recorder) are how the step is simulated, not what it runs
+_BASE = 0x7F0000000000  # where the simulated segment starts (any aligned address)
+
+
+def python_stack(depth: int = 2) -> list[dict]:
+    """The caller's Python stack in the snapshot's frame format (innermost first), from the code that ran the
+    operator outwards: the frames of the tracking machinery and everything inside them are left out."""
+    frames, f = [], sys._getframe(depth)
+    while f is not None:
+        frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})
+        f = f.f_back
+    inside = [i for i, fr in enumerate(frames) if any(m in fr["filename"] for m in _MACHINERY)]
+    return frames[inside[-1] + 1:] if inside else frames
+
+
+class StepRecorder:
+    """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear. Storages seen
+    before start() are what the allocator held when recording began: blocks without a trace event, as in a real
+    snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when
+    the remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays
+    every block at the size recorded here. time_us counts the simulated operators, not microseconds."""
+
+    def __init__(self):
+        self.held = {}  # key -> (address, bytes requested, frames)
+        self.gaps = []  # sorted (size, address) of the free ranges below `top`
+        self.gap_at = {}  # free range start -> end
+        self.gap_to = {}  # free range end -> start
+        self.top = self.high = _BASE
+        self.events = []
+        self.recording = False
+        self.clock = 0
+
+    def start(self):
+        self.recording = True
+
+    def stop(self):
+        self.recording = False
+
+    def alloc(self, key, nbytes: int):
+        if nbytes <= 0 or key in self.held:
+            return
+        size = rounded(nbytes)
+        addr = self._place(size)
+        frames = python_stack(3) if self.recording else []
+        self.held[key] = (addr, nbytes, frames)
+        if self.recording:
+            self._event("alloc", addr, nbytes, frames)
+
+    def free(self, key):
+        if key not in self.held:
+            return
+        addr, nbytes, _ = self.held.pop(key)
+        if self.recording:
+            frames = python_stack(3)
+            self._event("free_requested", addr, nbytes, frames)
+            self._event("free_completed", addr, nbytes, frames)
+        self._release(addr, rounded(nbytes))
+
+    def _event(self, action, addr, nbytes, frames):
+        self.events.append({"action": action, "addr": addr, "size": nbytes, "stream": 0, "time_us": self.clock,
+                            "frames": frames})
+
+    def _place(self, size: int) -> int:
+        i = bisect.bisect_left(self.gaps, (size, 0))
+        exact = i < len(self.gaps) and self.gaps[i][0] == size
+        if not exact:  # else the smallest range whose remainder the allocator would split off
+            i = bisect.bisect_left(self.gaps, (size + SMALL + 1, 0))
+        if i < len(self.gaps):
+            gap, addr = self.gaps.pop(i)
+            end = self.gap_at.pop(addr)
+            del self.gap_to[end]
+            if gap > size:
+                self._add_gap(addr + size, end)
+            return addr
+        addr = self.top
+        self.top += size
+        self.high = max(self.high, self.top)
+        return addr
+
+    def _release(self, addr: int, size: int):
+        lo, hi = addr, addr + size
+        if lo in self.gap_to:  # merge with the free range before
+            lo = self.gap_to.pop(lo)
+            self.gaps.remove((self.gap_at.pop(lo) - lo, lo))
+        if hi in self.gap_at:  # and the one after
+            end = self.gap_at.pop(hi)
+            del self.gap_to[end]
+            self.gaps.remove((end - hi, hi))
+            hi = end
+        if hi == self.top:
+            self.top = lo
+        else:
+            self._add_gap(lo, hi)
+
+    def _add_gap(self, lo: int, hi: int):
+        bisect.insort(self.gaps, (hi - lo, lo))
+        self.gap_at[lo], self.gap_to[hi] = hi, lo
+
+    def snapshot(self) -> dict:
+        """The recorded step as torch.cuda.memory._snapshot() would return it: one segment (with room after the
+        highest block so that its last range splits too) and the trace of device 0."""
+        end = self.high + 2 * SMALL
+        blocks, cursor = [], _BASE
+        for addr, nbytes, frames in sorted(self.held.values()):
+            if addr > cursor:
+                blocks.append(_block(cursor, addr - cursor, 0, "inactive", []))
+            blocks.append(_block(addr, rounded(nbytes), nbytes, "active_allocated", frames))
+            cursor = addr + rounded(nbytes)
+        blocks.append(_block(cursor, end - cursor, 0, "inactive", []))
+        active = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+        segment = {"device": 0, "address": _BASE, "total_size": end - _BASE, "allocated_size": active,
+                   "active_size": active, "requested_size": sum(b["requested_size"] for b in blocks), "stream": 0,
+                   "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                   "blocks": blocks}
+        return {"segments": [segment], "device_traces": [self.events]}
+
+
+def _block(addr, size, requested, state, frames) -> dict:
+    return {"address": addr, "size": size, "requested_size": requested, "state": state, "frames": frames}
+
+
+def write(path, snapshot: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
+    return path

@@ -1,0 +1,260 @@
+"""Where a step's time goes: labelled phases in the training loop, a few profiled steps after the timed
+repeats, a trace to open in Perfetto, and the time breakdown computed from the trace's events.
+
+Phases. `region(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
+"ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
+profiler runs: entering and leaving a record_function costs about 5 us even with no profiler (a dispatcher
+call and an object), the check 0.2 us (measured on the 2-core machine this was written on), so the timed
+repeats pay nothing measurable for the labels.
+
+Breakdown. Every instant of the profiled steps' wall time goes to exactly one category, so the shares add up
+to 100% (`attribute`, pure interval arithmetic):
+- CPU: the phase the training thread was in; "communication" when that thread was inside a collective call
+  (c10d ops, FSDP's all-gather and reduce ranges) or ran no operator at all while a collective was in
+  flight on gloo's threads (DDP waiting for its all-reduce); "other" outside every phase (the loop itself).
+- CUDA: what the GPU was doing. A running kernel (or copy) goes to the phase that launched it (the launch's
+  correlation id), NCCL kernels to "communication" only when no other kernel runs beside them (exposed
+  communication). With nothing running on the GPU: "data" or "copy" if the host was waiting for the next
+  batch or in the copy, "communication" if it was inside a collective call, else "gpu_idle": the queue ran
+  dry (kernel launches and Python too slow to keep the GPU busy).
+"""
+import bisect
+import gzip
+import json
+import os
+import sys
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+PHASES = ("data", "copy", "forward", "backward", "optimizer")
+CATEGORIES = (*PHASES, "communication", "gpu_idle", "other")  # display order
+LABELS = {"data": "data wait", "gpu_idle": "GPU idle"}  # everything else is shown under its own name
+PREFIX = "ladder/"
+STEP = PREFIX + "step"  # one profiled step: the breakdown's window
+WARMUP = PREFIX + "profiler_warmup"  # the step that lets CUPTI start up; in the trace, not in the breakdown
+CUDA_WARMUP_STEPS = 1  # CUPTI initialises lazily in the first profiled kernels; on the CPU nothing to warm
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # GPU activities in a Kineto trace
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # host calls that launch them (cudaLaunchKernel, cuLaunchKernel, ...)
+COLLECTIVE_THREAD_PREFIXES = ("gloo:",)  # a collective running on a backend's own thread (CPU)
+COMM_CALLS = ("c10d::", "nccl:", "gloo:", "FSDP::all_gather (", "FSDP::post_backward_reduce")  # on the host
+
+_NULL = nullcontext()
+
+
+def label(category: str) -> str:
+    return LABELS.get(category, category)
+
+
+def region(phase: str):
+    """A profiler range "ladder/<phase>" while a profiler runs, otherwise a shared no-op context."""
+    if torch.autograd._profiler_enabled():
+        return torch.profiler.record_function(PREFIX + phase)
+    return _NULL
+
+
+def extra_steps(cfg, device: torch.device) -> int:
+    """Steps the profiler adds after the timed repeats (the data sampler must provide them)."""
+    if not cfg.profile_steps:
+        return 0
+    return cfg.profile_steps + (CUDA_WARMUP_STEPS if device.type == "cuda" else 0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# profiling a few steps
+
+
+def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict:
+    """Run `cfg.profile_steps` more steps under torch.profiler (CPU activities, plus CUDA on a GPU; no
+    shapes, stacks or memory, which cost time and trace size). Returns the record's metrics
+    `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they stay
+    in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome
+    trace JSON) when given."""
+    from gpt.metrics import synchronize
+
+    none = {"time_breakdown_pct": None, "profiler": None}
+    if not cfg.profile_steps:
+        return none
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    warm = CUDA_WARMUP_STEPS if cuda else 0
+    total = warm + cfg.profile_steps
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(total):
+            with torch.profiler.record_function(STEP if i >= warm else WARMUP):
+                step()
+                if i == total - 1:
+                    synchronize(device)  # the last step's window ends when its GPU work does
+    if rank != 0:
+        return none
+    try:
+        facts = _export_and_measure(prof, trace_path, cfg.profile_steps)
+    except Exception as e:  # noqa: BLE001 - the timed figures are measured already; never lose them for this
+        print(f"warning: the profiled steps gave no breakdown ({type(e).__name__}: {e})", file=sys.stderr)
+        return none
+    return {"time_breakdown_pct": facts.pop("shares_pct"), "profiler": {**facts, "rank": rank}}
+
+
+def _export_and_measure(prof, trace_path: Path | None, steps: int) -> dict:
+    if trace_path:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)  # the record's directory, written after this
+    with tempfile.TemporaryDirectory(dir=trace_path.parent if trace_path else None) as tmp:
+        exported = os.path.join(tmp, "trace.json.gz")
+        prof.export_chrome_trace(exported)  # .gz: written compressed
+        result = breakdown(read_trace(exported))
+        if result["steps"] != steps:
+            raise ValueError(f"found {result['steps']} profiled steps in the trace, expected {steps}")
+        if trace_path:
+            os.replace(exported, trace_path)  # atomic, like the record beside it
+        result["trace"] = trace_path.name if trace_path else None
+    return result
+
+
+def read_trace(path) -> list[dict]:
+    with gzip.open(path, "rt") if str(path).endswith(".gz") else open(path) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+# ----------------------------------------------------------------------------------------------------------
+# interval arithmetic: sorted lists of disjoint (start, end) pairs
+
+
+def union(intervals) -> list[tuple[float, float]]:
+    out = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def intersect(a: list, b: list) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: list, b: list) -> list[tuple[float, float]]:
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > s:
+                out.append((s, b[k][0]))
+            s = max(s, b[k][1])
+            k += 1
+        if s < e:
+            out.append((s, e))
+    return out
+
+
+def length(a: list) -> float:
+    return sum(e - s for s, e in a)
+
+
+def attribute(windows: list, layers: list[tuple[str, list]], rest: str) -> dict[str, float]:
+    """Split the time of `windows` among categories: each (category, intervals) layer, in priority order,
+    takes what it covers of the time the earlier layers left; what no layer covers goes to `rest`. A
+    category may appear in several layers. The parts add up to the windows' length exactly."""
+    left = union(windows)
+    out = {}
+    for category, intervals in layers:
+        taken = intersect(left, union(intervals))
+        out[category] = out.get(category, 0.0) + length(taken)
+        left = subtract(left, taken)
+    out[rest] = out.get(rest, 0.0) + length(left)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# from a Kineto (Chrome) trace to the breakdown
+
+
+def _span(e: dict) -> tuple[float, float]:
+    return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+
+
+def breakdown(events: list[dict]) -> dict:
+    """The time breakdown of the profiled steps (the "ladder/step" ranges) of a trace:
+    {"shares_pct": {category: % of wall time, adding up to 100}, "steps", "step_s",
+     "gpu_idle_pct": % of wall time with no GPU activity at all (CUDA; None on the CPU)}."""
+    spans = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    # the host's ranges ("user_annotation"; on CUDA Kineto repeats them on the GPU's timeline as "gpu_user_annotation")
+    steps = [e for e in spans if e.get("name") == STEP and e.get("cat") == "user_annotation"]
+    if not steps:
+        raise ValueError(f"no {STEP!r} ranges in the trace")
+    main = (steps[0].get("pid"), steps[0].get("tid"))  # the training thread
+    windows = union(_span(e) for e in steps)
+    on_main = [e for e in spans if (e.get("pid"), e.get("tid")) == main]
+    phases = {p: [_span(e) for e in on_main if e.get("name") == PREFIX + p] for p in PHASES}
+    comm_calls = [_span(e) for e in on_main if str(e.get("name", "")).startswith(COMM_CALLS)]
+    device = [e for e in spans if e.get("cat") in DEVICE_CATS]
+
+    if device:
+        seconds = _attribute_cuda(windows, phases, comm_calls, device, spans)
+        busy = union(_span(e) for e in device)
+        idle_pct = 100 * (1 - length(intersect(windows, busy)) / length(windows))
+    else:
+        ours = {STEP, WARMUP, *(PREFIX + p for p in PHASES)}
+        ops = [_span(e) for e in on_main if e.get("name") not in ours]  # anything the thread was inside
+        in_flight = [_span(e) for e in spans if (e.get("pid") == main[0]) and (e.get("pid"), e.get("tid")) != main
+                     and str(e.get("name", "")).startswith(COLLECTIVE_THREAD_PREFIXES)]
+        seconds = attribute(windows, [
+            ("communication", comm_calls),
+            ("communication", subtract(union(in_flight), union(ops))),  # waited: nothing else ran
+            *((p, phases[p]) for p in PHASES),
+        ], rest="other")
+        idle_pct = None
+    total = length(windows)
+    return {
+        "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in CATEGORIES
+                       if c != "gpu_idle" or device},
+        "steps": len(steps),
+        "step_s": total / len(steps) / 1e6,  # trace timestamps are in microseconds
+        "gpu_idle_pct": idle_pct,
+    }
+
+
+def _attribute_cuda(windows, phases: dict, comm_calls: list, device: list[dict], spans: list[dict]) -> dict:
+    """GPU activity by the phase that launched it; GPU idle time by what the host was doing."""
+    launches = {}  # correlation id -> launch time on the host
+    for e in spans:
+        if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = float(e["ts"])
+    bounds = sorted((s, e, p) for p, intervals in phases.items() for s, e in intervals)
+    starts = [b[0] for b in bounds]
+
+    def launched_in(event: dict) -> str:
+        t = launches.get(event.get("args", {}).get("correlation"))
+        if t is None:
+            return "other"
+        i = bisect.bisect_right(starts, t) - 1  # phases do not overlap on the training thread
+        return bounds[i][2] if i >= 0 and t <= bounds[i][1] else "other"
+
+    kernels = {c: [] for c in (*PHASES, "other", "communication")}
+    for e in device:
+        category = "communication" if str(e.get("name", "")).startswith("nccl") else launched_in(e)
+        kernels[category].append(_span(e))
+    compute = [p for p in PHASES if p != "copy"]
+    return attribute(windows, [
+        *((c, kernels[c]) for c in (*compute, "other")),  # computing
+        ("copy", kernels["copy"]),  # copying, with no kernel beside it
+        ("communication", kernels["communication"]),  # exposed communication
+        ("communication", comm_calls),  # GPU idle from here on: what kept the host
+        ("data", phases["data"]),
+        ("copy", phases["copy"]),
+    ], rest="gpu_idle")
