@@ -8,13 +8,14 @@ PNGs in `plots/` beside results.md. If the records directory also holds the memo
 (memory_reference.json, memory_fit.json, memory_compare.json, from gpt/memory.py) they get a section too.
 """
 import argparse
+import functools
 import math
 from datetime import datetime
 from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDER_GOAL, LADDERS, load_stage, record_path
+from gpt.ladder import LADDER_GOAL, LADDERS, STARTS_FROM, lineage, load_stage, parent_of, record_path
 from gpt.metrics import MEMORY_METHODS
 from gpt.profiling import CATEGORIES, label
 from gpt.records import peak_memory_pair, read_record
@@ -23,6 +24,9 @@ MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_ladder.py): the mac
 BREAKDOWN = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]  # + "other"
 NO_GAIN_PCT = 3.0  # a stage that saves less than this (time or memory) "did not help here"
 NOISY_PCT = 10.0  # repeats whose standard deviation exceeds this share of their mean are flagged
+# Where the anchor figures of the ladders beyond the book come from (their stage scripts' ms_per_step).
+ANCHOR = "build-nanogpt"
+ANCHOR_SETUP = "karpathy/build-nanogpt: GPT-2 124M, batch 16 x 1024 tokens, one data-centre GPU, ms per step"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -56,18 +60,19 @@ def comparable(a: dict | None, b: dict | None) -> bool:
 
 
 class Rung:
-    """One stage of a ladder as the report sees it: the record (or None), its parent, the ladder's
-    baseline, and what the stage script documents."""
+    """One stage of a ladder as the report sees it: the record (or None), its parent (for the first stage of
+    a ladder beyond the book: the stage it continues from), the baseline of its lineage (speed_0 or
+    memory_0), and what the stage script documents."""
 
-    def __init__(self, stage: str, records: dict[str, dict], ladder: list[str], scripts: dict):
-        i = ladder.index(stage)
-        first, parent = ladder[0], (ladder[i - 1] if i else None)
-        self.stage, self.change, self.reference = stage, scripts[stage].CHANGE, scripts[stage].REFERENCE
+    def __init__(self, stage: str, records: dict[str, dict], script):
+        parent, first = parent_of(stage), lineage(stage)[0]
+        self.stage, self.change, self.reference = stage, script(stage).CHANGE, script(stage).REFERENCE
         self.record = records.get(stage)
+        self.parent_stage, self.baseline_stage = parent, (first if parent else None)
         self.parent = records.get(parent) if parent else None
         self.baseline = records.get(first) if parent else None
-        self.parent_reference = scripts[parent].REFERENCE if parent else None
-        self.baseline_reference = scripts[first].REFERENCE if parent else None
+        self.parent_reference = script(parent).REFERENCE if parent else None
+        self.baseline_reference = script(first).REFERENCE if parent else None
 
     @property
     def ok(self) -> bool:
@@ -111,11 +116,10 @@ class Rung:
 
 def ladders_of(records: dict[str, dict]) -> dict[str, list[Rung]]:
     """The ladders that have at least one record, each as its full list of rungs (missing stages too)."""
-    ladders = {}
+    ladders, script = {}, functools.cache(load_stage)  # a stage script's CHANGE and REFERENCE
     for name, stages in LADDERS.items():
         if any(s in records for s in stages):
-            scripts = {s: load_stage(s) for s in stages}  # their CHANGE and REFERENCE
-            ladders[name] = [Rung(s, records, stages, scripts) for s in stages]
+            ladders[name] = [Rung(s, records, script) for s in stages]
     return ladders
 
 
@@ -221,6 +225,44 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
     return lines
 
 
+def reference_kind(rungs: list[Rung]) -> str | None:
+    """'documented' (the book's H100 figures), 'anchor' (build-nanogpt's ms per step for some stages of a
+    ladder beyond the book) or None (nothing to compare with)."""
+    if any("seconds" in r.reference for r in rungs):
+        return "documented"
+    return "anchor" if any("ms_per_step" in r.reference for r in rungs) else None
+
+
+def anchor_change(r: Rung) -> float | None:
+    """The anchor's change for this stage's optimization, in %: its ms per step against the step before it."""
+    return pct(r.reference.get("ms_per_step"), r.reference.get("parent_ms_per_step"))
+
+
+def anchor_cell(r: Rung) -> str:
+    return "" if anchor_change(r) is None else f"{r.reference['ms_per_step']} ({fmt_pct(anchor_change(r))})"
+
+
+def reference_change(r: Rung, key: str) -> str:
+    """' (reference: -33%)' or ' (build-nanogpt: -26%)' after a change of this run, or '' without a figure."""
+    documented = r.ref_vs(key, r.parent_reference)
+    if documented is not None:
+        return f" (reference: {fmt_pct(documented)})"
+    return f" ({ANCHOR}: {fmt_pct(anchor_change(r))})" if key == "seconds" and anchor_change(r) is not None else ""
+
+
+def mfu_cell(r: Rung) -> str:
+    """MFU against the peak of the stage's own dtype / against the device's fastest peak."""
+    own, fastest = r.m("mfu_pct"), r.m("mfu_fastest_pct")
+    if own is None:
+        return ""
+    return f"{own:.1f}%" + ("" if fastest is None else f" / {fastest:.1f}%")
+
+
+def vs_previous_cell(r: Rung, key: str) -> str:
+    cell = r.memory_vs(r.parent) if key == "peak_memory_mib" else fmt_pct(r.vs(r.parent, key))
+    return cell + (" (no effect)" if cell and r.record.get("no_effect") else "")
+
+
 def reference_cell(r: Rung, key: str, fmt=str) -> str:
     """The documented figure and its change against the parent's (empty for a stage without one)."""
     if r.reference.get(key) is None:
@@ -236,24 +278,26 @@ def feed_cell(r: Rung) -> str:
 
 
 def speed_table(rungs: list[Rung]) -> list[str]:
-    n = samples_label(rungs)
-    head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline",
-            "reference s (vs prev.)", "tokens/s", "peak MiB", "MiB vs prev.", "MFU", "data wait / copy",
+    n, kind = samples_label(rungs), reference_kind(rungs)
+    refs = {"documented": [("reference s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
+            "anchor": [(f"{ANCHOR} ms/step (vs prev.)", anchor_cell)]}.get(kind, [])
+    head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline", *(h for h, _ in refs),
+            "tokens/s", "peak MiB", "MiB vs prev.", "MFU (own dtype / fastest)", "data wait / copy",
             "bottleneck", "final loss"]
     rows = []
     for r in rungs:
-        ref = reference_cell(r, "seconds")
+        ref = [cell(r) for _, cell in refs]
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", ref, "", "", "", "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", *ref, "", "", "", "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
             f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
-            fmt_pct(r.vs(r.parent, "seconds_mean")), fmt_pct(r.vs(r.baseline, "seconds_mean")),
-            ref,
+            vs_previous_cell(r, "seconds_mean"), fmt_pct(r.vs(r.baseline, "seconds_mean")),
+            *ref,
             f"{r.m('tokens_per_s'):,.0f}",
             fmt_mib(r.m("peak_memory_mib")), r.memory_vs(r.parent),
-            "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
+            mfu_cell(r),
             feed_cell(r),
             bottleneck(r),
             f"{r.m('loss_final'):.3f}",
@@ -263,26 +307,28 @@ def speed_table(rungs: list[Rung]) -> list[str]:
 
 def memory_table(rungs: list[Rung]) -> list[str]:
     n = samples_label(rungs)
-    head = ["stage", "change", "peak MiB", "vs previous", "vs baseline", "reference MiB (vs prev.)",
-            f"s / {n} samples", "time vs prev.", "reference s", "tokens/s", "MFU", "data wait / copy",
+    documented = reference_kind(rungs) == "documented"
+    head = ["stage", "change", "peak MiB", "vs previous", "vs baseline",
+            *(["reference MiB (vs prev.)"] if documented else []), f"s / {n} samples", "time vs prev.",
+            *(["reference s"] if documented else []), "tokens/s", "MFU (own dtype / fastest)", "data wait / copy",
             "bottleneck", "final loss"]
     rows = []
     for r in rungs:
-        ref_mib = reference_cell(r, "peak_mib", lambda v: f"{v:,}")
-        ref_s = str(r.reference.get("seconds", ""))
+        ref_mib = [reference_cell(r, "peak_mib", lambda v: f"{v:,}")] if documented else []
+        ref_s = [str(r.reference.get("seconds", ""))] if documented else []
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", ref_mib, "", "", ref_s, "", "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", *ref_mib, "", "", *ref_s, "", "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
             fmt_mib(r.m("peak_memory_mib")),
-            r.memory_vs(r.parent), r.memory_vs(r.baseline),
-            ref_mib,
+            vs_previous_cell(r, "peak_memory_mib"), r.memory_vs(r.baseline),
+            *ref_mib,
             f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
             fmt_pct(r.vs(r.parent, "seconds_mean")),
-            ref_s,
+            *ref_s,
             f"{r.m('tokens_per_s'):,.0f}",
-            "" if r.m("mfu_pct") is None else f"{r.m('mfu_pct'):.1f}%",
+            mfu_cell(r),
             feed_cell(r),
             bottleneck(r),
             f"{r.m('loss_final'):.3f}",
@@ -368,22 +414,35 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
     if steps:
         best, d = min(steps, key=lambda x: x[1])
         lines.append(f"Largest gain: `{best.stage}` ({best.change}), {fmt_pct(d)} time per "
-                     f"{best.m('samples_per_repeat'):,} samples (reference: "
-                     f"{fmt_pct(best.ref_vs('seconds', best.parent_reference))}).")
+                     f"{best.m('samples_per_repeat'):,} samples{reference_change(best, 'seconds')}.")
     last = next((r for r in reversed(rungs) if r.vs(r.baseline, "seconds_mean") is not None), None)
     if last:
-        ours = rungs[0].m("seconds_mean") / last.m("seconds_mean")
-        documented = rungs[0].reference.get("seconds") and last.reference.get("seconds")
-        theirs = f", {rungs[0].reference['seconds'] / last.reference['seconds']:.1f}x in the reference" \
+        ours = last.baseline["metrics"]["seconds_mean"] / last.m("seconds_mean")
+        documented = last.baseline_reference.get("seconds") and last.reference.get("seconds")
+        theirs = f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the reference" \
             if documented else ""
-        lines.append(f"Overall, baseline to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
+        lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
+    best_mfu = max((r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"),
+                   default=None)
+    if best_mfu:
+        lines.append(f"Highest MFU: `{best_mfu.stage}`, {best_mfu.m('mfu_pct'):.1f}% of the peak of the dtype it "
+                     f"computes in ({best_mfu.m('peak_flops_source')}), {best_mfu.m('mfu_fastest_pct'):.1f}% of "
+                     f"the device's fastest ({best_mfu.m('peak_flops_fastest_source')}).")
     for r, d in steps:
-        if d > -NO_GAIN_PCT and not time_line(r, time_goal=True):  # else its breakdown line says why
+        if d > -NO_GAIN_PCT and not r.record.get("no_effect") and not time_line(r, time_goal=True):
             lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")
-    compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None), None)
-    if compiled:  # the stage that switched compilation on; later stages pay it again in their warm-up
+    # the stage that switched compilation on (later stages pay it again in their warm-up)
+    compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None
+                     and not (ok(r.parent) and r.parent["config"]["compile"])), None)
+    if compiled:
         lines.append(compile_line(compiled))
-    return lines
+    return lines + no_effect_lines(rungs)
+
+
+def no_effect_lines(rungs: list[Rung]) -> list[str]:
+    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise."""
+    return [f"`{r.stage}`: {r.record['no_effect']}; its time change is run-to-run variation."
+            for r in rungs if r.ok and r.record.get("no_effect")]
 
 
 def compile_line(r: Rung) -> str:
@@ -406,19 +465,19 @@ def memory_findings(rungs: list[Rung]) -> list[str]:
     lines = []
     if steps:
         best, d = min(steps, key=lambda x: x[1])
-        lines.append(f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory "
-                     f"(reference: {fmt_pct(best.ref_vs('peak_mib', best.parent_reference))}), at "
-                     f"{fmt_pct(best.vs(best.parent, 'seconds_mean'))} time.")
+        lines.append(f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory"
+                     f"{reference_change(best, 'peak_mib')}, at {fmt_pct(best.vs(best.parent, 'seconds_mean'))} time.")
     last = next((r for r in reversed(rungs) if r.vs(r.baseline, "peak_memory_mib") is not None), None)
     if last:
-        lines.append(f"Overall, baseline to `{last.stage}`: peak memory "
-                     f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here, "
-                     f"{fmt_pct(last.ref_vs('peak_mib', last.baseline_reference))} in the reference"
+        documented = last.ref_vs("peak_mib", last.baseline_reference)
+        lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: peak memory "
+                     f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here"
+                     + (f", {fmt_pct(documented)} in the reference" if documented is not None else "")
                      + (" (per process)." if last.record["device"]["count"] > 1 else "."))
     for r, d in steps:
-        if d > -NO_GAIN_PCT:
+        if d > -NO_GAIN_PCT and not r.record.get("no_effect"):
             lines.append(f"`{r.stage}` did not lower the peak here ({fmt_pct(d)}): {why_no_memory_saving(r)}.")
-    return lines
+    return lines + no_effect_lines(rungs)
 
 
 def noise_line(rungs: list[Rung]) -> list[str]:
@@ -475,6 +534,15 @@ TARGETS = {
     "distributed": ("forward", "backward", "communication"),
     "activation_checkpointing": ("backward",),
     "optimizer_foreach": ("optimizer",),
+    "dataset": ("data",),
+    "amp_bf16": ("forward", "backward", "optimizer"),  # the scaler's unscale, inf check and host sync
+    "tf32": ("forward", "backward"),
+    "attention": ("forward", "backward"),
+    "vocab_multiple": ("forward", "backward"),
+    "optimizer_fused": ("optimizer",),
+    "loss": ("forward", "backward"),
+    "fsdp_mixed_precision": ("forward", "backward", "communication"),
+    "fsdp_cpu_offload": ("optimizer", "copy", "communication"),
 }
 SMALL_SHARE_PCT = 5.0  # a change whose targets held less than this share of the parent's step had little to win
 
@@ -506,8 +574,8 @@ def time_line(r: Rung, time_goal: bool) -> str | None:
     """What the stage's change did to where the time goes, from its breakdown and its parent's: the shares
     the change attacks (TARGETS) or else the one that moved most, as % of the step and seconds per N samples."""
     b, pb = shares(r.record), shares(r.parent)
-    if not b or not pb or not comparable(r.record, r.parent):
-        return None
+    if not b or not pb or not comparable(r.record, r.parent) or r.record.get("no_effect"):
+        return None  # no breakdown to compare; or nothing changed on this device (no_effect_lines says why)
     t, pt = seconds_by_category(r.record), seconds_by_category(r.parent)
     cats = [c for c in CATEGORIES if c in b or c in pb]
     targets = list(dict.fromkeys(c for f in sorted(config_diff(r)) for c in TARGETS.get(f, ()) if c in cats))
@@ -600,8 +668,9 @@ def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, c
 def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     """This run and the reference, each relative to its own baseline (different hardware, same shape)."""
     x = list(range(len(rungs)))
-    base = rungs[0]
-    changes = [r.vs(base.record, key) for r in rungs]  # peak memory only as measured alike
+    # a ladder beyond the book is drawn relative to its lineage's baseline (speed_0, memory_0)
+    base = rungs[0].baseline if rungs[0].baseline_stage else rungs[0].record
+    changes = [r.vs(base, key) for r in rungs]  # peak memory only as measured alike
     ours = [None if d is None else 1 + d / 100 for d in changes]
     documented = [r.reference.get(ref_key) for r in rungs]
     theirs = [v / documented[0] for v in documented] if None not in documented else []
@@ -611,7 +680,7 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
             color="tab:orange", label="this run")
     ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, max([1.05] + [v * 1.1 for v in ours + theirs if v is not None]))
-    ax.set_title(f"{what} relative to the baseline")
+    ax.set_title(f"{what} relative to {lineage(rungs[0].stage)[0]}")
     ax.axhline(1, color="black", lw=0.5)
     ax.legend(fontsize=8)
 
@@ -801,6 +870,23 @@ def display(path: Path) -> str:
         return str(path)
 
 
+def ladder_intro(name: str, rungs: list[Rung]) -> str:
+    """What the ladder's comparisons mean."""
+    start = STARTS_FROM.get(name)
+    text = ("Each stage keeps every earlier change" + (f", on top of `{start}` and the stages before it" if start
+                                                         else "")
+            + f"; 'vs previous' compares with the stage above{f' (for the first: `{start}`)' if start else ''}, "
+            f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. ")
+    kind = reference_kind(rungs)
+    if kind == "documented":
+        return text + "The reference is the documented H100 run (other hardware: compare the changes, not the seconds)."
+    if kind == "anchor":
+        return text + (f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
+                       "the figures (other model, hardware and batch). MFU is given against the peak of the "
+                       "dtype a stage computes in and against the device's fastest peak.")
+    return text + "Beyond the book: no documented figures to compare with."
+
+
 def write_report(runs: Path, out: Path | None = None) -> Path:
     """Regenerate results.md (default: inside `runs`) and its plots/ from the records in `runs`."""
     runs = Path(runs)
@@ -816,10 +902,7 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     for name, rungs in ladders.items():
         done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
         title = f"{name.capitalize()} ladder"
-        lines += ["", f"## {title}", "",
-                  f"{done} of {len(rungs)} stages finished. Each stage keeps every earlier change; "
-                  "'vs previous' compares with the stage above. The reference is the documented H100 run "
-                  "(other hardware: compare the changes, not the seconds).", ""]
+        lines += ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
         lines += speed_table(rungs) if time_goal else memory_table(rungs)
         findings = speed_findings(rungs) if time_goal else memory_findings(rungs)
         lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, not time_goal)]

@@ -246,30 +246,38 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
     assert (tmp_path / "plots" / "time_breakdown.png").read_bytes()[:4] == PNG
 
 
-def test_a_new_ladder_gets_its_table_lines_and_plot(tmp_path, monkeypatch):
-    """The report is generic over LADDERS: a ladder added later (here 'fast', continuing the speed ladder
-    with stages that have no documented figure) gets its own table, breakdown lines and plot."""
-    stages = tmp_path / "stages"
-    shutil.copytree(ladder.STAGES_DIR, stages)
-    for i, name in enumerate(["fast_0_from_amp", "fast_1_more"]):
-        (stages / f"{name}.py").write_text(f'"""A test stage."""\nCHANGE = "change {i}"\nREFERENCE = {{}}\n\n\n'
-                                           "def change(cfg):\n    pass\n")
-    ladders = {**LADDERS, "fast": ["fast_0_from_amp", "fast_1_more"]}
-    monkeypatch.setattr(ladder, "STAGES_DIR", stages)
-    monkeypatch.setattr(ladder, "LADDERS", ladders)
-    monkeypatch.setattr(report, "LADDERS", ladders)
-    monkeypatch.setattr(report, "LADDER_GOAL", {**ladder.LADDER_GOAL, "fast": "time"})
-    records = [fake_record("speed_5_amp", seconds=2.0)]
-    for stage, parent, seconds, breakdown in [("fast_0_from_amp", None, 2.0, SHARES),
-                                              ("fast_1_more", "fast_0_from_amp", 1.0, shares(forward=10.0))]:
-        record = fake_record("speed_5_amp", seconds=seconds, time_breakdown_pct=breakdown)
-        records.append({**record, "stage": stage, "ladder": "fast", "parent": parent})
-    write_ladder(tmp_path, records)
+def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_path):
+    """fast_1's 'vs previous' is against speed_5_amp and every fast stage's 'vs baseline' against speed_0; the
+    anchor column gives build-nanogpt's change where a stage has one; a stage with no effect on this device
+    says so instead of a gain; the lean ladder, with no figures to compare with, has no reference column."""
+    speed = [fake_record(s, seconds=8.0 / (i + 1)) for i, s in enumerate(LADDERS["speed"][:6])]  # speed_5: 1.33 s
+    fast = [fake_record("fast_1_pretokenized", seconds=1.0),
+            fake_record("fast_2_bf16", seconds=1.01, no_effect_reason="no effect on cpu: nothing to replace"),
+            fake_record("fast_3_sdpa", seconds=0.8, time_breakdown_pct=shares(forward=20.0))]
+    for r in fast:
+        r["no_effect"] = r["metrics"].pop("no_effect_reason", None)
+    lean = [fake_record("memory_0_baseline"), fake_record("memory_4_fsdp", peak=50.0),
+            fake_record("lean_1_fsdp_bf16", peak=40.0),
+            fake_record("lean_3_cpu_offload", status="skipped", reason="nothing to offload to")]
+    write_ladder(tmp_path, speed + fast + lean)
     md = report.write_report(tmp_path).read_text()
-    assert "## Fast ladder" in md and row(md, "fast_1_more")[3] == "-50%"
-    assert "- `fast_1_more` (-50% time): forward 30% -> 10% (600 ms -> 100 ms)" in md
-    assert "Overall, baseline to `fast_1_more`: 2.0x faster here." in md  # no reference to compare with
-    for name in ("fast.png", "speed.png", "time_breakdown.png"):
+    assert "## Fast ladder" in md and "## Lean ladder" in md
+    assert row(md, "fast_1_pretokenized")[3:5] == ["-25%", "-88%"]  # vs speed_5_amp (1.33 s), vs speed_0 (8 s)
+    assert row(md, "fast_2_bf16")[3] == "+1.0% (no effect)"
+    assert row(md, "fast_3_sdpa")[5] == "96 (-26%)"  # build-nanogpt: 130 -> 96 ms per step
+    assert row(md, "fast_1_pretokenized")[5] == ""  # no anchor for this one
+    assert row(md, "fast_3_sdpa")[9] == "1.5% / 0.8%"  # MFU against its dtype's peak / the fastest
+    assert "- `fast_2_bf16`: no effect on cpu: nothing to replace; its time change is run-to-run variation." in md
+    assert "`fast_2_bf16` (+1.0% time" not in md  # no breakdown line reads a gain or loss into it
+    assert "Overall, `speed_0_baseline` to `fast_3_sdpa`: 10.0x faster here." in md
+    assert "- `fast_3_sdpa` (-21% time): forward 30% -> 20% (303 ms -> 160 ms)" in md
+    assert "Largest gain: `fast_1_pretokenized` (pre-tokenised memory-mapped data, no workers), -25% time per " \
+           "32 samples." in md  # no reference figure to cite for it
+    lean_head = next(ln for ln in md.split("## Lean ladder")[1].splitlines() if ln.startswith("| stage |"))
+    assert "reference" not in lean_head
+    assert row(md, "lean_1_fsdp_bf16")[3:5] == ["-20%", "-60%"]  # vs memory_4_fsdp, vs memory_0_baseline
+    assert row(md, "lean_3_cpu_offload")[2] == "**skipped**: nothing to offload to"
+    for name in ("fast.png", "lean.png", "time_breakdown.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == PNG, name
 
 
