@@ -1,7 +1,6 @@
 """results.md from records (tables, deltas, failed/skipped rows, plots) and run_all's orchestration
 (resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt import ladder, report, run_ladder
+from gpt import report, run_ladder
 from gpt.ladder import LADDERS, ladder_of, parent_of, record_path, stage_config
 from gpt.records import record_problems, write_record
 
