@@ -7,8 +7,8 @@ the loss passes over them several times (the head's matmul writes them, softmax 
 backward writes their gradient). The fused op computes the head, the loss and its gradients chunk by chunk
 of rows: each chunk's logits are used while they are in cache and are never stored for backward. Same loss
 and gradients up to float summation order; under bf16 the op returns the loss rounded to bf16 (the logged
-loss moves by up to ~1%; the gradients are accumulated in fp32). torch.compile leaves the op eager (a
-graph break).
+loss moves by up to ~1%; the gradients carry bf16's rounding, as under autocast). torch.compile leaves the
+op eager (a graph break). How it chunks, on a CPU and on CUDA: gpt/optimizations.py:loss_chunking.
 Code: gpt/optimizations.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
 """
 from gpt.ladder import stage_main

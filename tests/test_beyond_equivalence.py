@@ -203,10 +203,10 @@ def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multi
 def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch,
                                                                                  char_data):
     """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
-    chunked op in fp32 too (its gradients are accumulated in fp32), but it returns the loss in the input's
-    dtype, summed over chunks in bf16. So: gradients as close to fp32 training as the full loss's are (bound:
-    twice the full loss's difference plus 1e-3 of the largest gradient; measured ~7e-3 for both), and the
-    loss within its bf16 summation error (n_chunks half-ulps, 2^-9 relative each)."""
+    chunked op (on a CPU) in the inputs' dtype, and it returns the loss in bf16, summed over chunks in bf16.
+    So: gradients as close to fp32 training as the full loss's are (bound: twice the full loss's difference
+    plus 1e-3 of the largest gradient; measured ~7e-3 for both), and the loss within its bf16 summation error
+    (n_chunks half-ulps, 2^-9 relative each)."""
     monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
     cfg = dict(grad_clip=NO_CLIP)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
