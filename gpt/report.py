@@ -844,11 +844,14 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
         lines += ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB", ""]
         if fit.get("shape_rule"):
             lines += [f"Shapes: {fit['shape_rule']}", ""]
-        lines += table(["setting", "processes", "layers", "parameters", "peak MiB", "documented parameters"], [
-            [row["setting"], str(row["world_size"]), str(row["n_layer"]), f"{row['params'] / 1e6:,.0f}M",
-             fmt_mib(row["peak_mib"]),
-             f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else ""]
+        lines += table(["setting", "processes", "layers", "parameters", "peak MiB (GPU)", "documented parameters",
+                        "host memory per GPU"], [
+            [row["setting"] + (" *" if row.get("extrapolated") else ""), str(row["world_size"]), str(row["n_layer"]),
+             f"{row['params'] / 1e6:,.0f}M", fmt_mib(row["peak_mib"]),
+             f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else "",
+             f"{row['host_mib'] / 1024:,.0f} GiB" if row.get("host_mib") is not None else ""]
             for row in fit.get("rows", [])])
+        lines += [""] + [f"- {note}" for note in fit.get("notes", [])]
     compare = files["compare"]
     if compare:
         lines += ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]

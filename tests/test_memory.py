@@ -14,6 +14,7 @@ import torch
 
 from gpt import train
 from gpt.errors import UserError
+from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
 from gpt.memory.__main__ import main
@@ -370,3 +371,19 @@ def test_cpu_memory_profile_shows_the_documented_mechanisms():
     assert b["memory_3_foreach_off"]["optimizer_state"] == pytest.approx(2 * params, rel=0.01)
     assert b["memory_3_foreach_off"]["gradients"] == pytest.approx(params)
     assert b["memory_4_fsdp"]["optimizer_state"] == pytest.approx(params, rel=0.01)  # sharded over 2
+
+
+def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
+    """lean_3 on CUDA: the GPU's peak leaves out the sharded parameters, their gradients and AdamW's state (host
+    memory) but keeps a unit's gathered parameters, the activations, and the shards in transit."""
+    lean_2, lean_3 = (estimate(stage_config(s, "smoke"), 80, "cuda") for s in ("lean_2_chunked_loss", "lean_3_cpu_offload"))
+    b2, b3 = lean_2.breakdown_mib, lean_3.breakdown_mib
+    assert b3["gradients"] == 0 and b3["optimizer_state"] == 0 and 0 < b3["parameters"] < b2["parameters"]
+    assert lean_3.peak_mib < lean_2.peak_mib - b2["optimizer_state"] - b2["gradients"]
+    assert lean_2.host_mib is None
+    # host: the sharded fp32 parameters, their gradients and AdamW's two moments, 16 bytes per parameter / 2 ranks,
+    # plus the for-loop AdamW's temporaries and 512-byte rounding of this tiny model's many small tensors (+10%)
+    state = 16 * lean_3.params / 2 / MiB
+    assert state <= lean_3.host_mib < 1.15 * state
+    with pytest.raises(UserError, match="--target cuda"):
+        estimate(stage_config("lean_3_cpu_offload", "smoke"), 80, "cpu")

@@ -50,7 +50,7 @@ from gpt.errors import UserError
 from gpt.memory.snapshot import StepRecorder
 from gpt.metrics import TimelineMemTracker, memory_breakdown
 from gpt import optimizations
-from gpt.optimizations import mixed_precision
+from gpt.optimizations import MixedPrecision, mixed_precision
 from gpt.train import build_model, train_step
 
 MiB = 2**20
@@ -70,6 +70,7 @@ class Estimate:
     seconds: float  # how long the estimate took
     notes: list[str] = field(default_factory=list)
     snapshot: dict | None = None  # the simulated step in torch.cuda.memory._snapshot()'s format, if recorded
+    host_mib: float | None = None  # FSDP CPU offload: the largest host memory the offloaded state takes, per rank
 
 
 def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None, record: bool = False) -> Estimate:
@@ -82,7 +83,7 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGETS)})")
     sim, notes = _simulated(cfg, target)
     recorder = StepRecorder() if record else None
-    tracker = _PeakTracker(recorder)
+    tracker = _PeakTracker(recorder, offload=cfg.fsdp_cpu_offload)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if sim.distributed:
@@ -93,7 +94,10 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         raw, model, optimizer = build_model(sim, vocab_size, SIM_DEVICE)
         if adapt:
             adapt(raw, model, optimizer)
-        amp = mixed_precision(sim, SIM_DEVICE)
+        # The CPU's autocast dtype depends on this CPU's measured matmul rates; a CUDA estimate takes 16 bits
+        # (fp16 on CUDA, the same sizes as the bf16 simulated here) whenever the stage autocasts.
+        amp = (mixed_precision(sim, SIM_DEVICE) if target == "cpu"
+               else MixedPrecision(torch.bfloat16 if sim.amp else torch.float32, SIM_DEVICE.type, None))
 
         def step():
             # Fake token batches: the data pipeline only ever puts these two small tensors on the device.
@@ -109,6 +113,16 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         if recorder:
             recorder.stop()
     breakdown = memory_breakdown(tracker)
+    if cfg.fsdp_cpu_offload:
+        # Not in the simulation (nothing moves between devices there): before its all-gather a unit's fp32
+        # shard is copied to the GPU, and after its reduce-scatter its gradient shard waits there for the copy
+        # back. One of each for the largest unit, wherever the peak is.
+        unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)
+        copies = 2 * _cuda_bytes(unit * 4 // sim.world_size) / MiB
+        breakdown["other"] = round(breakdown["other"] + copies, 2)
+        breakdown["total"] = round(breakdown["total"] + copies, 2)
+        notes.append(f"CPU offload: a unit's parameter and gradient shards in transit on the GPU ({copies:,.1f} MiB, "
+                     "in 'other') added")
     if cfg.distributed == "ddp" and target == "cuda":
         # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
         # wraps the model to the end of the run, so it adds to the peak wherever the peak is.
@@ -116,9 +130,10 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         breakdown["other"] = round(breakdown["other"] + buckets, 2)
         breakdown["total"] = round(breakdown["total"] + buckets, 2)
         notes.append(f"DDP: gradient buckets ({buckets:,.1f} MiB, in 'other') added to the simulated rank")
+    host = round(tracker.host_peak / MiB, 2) if cfg.fsdp_cpu_offload else None
     return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
                     world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes,
-                    snapshot=recorder.snapshot() if recorder else None)
+                    snapshot=recorder.snapshot() if recorder else None, host_mib=host)
 
 
 def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
@@ -132,7 +147,18 @@ def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
         notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
     if cfg.distributed == "ddp":
         sim.distributed = None  # one rank: same per-rank batch, no reducer (see the module docstring)
+    if cfg.fsdp_cpu_offload:
+        if target != "cuda":
+            raise UserError("FSDP CPU offload moves state from a GPU to host memory: estimate it with --target cuda")
+        # Simulated without the policy (on fake CPU tensors everything is host memory anyway); the tracker
+        # then counts the offloaded state (sharded parameters, their gradients, AdamW's state and step) apart.
+        sim.fsdp_cpu_offload = False
+        notes.append("CPU offload: sharded parameters, their gradients and the optimizer state are counted in "
+                     "host memory (host_mib), not in the GPU's peak")
     return sim.validate(), notes
+
+
+_PARAM, _GRAD, _OPT = mem_tracker._MemRefType.PARAM, mem_tracker._MemRefType.GRAD, mem_tracker._MemRefType.OPT
 
 
 class _PeakTracker(TimelineMemTracker):
@@ -141,9 +167,12 @@ class _PeakTracker(TimelineMemTracker):
     reads the global peak snapshot. With a recorder, it also reports every storage that appears, grows,
     shrinks or goes (gpt/memory/snapshot.py)."""
 
-    def __init__(self, recorder: StepRecorder | None = None):
+    def __init__(self, recorder: StepRecorder | None = None, offload: bool = False):
         super().__init__()
         self.recorder = recorder
+        self.offload = offload  # FSDP CPU offload: the peak is of what stays on the GPU (see _host_bytes)
+        self.host_peak = 0
+        self._sharded_params = {}
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
@@ -156,11 +185,32 @@ class _PeakTracker(TimelineMemTracker):
         if u_type in (mem_tracker._UpdateType.ADD, mem_tracker._UpdateType.SIZE):
             r.alloc(id(winfo), winfo.size * winfo.element_size)
 
+    def __enter__(self):
+        super().__enter__()  # it starts the peak at everything alive now; restart it by this tracker's rule
+        # Between steps FSDP holds only the sharded parameters: those are the ones CPU offload keeps on the host.
+        self._sharded_params = {dev: snap.get(_PARAM, 0) for dev, snap in self._curr_mem_snap.items()}
+        self._peak_mem, self._peak_mem_snap = {}, {}
+        self._update_peak_stats(None)
+        return self
+
+    def _host_bytes(self, dev, snap: dict) -> dict:
+        """Under CPU offload, the bytes of each category that live in host memory: the sharded parameters
+        (a unit's gathered parameters, also labelled parameters, are on the GPU), the gradients (MemTracker
+        labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the CPU)."""
+        if not self.offload:
+            return {}
+        return {_PARAM: min(snap.get(_PARAM, 0), self._sharded_params.get(dev, 0)), _GRAD: snap.get(_GRAD, 0),
+                _OPT: snap.get(_OPT, 0)}
+
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
-            if snap[mem_tracker._TOTAL_KEY] > self._peak_mem.get(dev, 0):
-                self._peak_mem[dev] = snap[mem_tracker._TOTAL_KEY]
-                self._peak_mem_snap[dev] = dict(snap)
+            host = self._host_bytes(dev, snap)
+            self.host_peak = max(self.host_peak, sum(host.values()))
+            on_device = snap[mem_tracker._TOTAL_KEY] - sum(host.values())
+            if on_device > self._peak_mem.get(dev, 0):
+                self._peak_mem[dev] = on_device
+                self._peak_mem_snap[dev] = {**snap, **{k: snap.get(k, 0) - v for k, v in host.items()},
+                                            mem_tracker._TOTAL_KEY: on_device}
 
 
 # ---- CUDA's rules, applied to the simulation on fake CPU tensors ------------------------------------------

@@ -174,6 +174,8 @@ def cmd_estimate(args) -> int:
     print(f"predicted peak: {_mib(est.peak_mib)} MiB")
     for key in BREAKDOWN:
         print(f"  {key.replace('_', ' '):<16} {_mib(est.breakdown_mib[key]):>12} MiB")
+    if est.host_mib is not None:
+        print(f"  host memory for the offloaded state: {_mib(est.host_mib)} MiB per process")
     for note in est.notes:
         print(f"  note: {note}")
     print(f"(estimated in {est.seconds:.1f} s on fake tensors: no memory was allocated)")
@@ -186,7 +188,7 @@ def cmd_estimate(args) -> int:
                                        "target": args.target, "vocab_size": vocab, "config": cfg.to_dict(),
                                        "params": est.params, "world_size": est.world_size,
                                        "peak_mib": est.peak_mib, "breakdown_mib": est.breakdown_mib,
-                                       "notes": est.notes})
+                                       "host_mib": est.host_mib, "notes": est.notes})
     return 0
 
 
@@ -274,13 +276,19 @@ def cmd_fit(args) -> int:
                                 verify_max_layers=args.verify_max_layers)
             rows.append({"setting": label, "stage": stage, "world_size": world, **found,
                          "documented_params": documented})
-    print(f"\n  {'setting':<44}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}")
+    print(f"\n  {'setting':<66}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}"
+          f"{'host GiB/GPU':>14}")
     for r in rows:
         doc = f"{r['documented_params'] / 1e6:,.0f}M" if r["documented_params"] else ""
+        host = f"{r['host_mib'] / 1024:,.0f}" if r.get("host_mib") is not None else ""
         mark = " *" if r["extrapolated"] else ""
-        print(f"  {r['setting']:<44}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
-              f"{r['next_peak_mib']:>11,.0f}{doc:>12}{mark}")
+        print(f"  {r['setting']:<66}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
+              f"{r['next_peak_mib']:>11,.0f}{doc:>12}{host:>14}{mark}")
     notes = documented_shapes(rows)
+    notes += [f"{r['setting']}: the GPU holds the activations and one unit's gathered parameters; the sharded "
+              f"parameters, their gradients and AdamW's state take {r['host_mib'] / 1024:,.0f} GiB of host memory "
+              f"per GPU ({r['world_size'] * r['host_mib'] / 1024:,.0f} GiB for all {r['world_size']}): host RAM, "
+              "not the GPU, bounds this setting." for r in rows if r.get("host_mib") is not None]
     notes += [f"* {r['setting']}: extrapolated along the estimates at 8 and 16 layers (full-depth fake runs "
               f"of that many sharded layers take minutes); the peak at 16 layers was "
               f"{r['affine_residual_mib']:+,.1f} MiB off the line through 4 and 8 layers."

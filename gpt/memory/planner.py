@@ -314,13 +314,17 @@ SHAPE_RULE = ("GPT-2-large width (n_embd 1280, 20 heads) with more or fewer laye
 
 
 def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, str, int, int | None]]:
-    """(label, stage, processes, documented parameters): before the ladder, and after it with FSDP. The
-    documented counts are for an 80 GB GPU."""
+    """(label, stage, processes, documented parameters): before the ladder, after it with FSDP, and with the
+    lean ladder's last stage (its GPU memory; its host memory is reported beside). The documented counts are
+    for an 80 GB GPU."""
     documented = DOCUMENTED_FIT if budget_gib == 80 else {}
     rows = [("before: memory_0 settings (1 GPU)", "memory_0_baseline", 1, documented.get("before"))]
     for w in world_sizes:
         rows.append((f"after: memory_3 settings + FSDP ({w} GPUs)", "memory_4_fsdp", w,
                      documented.get("after") if w == 2 else None))
+    for w in world_sizes:
+        rows.append((f"beyond: lean_3, FSDP bf16 + chunked loss + CPU offload ({w} GPUs)", "lean_3_cpu_offload", w,
+                     None))
     return rows
 
 
@@ -364,7 +368,8 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
         per_layer = (known[check].params - known[hi].params) // (check - hi)
         return {"n_layer": n, "params": known[check].params + per_layer * (n - check),
                 "peak_mib": p_check + slope * (n - check), "next_peak_mib": p_check + slope * (n + 1 - check),
-                "estimates": len(known), "extrapolated": True, "affine_residual_mib": residual}
+                "host_mib": _along(known, hi, check, n), "estimates": len(known), "extrapolated": True,
+                "affine_residual_mib": residual}
     for _ in range(5):
         p_n, p_next = peaks(n, n + 1)
         if p_n > budget_mib:
@@ -380,8 +385,15 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
             n = n + 1 + math.floor((budget_mib - p_next) / slope)
         else:
             return {"n_layer": n, "params": known[n].params, "peak_mib": p_n, "next_peak_mib": p_next,
-                    "estimates": len(known), "extrapolated": False}
+                    "host_mib": known[n].host_mib, "estimates": len(known), "extrapolated": False}
     raise RuntimeError(f"{stage}: no fit after {len(known)} estimates; the peak is not affine in depth here")
+
+
+def _along(known: dict, a: int, b: int, n: int) -> float | None:
+    """The host memory (CPU offload) at n layers, along the line through the estimates at a and b layers."""
+    if known[a].host_mib is None:
+        return None
+    return known[b].host_mib + (known[b].host_mib - known[a].host_mib) / (b - a) * (n - b)
 
 
 def documented_shapes(rows: list[dict]) -> list[str]:
