@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's main job: set up the environment, run both ladders on this machine, write the report.
+# The project's main job: set up the environment, run the four ladders on this machine, write the report.
 #
 #   ./run_all.sh                          # default profile for the hardware found (reference on CUDA, cpu otherwise)
 #   ./run_all.sh --profile smoke --out /tmp/smoke_runs      # every stage on tiny shapes, a few minutes

@@ -1,4 +1,4 @@
-"""TrainConfig: one object holds every setting of a run; each optimization of both ladders is one field.
+"""TrainConfig: one object holds every setting of a run; each optimization of every ladder is one field.
 
 A stage script changes exactly one group of these fields. The code each field switches on lives in
 `gpt/optimizations.py` (one named function per optimization); gradient accumulation is the loop in

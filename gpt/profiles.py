@@ -2,7 +2,7 @@
 
 - reference: the documented setup (../shared/reference/README.md): character-level Shakespeare,
   block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
-- cpu: sized so both ladders finish in about half an hour on 2 CPU cores. Default without CUDA.
+- cpu: sized so the four ladders finish in about half an hour on 2 CPU cores. Default without CUDA.
   The speed ladder reads GPT-2 BPE tokens. The memory ladder reads the reference's kind of data (characters,
   block 128) and keeps GPT-2-large's depth (36 layers) at a quarter of its width (320, five 64-wide heads as
   in GPT-2), batch 12. The shape is chosen so that the same things make each stage's peak as on the H100

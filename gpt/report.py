@@ -34,7 +34,7 @@ ANCHOR_SETUP = "karpathy/build-nanogpt: GPT-2 124M, batch 16 x 1024 tokens, one 
 
 
 def load_records(runs: Path) -> dict[str, dict]:
-    """Stage name -> record, for the stages of both ladders that have a record in `runs`."""
+    """Stage name -> record, for the stages of every ladder that have a record in `runs`."""
     found = {}
     for stage in (s for stages in LADDERS.values() for s in stages):
         record = read_record(record_path(runs, stage))

@@ -1,4 +1,4 @@
-"""The main job behind `./run_all.sh`: every stage of both ladders, in order, each in its own process,
+"""The main job behind `./run_all.sh`: every stage of the four ladders, in order, each in its own process,
 then results.md.
 
     ./run_all.sh [--profile P] [--only speed|memory] [--device auto|cpu|cuda] [--wandb MODE] [--out DIR] [--resume]

@@ -1,4 +1,4 @@
-"""One training loop for every stage of both ladders, and the measurement protocol around it.
+"""One training loop for every stage of every ladder, and the measurement protocol around it.
 
 Protocol (the reference's): `warmup_iters` optimizer steps (the first one, which includes torch.compile's
 compilation, is timed on its own), then `repeats` times "train on N samples" between two device
