@@ -436,7 +436,10 @@ def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
     """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
-    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure."""
+    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure.
+    A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
+    per 2048 x 2048 matmul: the size doubles from 256 only while one matmul takes under a quarter of
+    `seconds`, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
     key = f"{_cpu_model()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}|n={n}"
     try:
         cache = json.loads(_CACHE.read_text())
@@ -447,6 +450,15 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # real tensors even when called under FakeTensorMode (the memory planner)
+        size = 256
+        while size < n:
+            a = torch.randn(size, size, dtype=dtype)
+            t0 = time.perf_counter()
+            a @ a
+            if 8 * (time.perf_counter() - t0) > seconds / 4:  # the next size takes 8x longer
+                n = size
+                break
+            size *= 2
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         for _ in range(3):
             a @ b

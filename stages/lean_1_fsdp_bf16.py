@@ -7,6 +7,8 @@ parameters and every activation the block keeps for backward take half the bytes
 parameters remain the master weights that AdamW updates, and gradients are reduce-scattered in fp32
 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). Precision changes: the forward and backward
 run in bf16, so parameters after a step match fp32 training within bf16's rounding, not exactly.
+A CPU computes in bf16 only where its bf16 matmuls were measured faster than fp32 (the speed_5_amp rule);
+elsewhere the stage keeps fp32 and its record says "no effect" with the two rates.
 Code: gpt/optimizations.py:fsdp_policies (fsdp_mixed_precision).
 """
 from gpt.ladder import stage_main

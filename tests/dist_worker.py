@@ -23,6 +23,7 @@ from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.metrics import resolve_device
+from gpt import optimizations
 from gpt.optimizations import make_loader, mixed_precision, to_device
 from gpt.train import build_model, train_step
 
@@ -89,8 +90,12 @@ def main(argv=None) -> None:
     p.add_argument("--config", required=True, help="TrainConfig fields as JSON")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="directory for rank<r>.pt")
+    p.add_argument("--cpu-bf16", action="store_true",
+                   help="compute in bf16 where the config asks for it, even on a CPU whose bf16 is slower")
     a = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads(a.config))
+    if a.cpu_bf16:
+        optimizations.cpu_bf16_is_faster = lambda: (True, "forced by the test")
     distributed.init(resolve_device(cfg.device))
     try:
         grads = []

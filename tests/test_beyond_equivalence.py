@@ -78,7 +78,7 @@ def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
     monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
-    assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150, fp32 300 GFLOP/s" in amp.why
+    assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
     assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) == amp.why
     rates[torch.bfloat16] = 2400e9  # a CPU with AMX
     assert mixed_precision(tiny_config(char_data, amp=True), CPU).dtype == torch.bfloat16
@@ -247,7 +247,7 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
     memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
     cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, **memory_4, **stage_settings)
-    launch_workers(cfg, DIST_STEPS, tmp_path)
+    launch_workers(cfg, DIST_STEPS, tmp_path, "--cpu-bf16")  # bf16 even where this CPU would keep fp32
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
     single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)[0]
     initial = full_params(train_with_grads(tiny_config(char_data), 0)[0].raw)  # the same seed's weights
@@ -278,14 +278,22 @@ def test_cpu_offload_is_skipped_without_a_gpu(tmp_path):
     assert record["config"]["fsdp_cpu_offload"] and record["config"]["fsdp_mixed_precision"]
 
 
-def test_fsdp_policies_follow_the_config(char_data):
+def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    assert optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp")) == {}
-    policies = optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True,
-                                                       fsdp_cpu_offload=True))
+    rates = {torch.float32: 300e9, torch.bfloat16: 2400e9}  # a CPU with AMX
+    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
+    assert optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp"), CPU) == {}
+    lean_3 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, fsdp_cpu_offload=True)
+    policies = optimizations.fsdp_policies(lean_3, CPU)
     assert policies["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert isinstance(policies["offload_policy"], CPUOffloadPolicy)
+    assert why_no_effect("fsdp_mixed_precision", lean_3, CPU) is None
+
+    rates[torch.bfloat16] = 1.3e9  # a CPU with AVX2 only: bf16 ~100x slower than fp32, so fp32 is kept
+    assert "mp_policy" not in optimizations.fsdp_policies(lean_3, CPU)
+    assert why_no_effect("fsdp_mixed_precision", lean_3, CPU).startswith("kept fp32 parameters for compute")
+    assert optimizations.fsdp_policies(lean_3, torch.device("cuda"))["mp_policy"].param_dtype == torch.bfloat16
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------------------

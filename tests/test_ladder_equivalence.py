@@ -337,10 +337,10 @@ DIST_GRAD_RTOL, DIST_GRAD_ATOL = 1e-5, 1e-7
 DIST_PARAM_RTOL, DIST_PARAM_ATOL = 1e-5, 1e-6
 
 
-def launch_workers(cfg: TrainConfig, steps: int, out) -> None:
+def launch_workers(cfg: TrainConfig, steps: int, out, *worker_args: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
            str(REPO / "tests" / "dist_worker.py"), "--config", json.dumps(cfg.to_dict()),
-           "--steps", str(steps), "--out", str(out)]
+           "--steps", str(steps), "--out", str(out), *worker_args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 processes share 2 cores
     log = out / "torchrun.log"  # a file, not a pipe: a stray process holding a pipe open cannot block us
     with open(log, "w") as f:

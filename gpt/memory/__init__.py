@@ -240,9 +240,11 @@ def _cuda_dropout(input, p=0.5, training=True, inplace=False):
 @contextlib.contextmanager
 def _cuda_rules():
     # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
-    # checkpointing recomputes a block during backward).
+    # checkpointing recomputes a block during backward). The simulation runs on the CPU, whose bf16 rule
+    # must not decide what a GPU computes in: FSDP's mixed precision is bf16 on CUDA.
     with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
-          mock.patch.object(F, "dropout", _cuda_dropout)):
+          mock.patch.object(F, "dropout", _cuda_dropout),
+          mock.patch.object(optimizations, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU"))):
         yield
 
 
