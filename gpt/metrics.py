@@ -412,6 +412,13 @@ def gpu_board(name: str) -> str | None:
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-ladder" / "cpu_peak_flops.json"
 
 
+def _read_cache() -> dict:
+    try:
+        return json.loads(_CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """(peak FLOP/s of one device in `dtype`, where the figure comes from)."""
     dt = str(dtype).removeprefix("torch.")
@@ -434,39 +441,22 @@ def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
     return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
 
 
-def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
+def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1,
+                             fresh: bool = False) -> float:
     """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
-    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure.
+    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure; `fresh`
+    measures again and replaces the cached figure (run_all does so once, before its first stage).
+    A VM's neighbours move the rate by 20% and more for seconds at a time, so `rounds` spreads the
+    `seconds` over that many rounds, a second apart, and keeps the best.
     A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
-    per 2048 x 2048 matmul: the size doubles from 256 only while one matmul takes under a quarter of
-    `seconds`, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
+    per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
+    a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
     key = f"{_cpu_model()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}|n={n}"
-    try:
-        cache = json.loads(_CACHE.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in cache:
+    cache = _read_cache()
+    if key in cache and not fresh:
         return cache[key]
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():  # real tensors even when called under FakeTensorMode (the memory planner)
-        size = 256
-        while size < n:
-            a = torch.randn(size, size, dtype=dtype)
-            t0 = time.perf_counter()
-            a @ a
-            if 8 * (time.perf_counter() - t0) > seconds / 4:  # the next size takes 8x longer
-                n = size
-                break
-            size *= 2
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        best, t_end = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
-            t0 = time.perf_counter()
-            a @ b
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    best = matmul_rate(dtype, n, seconds, rounds)
+    cache = _read_cache()  # another process may have written meanwhile
     cache[key] = best
     try:
         _CACHE.parent.mkdir(parents=True, exist_ok=True)
@@ -476,6 +466,54 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return best
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:
+    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    round_s = seconds / rounds
+    with unset_fake_temporarily():  # real tensors even when called under FakeTensorMode (the memory planner)
+        size = 256
+        while size < n:
+            a = torch.randn(size, size, dtype=dtype)
+            a @ a  # the first call of a size pays for allocation and packing: time the second
+            t0 = time.perf_counter()
+            a @ a
+            if 8 * (time.perf_counter() - t0) > round_s / 4:  # the next size takes 8x longer
+                n = size
+                break
+            size *= 2
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        best = 0.0
+        for i in range(rounds):
+            if i:
+                time.sleep(1.0)
+            t_end = time.perf_counter() + round_s
+            while time.perf_counter() < t_end:
+                t0 = time.perf_counter()
+                a @ b
+                best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, float]:
+    """Measure afresh, on a quiet machine before any stage runs, every CPU peak the stages will read from
+    the cache (fp32 and bf16 at each thread count the stages use), so that no stage's MFU rests on one
+    2-second sample taken while the host was busy, nor on a figure cached on another day.
+    Returns {"float32 x2 threads": FLOP/s, ...}."""
+    before, peaks = torch.get_num_threads(), {}
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            for dtype in (torch.float32, torch.bfloat16):
+                flops = measure_cpu_matmul_flops(dtype, seconds=rounds, rounds=rounds, fresh=True)
+                peaks[f"{str(dtype).removeprefix('torch.')} x{threads} threads"] = flops
+    finally:
+        torch.set_num_threads(before)
+    return peaks
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None, world_size: int = 1) -> float | None:

@@ -207,6 +207,11 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
                                  for c in commits)],
         ["profile", ", ".join(profiles)],
     ]
+    peaks, end = machine.get("cpu_peaks_gflops"), machine.get("cpu_peak_end_gflops") or {}
+    if peaks:
+        rows.append(["CPU matmul peaks (MFU basis)", "; ".join(f"{k}: {v:,.1f} GFLOP/s" for k, v in peaks.items())
+                     + f" (measured before the first stage, best of {machine.get('cpu_peak_rounds', '?')} rounds)"
+                     + "".join(f"; {k} after the last stage: {v:,.1f}" for k, v in end.items())])
     lines = [
         "# Results",
         "",
@@ -219,6 +224,11 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
         lines += ["", f"Warning: the machine was busy when the ladder started (load average "
                       f"{machine['load_average']} on {machine['cpu_count']} cores). Other processes slow CPU "
                       "stages down unevenly, so the time columns are unreliable; memory figures are not affected."]
+    for key, after in end.items():
+        if peaks and key in peaks and after > 1.05 * peaks[key]:
+            lines += ["", f"Warning: this CPU multiplied matrices {after / peaks[key] - 1:.0%} faster after the last "
+                          f"stage than before the first ({key}: {peaks[key]:,.1f} -> {after:,.1f} GFLOP/s): the "
+                          "host was busier at the start, and MFU figures against that peak are that much too high."]
     if len(profiles) > 1:
         lines += ["", f"Warning: these records come from {len(profiles)} profiles; changes are only computed "
                       "between stages of the same profile."]

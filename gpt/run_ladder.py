@@ -26,7 +26,7 @@ from gpt import report
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
-from gpt.metrics import device_name, resolve_device
+from gpt.metrics import calibrate_cpu_peaks, device_name, matmul_rate, resolve_device
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, writable_dir, write_record
 
@@ -107,6 +107,30 @@ def write_machine(out: Path, profile: str, device: str) -> None:
         "cpu_count": os.cpu_count(), "gpus": gpus, "python": env["python"], "torch": env["torch"],
         "platform": env["platform"], "git_commit": env["git_commit"], "profile": profile, "device": device,
         "started": env["time"], "load_average": round(os.getloadavg()[0], 2)})
+
+
+def measure_cpu_peaks(out: Path, rounds: int) -> None:
+    """The CPU's matmul peaks, measured afresh before the first stage while nothing else runs: every stage
+    reads them from the cache for its MFU (single-process stages use all threads, torchrun's ranks one)."""
+    threads = sorted({torch.get_num_threads(), 1}, reverse=True)
+    print(f"measuring this CPU's matmul peaks (fp32 and bf16, best of {rounds} rounds)...", flush=True)
+    peaks = calibrate_cpu_peaks(threads, rounds=rounds)
+    print("  " + ", ".join(f"{k}: {v / 1e9:,.1f} GFLOP/s" for k, v in peaks.items()))
+    _update_machine(out, cpu_peaks_gflops={k: round(v / 1e9, 1) for k, v in peaks.items()}, cpu_peak_rounds=rounds)
+
+
+def remeasure_cpu_peak(out: Path, rounds: int) -> None:
+    """fp32 at all threads once more after the last stage: the report says if the host ran faster then than
+    at the start, i.e. if the MFU figures (against the start's peak) may be too high."""
+    threads = torch.get_num_threads()
+    flops = matmul_rate(torch.float32, seconds=rounds, rounds=rounds)
+    print(f"this CPU's fp32 matmul peak after the stages: {flops / 1e9:,.1f} GFLOP/s ({threads} threads)")
+    _update_machine(out, cpu_peak_end_gflops={f"float32 x{threads} threads": round(flops / 1e9, 1)})
+
+
+def _update_machine(out: Path, **fields) -> None:
+    path = out / report.MACHINE_FILE
+    write_record(path, {**(read_record(path) or {}), **fields})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
         print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
               "suffer, memory figures will not")
+    rounds = 1 if profile == "smoke" else 4  # smoke: the tests' profile, seconds per stage
+    if device == "cpu":
+        measure_cpu_peaks(out, rounds)
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
     try:
         failures, interrupted = run_stages(stages, args, profile, device, out)
@@ -279,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
 
+    if device == "cpu" and not interrupted:
+        remeasure_cpu_peak(out, rounds)
     if "memory" in ladders and not interrupted:
         run_memory_planner(out)
 

@@ -18,6 +18,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_peak_cache(tmp_path_factory):
+    """The tests' CPU matmul peaks (run_all's smoke calibration measures them in a second) go to a cache of
+    their own, here and in every stage process they start, never into the user's ~/.cache."""
+    import os
+
+    from gpt import metrics
+
+    cache_home = tmp_path_factory.mktemp("xdg_cache")
+    old_env, old_cache = os.environ.get("XDG_CACHE_HOME"), metrics._CACHE
+    os.environ["XDG_CACHE_HOME"] = str(cache_home)
+    metrics._CACHE = cache_home / "gpt-ladder" / "cpu_peak_flops.json"
+    yield
+    metrics._CACHE = old_cache
+    if old_env is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old_env
+
+
 def load_prepare_module():
     """data/prepare.py is a script, not a package module: load it from its path."""
     spec = importlib.util.spec_from_file_location("prepare", REPO / "data" / "prepare.py")

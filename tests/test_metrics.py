@@ -2,6 +2,8 @@
 the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic one, written as the allocator
 writes it), the marks that place a step's phases in that trace, and the GPU names of the MFU table.
 tests/test_gpu.py checks the same on a real GPU."""
+import json
+
 import pytest
 import torch
 
@@ -195,3 +197,33 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
     monkeypatch.setattr(metrics, "_CACHE", tmp_path / "real.json")
     real = metrics.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
     assert real / 4 < under_fake < real * 4
+
+
+def test_fresh_peak_measurement_replaces_a_stale_cached_figure(tmp_path, monkeypatch):
+    """run_all measures the peaks afresh before its first stage: a figure cached on a busier day (or another
+    VM with the same CPU name) must not survive it, while a stage run alone keeps reading the cache."""
+    monkeypatch.setattr(metrics, "_CACHE", tmp_path / "peaks.json")
+    monkeypatch.setattr(metrics, "matmul_rate", lambda dtype, n=2048, seconds=2.0, rounds=1: 7e10)
+    metrics.measure_cpu_matmul_flops(torch.float32)  # caches 7e10
+    cache = json.loads(metrics._CACHE.read_text())
+    cache = {k: 1e9 for k in cache}  # a stale, much lower figure
+    metrics._CACHE.write_text(json.dumps(cache))
+    assert metrics.measure_cpu_matmul_flops(torch.float32) == 1e9
+    peaks = metrics.calibrate_cpu_peaks([2, 1], rounds=2)
+    assert peaks == {"float32 x2 threads": 7e10, "bfloat16 x2 threads": 7e10,
+                     "float32 x1 threads": 7e10, "bfloat16 x1 threads": 7e10}
+    assert metrics.measure_cpu_matmul_flops(torch.float32) == 7e10
+
+
+def test_matmul_rate_keeps_the_best_round(monkeypatch):
+    """A round slowed down by the host must not lower the figure: the best round counts."""
+    clock = {"t": 0.0, "round": 0}
+    monkeypatch.setattr(metrics.time, "sleep", lambda s: clock.update(round=clock["round"] + 1))
+
+    def perf_counter():  # every matmul "takes" 0.5 ms in the second round, 1 ms in the others
+        clock["t"] += 0.0005 if clock["round"] == 1 else 0.001
+        return clock["t"]
+
+    monkeypatch.setattr(metrics.time, "perf_counter", perf_counter)
+    best = metrics.matmul_rate(torch.float32, n=256, seconds=0.3, rounds=3)
+    assert best == pytest.approx(2 * 256**3 / 0.0005)

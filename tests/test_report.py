@@ -326,6 +326,8 @@ def stub_stages(tmp_path, monkeypatch):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
     monkeypatch.setattr(run_ladder, "prepare_data", lambda profile, ladders: None)
+    monkeypatch.setattr(run_ladder, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
+    monkeypatch.setattr(run_ladder, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
     monkeypatch.setattr(run_ladder, "stage_command",
                         lambda stage, profile, device, wandb, out: [sys.executable, str(stub), stage, str(out),
                                                                     str(templates)])
@@ -422,3 +424,25 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages, monkeypatch):
+    """run_all measures the CPU's matmul peaks before the first stage and fp32 again after the last; the
+    header gives both, and warns when the end's is >5% higher (the start's peak, the MFU basis, was low)."""
+    out, behave, _ = stub_stages
+    calibrations = []
+    monkeypatch.setattr(run_ladder, "calibrate_cpu_peaks",
+                        lambda threads, rounds: calibrations.append((threads, rounds)) or
+                        {"float32 x2 threads": 100e9, "bfloat16 x2 threads": 1e9, "float32 x1 threads": 50e9})
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
+    for end, warned in ((103e9, False), (130e9, True)):
+        for stage in LADDERS["speed"]:
+            behave(stage, "ok", fake_record(stage))
+        monkeypatch.setattr(run_ladder, "matmul_rate", lambda dtype, seconds, rounds, end=end: end)
+        monkeypatch.setattr(run_ladder.torch, "get_num_threads", lambda: 2)
+        assert run_ladder.main(args) == 0
+        md = (out / "results.md").read_text()
+        assert "float32 x2 threads: 100.0 GFLOP/s; bfloat16 x2 threads: 1.0 GFLOP/s" in md
+        assert f"float32 x2 threads after the last stage: {end / 1e9:.1f}" in md
+        assert ("30% faster after the last stage" in md) == warned
+    assert calibrations[0] == ([2, 1], 1)  # both thread counts the stages use; smoke: one round
