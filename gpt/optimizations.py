@@ -283,9 +283,8 @@ def why_no_effect(field: str, cfg: TrainConfig, device: torch.device) -> str | N
         if device.type == "cpu":
             return f"the CPU's autocast never uses fp16 or a GradScaler (here: {amp.why})"
         return amp.why if amp.scaler else None
-    if field == "fsdp_mixed_precision" and device.type == "cpu":
-        faster, rates = cpu_bf16_is_faster()
-        return None if faster else f"kept fp32 parameters for compute: bf16 is not faster here ({rates})"
+    if field == "fsdp_mixed_precision" and "mp_policy" not in fsdp_policies(cfg, device):
+        return f"kept fp32 parameters for compute: bf16 is not faster here ({cpu_bf16_is_faster()[1]})"
     if field == "tf32" and not has_tf32(device):
         return "TF32 is a tensor-core format of NVIDIA GPUs from Ampere on: fp32 matmuls here are unchanged"
     return None

@@ -2,8 +2,11 @@
 
 - reference: the documented setup (../shared/reference/README.md): character-level Shakespeare,
   block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
-- cpu: sized so the four ladders finish in about half an hour on 2 CPU cores. Default without CUDA.
-  The speed ladder reads GPT-2 BPE tokens. The memory ladder reads the reference's kind of data (characters,
+- cpu: sized so the four ladders finish in under half an hour on 2 CPU cores. Default without CUDA.
+  The speed ladder reads GPT-2 BPE tokens, batch 8 (64 from speed_1 on): 128 samples per repeat, the
+  fewest that speed_6's two ranks of 64 can share. The memory ladder's repeat is 24 samples: two steps of 12
+  (one per rank under FSDP). With batch 16, 256 and 48 samples the four ladders took 47 minutes on a 2-core
+  AMD EPYC VM. The memory ladder reads the reference's kind of data (characters,
   block 128) and keeps GPT-2-large's depth (36 layers) at a quarter of its width (320, five 64-wide heads as
   in GPT-2), batch 12. The shape is chosen so that the same things make each stage's peak as on the H100
   (`python -m gpt.memory estimate --profile cpu --target cpu` checks a shape in seconds): activations at the
@@ -31,10 +34,10 @@ PROFILES = {
     },
     "cpu": {
         "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
-                      block_size=64, batch_size=16, samples=256, repeats=3, warmup_iters=2, profile_steps=1,
+                      block_size=64, batch_size=8, samples=128, repeats=3, warmup_iters=2, profile_steps=1,
                       **_REFERENCE_TRAINING),
         "memory": dict(preset="gpt2-large", n_embd=320, n_head=5, data_dir="data/shakespeare_char",
-                       dataset="tokens", block_size=128, batch_size=12, samples=48, repeats=2, warmup_iters=1,
+                       dataset="tokens", block_size=128, batch_size=12, samples=24, repeats=2, warmup_iters=1,
                        profile_steps=1,
                        **_REFERENCE_TRAINING),
     },

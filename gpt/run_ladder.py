@@ -263,13 +263,16 @@ def run_memory_planner(out: Path) -> None:
         "reference": ["reference"],
         "fit": ["fit", "--budget-gib", "80"],
     }
+    running = {}  # side by side: each is one busy Python thread, and no timing is left to disturb
     for name, args in commands.items():
         log = out / f"memory_{name}.log"
         print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
         with open(log, "w") as f:
-            rc = subprocess.run([sys.executable, "-m", "gpt.memory", *args, "--json", str(out / f"memory_{name}.json")],
-                                stdout=f, stderr=subprocess.STDOUT).returncode
-        if rc != 0:
+            running[name] = (subprocess.Popen([sys.executable, "-m", "gpt.memory", *args, "--json",
+                                               str(out / f"memory_{name}.json")],
+                                              stdout=f, stderr=subprocess.STDOUT), log)
+    for name, (proc, log) in running.items():
+        if (rc := proc.wait()) != 0:
             print(f"[planner] {name} failed (exit {rc}); see {log}")
 
 

@@ -6,10 +6,11 @@ synchronisations. Under DDP/FSDP each of the W ranks trains on N/W samples and a
 the slowest rank. No `.item()` and no synchronisation inside a timed repeat: losses stay on the device
 until the repeat ends. Peak memory: on CUDA `max_memory_allocated` over the timed repeats (peak reset
 after warm-up), or `max_memory_reserved` for CUDA graphs (gpt/metrics.py:memory_method says why); on the
-CPU, MemTracker's peak of live tensor memory over one extra step after timing. That extra step also gives
-the memory timeline and breakdown: MemTracker's on the CPU, the CUDA allocator's own history on CUDA.
+CPU, MemTracker's peak of live tensor memory over the last warm-up step (or, with a single warm-up step,
+one extra step after timing). That step also gives the memory timeline and breakdown: MemTracker's on the
+CPU, the CUDA allocator's own history of one extra step on CUDA.
 Where the time goes: `profile_steps` more steps under torch.profiler after the timed repeats, before the
-memory step (gpt/profiling.py).
+extra memory step (gpt/profiling.py).
 """
 import math
 import statistics
@@ -143,8 +144,11 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
     method = memory_method(device, compile_mode(cfg, device))
 
+    # CPU: the last warm-up step, when it is not the first (whose optimizer state is only born in its
+    # update), is the memory step: one step fewer per stage than an extra one after timing
+    track_in_warmup = cfg.measure_memory and device.type != "cuda" and cfg.warmup_iters >= 2
     total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
-                   + int(cfg.measure_memory))
+                   + int(cfg.measure_memory and not track_in_warmup))
     sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
     batches = iter(make_loader(dataset, sampler, cfg, device))
     progress = tqdm(total=total_steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
@@ -166,8 +170,11 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     model.train()
     synchronize(device)
     t0 = time.perf_counter()
-    first_loss, first_step_s = None, None
+    first_loss, first_step_s, memory = None, None, {}
     for i in range(cfg.warmup_iters):
+        if track_in_warmup and i == cfg.warmup_iters - 1:
+            memory = tracked_step_memory(step, model, optimizer)
+            continue
         loss = step()
         if i == 0:
             synchronize(device)
@@ -199,8 +206,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     # ---- where the time goes: a few profiled steps, after timing so that they never change it ----
     profiled = profile_steps(step, cfg, device, trace_path, rank)  # time_breakdown_pct and profiler
 
-    # ---- memory: one extra, instrumented step ----
-    memory = {}
+    # ---- memory: one extra, instrumented step (unless a warm-up step was that step) ----
     if cfg.measure_memory and device.type == "cuda":
         # The allocator's own history: MemTracker would not do here, since dynamo does not compile under its
         # dispatch mode (it would describe an eager step) and it costs minutes at 36 layers.
@@ -209,14 +215,8 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
         memory = {"breakdown_mib": traced["breakdown_mib"],
                   "timeline_mib": _downsample([b / MiB for b in traced["timeline_bytes"]], 400),
                   "snapshot": path.name if path else None}
-    elif cfg.measure_memory:
-        tracker = TimelineMemTracker()
-        tracker.track_external(model, optimizer)
-        with tracker:
-            tracker.reset_mod_stats()
-            step()
-        memory = {"breakdown_mib": memory_breakdown(tracker),
-                  "timeline_mib": _downsample([b / MiB for b in tracker.timeline], 400)}
+    elif cfg.measure_memory and not memory:
+        memory = tracked_step_memory(step, model, optimizer)
     progress.close()
     if cuda_peaks:
         peak_mib = cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]
@@ -295,6 +295,18 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
             "losses": losses,
         },
     }
+
+
+def tracked_step_memory(step, model, optimizer) -> dict:
+    """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
+    A compiled model runs eager under the tracker's dispatch mode, and is not recompiled after it."""
+    tracker = TimelineMemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        tracker.reset_mod_stats()
+        step()
+    return {"breakdown_mib": memory_breakdown(tracker),
+            "timeline_mib": _downsample([b / MiB for b in tracker.timeline], 400)}
 
 
 def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.0) -> list[float]:

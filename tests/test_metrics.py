@@ -2,6 +2,7 @@
 the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic one, written as the allocator
 writes it), the marks that place a step's phases in that trace, and the GPU names of the MFU table.
 tests/test_gpu.py checks the same on a real GPU."""
+import contextlib
 import json
 
 import pytest
@@ -227,3 +228,30 @@ def test_matmul_rate_keeps_the_best_round(monkeypatch):
     monkeypatch.setattr(metrics.time, "perf_counter", perf_counter)
     best = metrics.matmul_rate(torch.float32, n=256, seconds=0.3, rounds=3)
     assert best == pytest.approx(2 * 256**3 / 0.0005)
+
+
+def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
+    """TimelineMemTracker skips MemTracker's per-module peaks (O(modules) per op); the global peak snapshot,
+    the only one the breakdown reads, must stay MemTracker's own, category by category."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def tracked(tracker_cls):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                                          torch.nn.Linear(256, 64)) for _ in range(4)])
+        opt = torch.optim.AdamW(model.parameters())
+        for i in range(2):  # the second step, with the optimizer state alive, is tracked
+            tracker = tracker_cls()
+            tracker.track_external(model, opt)
+            with tracker if i else contextlib.nullcontext():
+                if i:
+                    tracker.reset_mod_stats()
+                model(torch.randn(32, 64)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        return tracker
+
+    ours, theirs = tracked(metrics.TimelineMemTracker), tracked(MemTracker)
+    assert metrics.memory_breakdown(ours) == metrics.memory_breakdown(theirs)
+    assert metrics.memory_breakdown(ours)["optimizer_state"] > 0 and metrics.memory_breakdown(ours)["total"] > 0
+    assert ours.get_tracker_snapshot("peak") == theirs.get_tracker_snapshot("peak")

@@ -36,6 +36,26 @@ def test_short_cpu_run_lowers_the_loss_and_returns_a_valid_record(char_data):
     json.dumps(record)  # serialisable as is
 
 
+def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, monkeypatch):
+    """With two warm-up steps the second is the CPU's memory step (no extra step after timing), and it
+    measures what an extra step after timing measures: the same breakdown; the steps taken are one fewer,
+    and the training itself (losses) is unchanged."""
+    steps = []
+    step = train.train_step
+    monkeypatch.setattr(train, "train_step", lambda *a: steps.append(1) or step(*a))
+    cfg = dict(samples=16, repeats=1, profile_steps=0)
+    folded = train.run(tiny_config(char_data, warmup_iters=2, **cfg))["metrics"]
+    n_folded, steps[:] = len(steps), []
+    extra = train.run(tiny_config(char_data, warmup_iters=2, measure_memory=False, **cfg))["metrics"]
+    assert len(steps) == n_folded == 2 + 2  # warm-up 2 (one tracked) + one repeat of 2 steps
+    assert folded["losses"] == extra["losses"]
+    steps[:] = []
+    single = train.run(tiny_config(char_data, warmup_iters=1, **cfg))["metrics"]
+    assert len(steps) == 1 + 2 + 1  # one warm-up step: the memory step comes after timing
+    assert folded["memory_breakdown_mib"] == single["memory_breakdown_mib"]
+    assert folded["peak_memory_mib"] == single["peak_memory_mib"] > 0
+
+
 def test_cpu_training_is_deterministic(char_data):
     cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False)
     a, b = train.run(cfg)["metrics"]["losses"], train.run(cfg)["metrics"]["losses"]

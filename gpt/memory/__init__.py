@@ -162,10 +162,9 @@ _PARAM, _GRAD, _OPT = mem_tracker._MemRefType.PARAM, mem_tracker._MemRefType.GRA
 
 
 class _PeakTracker(TimelineMemTracker):
-    """TimelineMemTracker that keeps only the global peak. MemTracker also updates the peak of every active
-    module after every op, which costs O(modules) per op (minutes for a 36-layer model); the planner only
-    reads the global peak snapshot. With a recorder, it also reports every storage that appears, grows,
-    shrinks or goes (gpt/memory/snapshot.py)."""
+    """TimelineMemTracker whose peak, under FSDP CPU offload, is of what stays on the GPU (it also keeps the
+    host's peak). With a recorder, it also reports every storage that appears, grows, shrinks or goes
+    (gpt/memory/snapshot.py)."""
 
     def __init__(self, recorder: StepRecorder | None = None, offload: bool = False):
         super().__init__()
