@@ -323,7 +323,8 @@ def print_summary(record: dict, out: Path) -> None:
     print(f"  {m['seconds_mean']:.2f} s +- {m['seconds_std']:.2f} per {m['samples_per_repeat']} samples "
           f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
     if m.get("compile_s") is not None:
-        print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step)")
+        cache = f", {m['compile_cache']} compile cache" if m.get("compile_cache") else ""
+        print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step{cache})")
     mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
     print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
           f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "

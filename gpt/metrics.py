@@ -211,6 +211,20 @@ def reset_cuda_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def compile_cache_state() -> str | None:
+    """Whether this process's torch.compile compiled its graphs ("cold"), loaded them all from the on-disk
+    caches an earlier process filled (AOTAutograd's and Inductor's FX graph caches, on by default: "warm"),
+    or some of each ("partly warm"); None before anything was compiled. A warm first step takes seconds
+    where a cold one takes tens of seconds, so a compile time means little without this."""
+    from torch._dynamo.utils import counters
+
+    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"]["fxgraph_cache_miss"]
+    if not hits and not misses:
+        return None
+    return "cold" if not hits else "warm" if not misses else "partly warm"
+
+
 def cuda_peaks_mib(device: torch.device) -> dict | None:
     """{'allocated': max_memory_allocated, 'reserved': max_memory_reserved}, MiB, since the last reset."""
     if device.type != "cuda":

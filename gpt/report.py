@@ -457,8 +457,13 @@ def no_effect_lines(rungs: list[Rung]) -> list[str]:
 
 def compile_line(r: Rung) -> str:
     """torch.compile's one-time cost, apart from the steady state, and when it pays for itself."""
+    cache = {"warm": "graphs loaded from the on-disk compile cache an earlier run filled; a first compile "
+                     "on a new machine takes longer",
+             "partly warm": "some graphs loaded from the on-disk compile cache an earlier run filled",
+             "cold": "compiled from scratch: the compile cache was empty"}.get(r.m("compile_cache"))
     text = (f"Compilation (`{r.stage}`): the first step took {fmt_time(r.m('first_step_s'))}, "
-            f"{fmt_time(r.m('compile_s'))} more than a steady step; it is not in the timed repeats.")
+            f"{fmt_time(r.m('compile_s'))} more than a steady step" + (f" ({cache})" if cache else "")
+            + "; it is not in the timed repeats.")
     if comparable(r.record, r.parent) and "compile" in config_diff(r):
         saved = r.parent["metrics"]["seconds_mean"] - r.m("seconds_mean")
         if saved > 0:

@@ -29,6 +29,7 @@ from gpt.metrics import (
     FeedClock,
     StepClock,
     TimelineMemTracker,
+    compile_cache_state,
     cuda_peaks_mib,
     cuda_step_memory,
     device_name,
@@ -170,7 +171,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
     model.train()
     synchronize(device)
     t0 = time.perf_counter()
-    first_loss, first_step_s, memory = None, None, {}
+    first_loss, first_step_s, compile_cache, memory = None, None, None, {}
     for i in range(cfg.warmup_iters):
         if track_in_warmup and i == cfg.warmup_iters - 1:
             memory = tracked_step_memory(step, model, optimizer)
@@ -179,6 +180,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
         if i == 0:
             synchronize(device)
             first_step_s, first_loss = time.perf_counter() - t0, loss.item()
+            compile_cache = compile_cache_state() if cfg.compile else None
             release_cuda_cache(device)
     synchronize(device)
     warmup_s = time.perf_counter() - t0
@@ -274,6 +276,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
             "warmup_s": warmup_s,
             # compilation happens in the first step; what it adds over a steady step is its cost
             "compile_s": (first_step_s - steady) if cfg.compile and first_step_s is not None else None,
+            "compile_cache": compile_cache,
             "data_wait_pct": 100 * sum(waits) / sum(repeat_s),
             "copy_pct": 100 * sum(copies) / sum(repeat_s),
             **profiled,

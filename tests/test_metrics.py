@@ -255,3 +255,24 @@ def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
     assert metrics.memory_breakdown(ours) == metrics.memory_breakdown(theirs)
     assert metrics.memory_breakdown(ours)["optimizer_state"] > 0 and metrics.memory_breakdown(ours)["total"] > 0
     assert ours.get_tracker_snapshot("peak") == theirs.get_tracker_snapshot("peak")
+
+
+def test_compile_cache_state_tells_a_compile_from_a_cache_load(monkeypatch):
+    """compile_s of a stage whose graphs came from the on-disk cache is not a compile time: the record says
+    which it was, from dynamo's counters (AOTAutograd's and Inductor's cache hits and misses)."""
+    from collections import Counter, defaultdict
+
+    from torch._dynamo import utils
+
+    def state(**counts):
+        fake = defaultdict(Counter)
+        for key, n in counts.items():
+            group, name = key.split("__")
+            fake[group][name] = n
+        monkeypatch.setattr(utils, "counters", fake)
+        return metrics.compile_cache_state()
+
+    assert state() is None
+    assert state(aot_autograd__autograd_cache_miss=2, inductor__fxgraph_cache_miss=4) == "cold"
+    assert state(aot_autograd__autograd_cache_hit=2, inductor__fxgraph_cache_hit=4) == "warm"
+    assert state(aot_autograd__autograd_cache_miss=1, inductor__fxgraph_cache_hit=2) == "partly warm"

@@ -38,6 +38,7 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
         "step_time_s": seconds / steps, "step_time_median_s": seconds / steps,
         "step_times_s": [seconds / steps] * len(losses), "first_step_s": 5.0 if cfg["compile"] else 0.1,
         "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0, "copy_pct": 0.1,
+        "compile_cache": "warm" if cfg["compile"] else None,
         "time_breakdown_pct": SHARES,
         "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None},
         "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
@@ -111,7 +112,9 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
            "workers had little to win (data wait 2% of the time before, 1% now)" in md
     assert row(md, "speed_2_num_workers")[10:12] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
     assert row(md, "speed_1_batch_size")[11] == "backward 45%"
-    assert "Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step" in md
+    assert ("Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step (graphs "
+            "loaded from the on-disk compile cache an earlier run filled; a first compile on a new machine takes "
+            "longer)") in md
     assert "![speed ladder](plots/speed.png)" in md
     assert (tmp_path / "plots" / "speed.png").read_bytes()[:4] == PNG
 
