@@ -338,6 +338,9 @@ def print_summary(record: dict, out: Path) -> None:
               + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else ""))
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
+    if ch["compile_mode"] and (m.get("profiler") or {}).get("compiled_regions_per_step") == 0:
+        print("  warning: torch.compile was on, but the profiled step ran no compiled graph: the model ran eager",
+              file=sys.stderr)
     parent = record.get("parent")
     prev = read_record(record_path(out, parent)) if parent else None
     if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:

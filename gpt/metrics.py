@@ -151,7 +151,7 @@ class TimelineMemTracker(MemTracker):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         res = super().__torch_dispatch__(func, types, args, kwargs)
-        self.timeline.append(sum(snap["Total"] for snap in self._curr_mem_snap.values()))
+        self.timeline.append(sum(snap[_TOTAL_KEY] for snap in self._curr_mem_snap.values()))
         return res
 
 
@@ -443,6 +443,11 @@ def _read_cache() -> dict:
         return {}
 
 
+def peak_label(dtype: torch.dtype, threads: int) -> str:
+    """How machine.json and the report name a measured CPU peak, e.g. "float32 x2 threads"."""
+    return f"{str(dtype).removeprefix('torch.')} x{threads} threads"
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """(peak FLOP/s of one device in `dtype`, where the figure comes from)."""
     dt = str(dtype).removeprefix("torch.")
@@ -534,7 +539,7 @@ def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, 
             torch.set_num_threads(threads)
             for dtype in (torch.float32, torch.bfloat16):
                 flops = measure_cpu_matmul_flops(dtype, seconds=rounds, rounds=rounds, fresh=True)
-                peaks[f"{str(dtype).removeprefix('torch.')} x{threads} threads"] = flops
+                peaks[peak_label(dtype, threads)] = flops
     finally:
         torch.set_num_threads(before)
     return peaks

@@ -39,6 +39,7 @@ CUDA_WARMUP_STEPS = 1  # CUPTI initialises lazily in the first profiled kernels;
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # GPU activities in a Kineto trace
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # host calls that launch them (cudaLaunchKernel, cuLaunchKernel, ...)
 COLLECTIVE_THREAD_PREFIXES = ("gloo:",)  # a collective running on a backend's own thread (CPU)
+COMPILED_REGION = "Torch-Compiled Region"  # the profiler's range around each call of a torch.compile'd graph
 COMM_CALLS = ("c10d::", "nccl:", "gloo:", "FSDP::all_gather (", "FSDP::post_backward_reduce")  # on the host
 
 _NULL = nullcontext()
@@ -220,10 +221,14 @@ def breakdown(events: list[dict]) -> dict:
         ], rest="other")
         idle_pct = None
     total = length(windows)
+    # torch.compile's graphs announce themselves in the trace: a compiled stage whose steps show none ran eager
+    compiled = [e for e in on_main if str(e.get("name", "")).startswith(COMPILED_REGION)
+                and length(intersect(windows, [_span(e)])) > 0]
     return {
         "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in CATEGORIES
                        if c != "gpu_idle" or device},
         "steps": len(steps),
+        "compiled_regions_per_step": len(compiled) / len(steps),
         "step_s": total / len(steps) / 1e6,  # trace timestamps are in microseconds
         "gpu_idle_pct": idle_pct,
     }

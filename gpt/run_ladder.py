@@ -26,7 +26,7 @@ from gpt import report
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
-from gpt.metrics import calibrate_cpu_peaks, device_name, matmul_rate, resolve_device
+from gpt.metrics import calibrate_cpu_peaks, device_name, matmul_rate, peak_label, resolve_device
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, writable_dir, write_record
 
@@ -125,7 +125,7 @@ def remeasure_cpu_peak(out: Path, rounds: int) -> None:
     threads = torch.get_num_threads()
     flops = matmul_rate(torch.float32, seconds=rounds, rounds=rounds)
     print(f"this CPU's fp32 matmul peak after the stages: {flops / 1e9:,.1f} GFLOP/s ({threads} threads)")
-    _update_machine(out, cpu_peak_end_gflops={f"float32 x{threads} threads": round(flops / 1e9, 1)})
+    _update_machine(out, cpu_peak_end_gflops={peak_label(torch.float32, threads): round(flops / 1e9, 1)})
 
 
 def _update_machine(out: Path, **fields) -> None:

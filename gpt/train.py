@@ -217,7 +217,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
         memory = {"breakdown_mib": traced["breakdown_mib"],
                   "timeline_mib": _downsample([b / MiB for b in traced["timeline_bytes"]], 400),
                   "snapshot": path.name if path else None}
-    elif cfg.measure_memory and not memory:
+    elif cfg.measure_memory and not track_in_warmup:
         memory = tracked_step_memory(step, model, optimizer)
     progress.close()
     if cuda_peaks:
@@ -302,10 +302,12 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
 
 def tracked_step_memory(step, model, optimizer) -> dict:
     """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
-    A compiled model runs eager under the tracker's dispatch mode, and is not recompiled after it."""
+    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's,
+    and a frame it meets under one is marked "skip" for good: every later step would run eager too, with no
+    recompilation to show for it. The "force_eager" stance keeps dynamo away from the step altogether."""
     tracker = TimelineMemTracker()
     tracker.track_external(model, optimizer)
-    with tracker:
+    with torch.compiler.set_stance("force_eager"), tracker:
         tracker.reset_mod_stats()
         step()
     return {"breakdown_mib": memory_breakdown(tracker),

@@ -56,6 +56,19 @@ def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, 
     assert folded["peak_memory_mib"] == single["peak_memory_mib"] > 0
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
+def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data):
+    """The memory step (here the last warm-up step) runs under MemTracker's dispatch mode, which dynamo cannot
+    trace; without care dynamo marks the model's frame "skip" there and every timed step after it runs eager,
+    silently (no recompilation). The profiled step after timing must still run the compiled graphs."""
+    cfg = dict(warmup_iters=2, samples=16, repeats=1, profile_steps=1)
+    record = train.run(tiny_config(char_data, compile=True, **cfg))
+    assert record["metrics"]["memory_breakdown_mib"]["total"] > 0  # the tracked warm-up step happened
+    assert record["metrics"]["profiler"]["compiled_regions_per_step"] >= 1
+    # negative control: the same count is 0 for an eager model
+    assert train.run(tiny_config(char_data, **cfg))["metrics"]["profiler"]["compiled_regions_per_step"] == 0
+
+
 def test_cpu_training_is_deterministic(char_data):
     cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False)
     a, b = train.run(cfg)["metrics"]["losses"], train.run(cfg)["metrics"]["losses"]
