@@ -446,7 +446,17 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
                      and not (ok(r.parent) and r.parent["config"]["compile"])), None)
     if compiled:
         lines.append(compile_line(compiled))
+    lines += [f"Warning: `{r.stage}` had torch.compile on, but its profiled step ran no compiled graph: its "
+              "timed steps probably ran eager." for r in rungs if ran_eager(r)]
     return lines + no_effect_lines(rungs)
+
+
+def ran_eager(r: Rung) -> bool:
+    """A compiled stage whose profiled step called no compiled graph (records without the count: unknown)."""
+    if not r.ok:
+        return False
+    count = (r.m("profiler") or {}).get("compiled_regions_per_step")
+    return bool(r.record["choices"].get("compile_mode")) and count == 0
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:

@@ -40,7 +40,8 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
         "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0, "copy_pct": 0.1,
         "compile_cache": "warm" if cfg["compile"] else None,
         "time_breakdown_pct": SHARES,
-        "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None},
+        "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None,
+                     "compiled_regions_per_step": 1.0 if cfg["compile"] else 0.0},
         "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
         "memory_snapshot": None,
         "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
@@ -117,6 +118,15 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
             "longer)") in md
     assert "![speed ladder](plots/speed.png)" in md
     assert (tmp_path / "plots" / "speed.png").read_bytes()[:4] == PNG
+
+
+def test_report_warns_when_a_compiled_stage_ran_eager(tmp_path):
+    eager = fake_record("speed_5_amp", seconds=1.0)
+    eager["metrics"]["profiler"]["compiled_regions_per_step"] = 0.0
+    write_ladder(tmp_path, [fake_record("speed_4_compile", seconds=1.0), eager])
+    md = report.write_report(tmp_path).read_text()
+    assert "Warning: `speed_5_amp` had torch.compile on, but its profiled step ran no compiled graph" in md
+    assert "Warning: `speed_4_compile`" not in md
 
 
 def test_memory_report_partial_ladder_and_planner(tmp_path):
