@@ -20,7 +20,8 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.metrics import resolve_device
 from gpt.optimizations import why_no_effect
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, failure_of, peak_memory_pair, read_record, writable_dir, write_record
+from gpt.records import (environment, failure_of, peak_memory_pair, ran_eager, read_record, writable_dir,
+                         write_record)
 
 STAGES_DIR = REPO_ROOT / "stages"
 
@@ -338,7 +339,7 @@ def print_summary(record: dict, out: Path) -> None:
               + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else ""))
     print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
           f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
-    if ch["compile_mode"] and (m.get("profiler") or {}).get("compiled_regions_per_step") == 0:
+    if ran_eager(record):
         print("  warning: torch.compile was on, but the profiled step ran no compiled graph: the model ran eager",
               file=sys.stderr)
     parent = record.get("parent")

@@ -127,6 +127,14 @@ def record_problems(record: dict) -> list[str]:
     return problems
 
 
+def ran_eager(record: dict | None) -> bool:
+    """A finished stage with torch.compile on whose profiled step called no compiled graph, i.e. it ran eager
+    (records without the count, or without profiling: not known, False)."""
+    if not record or record.get("status") != "ok" or not record["choices"].get("compile_mode"):
+        return False
+    return (record["metrics"].get("profiler") or {}).get("compiled_regions_per_step") == 0
+
+
 def peak_memory_pair(new: dict, old: dict) -> tuple[float | None, float | None, str]:
     """Two finished records' peak memory (MiB), measured the same way, and on what basis: 'same' method; or,
     when the methods differ (a CUDA-graph stage after an eager one), 'reserved': both records'

@@ -18,7 +18,7 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDER_GOAL, LADDERS, STARTS_FROM, lineage, load_stage, parent_of, record_path
 from gpt.metrics import MEMORY_METHODS
 from gpt.profiling import CATEGORIES, label
-from gpt.records import peak_memory_pair, read_record
+from gpt.records import peak_memory_pair, ran_eager, read_record
 
 MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_ladder.py): the machine the ladder ran on
 BREAKDOWN = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]  # + "other"
@@ -447,16 +447,8 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
     if compiled:
         lines.append(compile_line(compiled))
     lines += [f"Warning: `{r.stage}` had torch.compile on, but its profiled step ran no compiled graph: its "
-              "timed steps probably ran eager." for r in rungs if ran_eager(r)]
+              "timed steps probably ran eager." for r in rungs if ran_eager(r.record)]
     return lines + no_effect_lines(rungs)
-
-
-def ran_eager(r: Rung) -> bool:
-    """A compiled stage whose profiled step called no compiled graph (records without the count: unknown)."""
-    if not r.ok:
-        return False
-    count = (r.m("profiler") or {}).get("compiled_regions_per_step")
-    return bool(r.record["choices"].get("compile_mode")) and count == 0
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:
