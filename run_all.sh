@@ -11,9 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # The project's virtual environment, (re)installed only when pyproject.toml changed since the last install.
+# It sees the system's packages: a PyTorch already installed there (2.11 to 2.13.0, e.g. a GPU image's CUDA
+# build) is used as it is, and pip adds only what is missing.
 if [ ! -x .venv/bin/python ]; then
     echo "creating the virtual environment .venv"
-    python3 -m venv .venv
+    python3 -m venv --system-site-packages .venv
 fi
 stamp=.venv/.installed-pyproject-sha256
 wanted=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')

@@ -53,11 +53,13 @@ class TrainConfig:
     nproc: int = 2  # processes for a distributed stage
 
     # --- beyond the book: the "fast" and "lean" ladders ---
+    batch_gather: bool = False  # tokens dataset: each batch one indexing op on the device, no DataLoader
     amp_bf16: bool = False  # with amp: bf16 autocast without a GradScaler on CUDA too
     tf32: bool = False  # CUDA: fp32 matmuls on TF32 tensor cores
     vocab_multiple: int = 1  # pad the vocabulary to a multiple of this (64: 50257 -> 50304)
     optimizer_fused: bool = False  # AdamW fused=True: one kernel updates every parameter
     loss: str = "full"  # "chunked": fused linear + cross-entropy in chunks of rows (no full logits)
+    loss_impl: str = "auto"  # which library computes the chunked loss (gpt/chunked_loss.py); auto: the first available
     fsdp_mixed_precision: bool = False  # FSDP: bf16 parameters for compute, fp32 gradient reduction
     fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
 
@@ -92,6 +94,11 @@ class TrainConfig:
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
         if self.dataset not in ("raw_text", "tokens"):
             raise UserError(f"unknown dataset kind {self.dataset!r} (choose raw_text or tokens)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.batch_gather and (self.dataset != "tokens" or self.num_workers):
+            raise UserError("batch_gather indexes the pre-tokenised token array in the training process: it "
+                            "needs dataset='tokens' and num_workers=0")
         if self.loss not in ("full", "chunked"):
             raise UserError(f"unknown loss {self.loss!r} (choose full or chunked)")
         if self.vocab_multiple < 1:

@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpt import distributed
+from gpt import chunked_loss, distributed
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
@@ -153,6 +153,10 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
     p.add_argument("--block-size", type=int, help="sequence length (at most the model's 1024 positions)")
     p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
+    p.add_argument("--dropout", type=float, help="dropout probability (the profiles use the reference's 0.1)")
+    p.add_argument("--loss-impl", choices=["auto", *chunked_loss.IMPLEMENTATIONS],
+                   help="who computes the chunked loss (loss='chunked' stages): auto picks the first available "
+                   "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)")
     p.add_argument("--no-profiler", action="store_true",
                    help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz")
     return p.parse_args(argv)
@@ -209,6 +213,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
+                       dropout=args.dropout, loss_impl=args.loss_impl,
                        device=args.device, profile_steps=0 if args.no_profiler else None)
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if cfg.distributed and distributed.under_torchrun():
@@ -251,6 +256,8 @@ def why_cannot_run(cfg: TrainConfig, dev: str, launching: bool) -> str | None:
     if cfg.fsdp_cpu_offload and dev != "cuda":
         return ("nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
                 "in host memory")
+    if cfg.loss == "chunked" and (reason := chunked_loss.why_unavailable(cfg.loss_impl, dev)):
+        return reason
     return distributed.why_cannot_run(cfg.nproc, dev) if launching else None
 
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.errors import UserError
-from gpt.optimizations import chunked_cross_entropy
+from gpt.chunked_loss import IMPLEMENTATIONS, chunked_cross_entropy
 
 # The four GPT-2 sizes, plus a tiny model (minGPT's "gpt-mini") for CPU runs and tests.
 PRESETS = {
@@ -42,6 +42,7 @@ class GPTConfig:
     attention: str = "sdpa"  # "naive": explicit T x T scores; "sdpa": fused F.scaled_dot_product_attention
     vocab_multiple: int = 1  # pad the embedding/output rows to a multiple of this (64: 50257 -> 50304)
     loss: str = "full"  # "full": logits then cross-entropy; "chunked": fused, never holds all the logits
+    loss_impl: str = "auto"  # the chunked loss's implementation (gpt/chunked_loss.py): auto, torch, liger or cce
 
     @property
     def padded_vocab_size(self) -> int:
@@ -59,6 +60,9 @@ class GPTConfig:
             raise UserError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
         if self.loss not in LOSSES:
             raise UserError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.loss_impl not in ("auto", *IMPLEMENTATIONS):
+            raise UserError(f"unknown chunked-loss implementation {self.loss_impl!r}; choose auto or one of "
+                            f"{', '.join(IMPLEMENTATIONS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -206,7 +210,7 @@ class GPT(nn.Module):
         if targets is not None and self.config.loss == "chunked":
             # Fused head + loss in chunks of rows: the (B*T, vocab) logits never exist at once; no logits returned.
             return None, chunked_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
-                                               self.vocab_mask)
+                                               self.config.vocab_size, self.vocab_mask, self.config.loss_impl)
         # The head as F.linear so the padding rows' -inf bias is added inside the matmul, not in another pass.
         logits = F.linear(x, self.lm_head.weight, self.vocab_mask)
         loss = None

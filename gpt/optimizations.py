@@ -5,40 +5,47 @@ field is off, so a stage script's single change maps onto exactly one function h
 is gradient accumulation, which is the micro-batch loop of gpt/train.py:train_step.
 
     batch_size, num_workers      -> make_loader
+    batch_gather                 -> make_loader (gpt/data.py:GatheredBatches)
     pin_memory (+ non_blocking)  -> make_loader, to_device
     compile                      -> compile_model
     amp, amp_bf16                -> mixed_precision
     tf32                         -> matmul_precision
     activation_checkpointing     -> checkpoint_blocks
     optimizer_foreach, _fused    -> make_optimizer
-    loss                         -> chunked_cross_entropy (called by gpt/model.py)
+    loss                         -> gpt/chunked_loss.py:chunked_cross_entropy (called by gpt/model.py)
     distributed (ddp / fsdp)     -> parallelize (fsdp_mixed_precision, fsdp_cpu_offload: fsdp_policies)
 
 Two more live in the model, since they change its shapes: attention ("sdpa": CausalSelfAttention.forward)
 and vocab_multiple (GPTConfig.padded_vocab_size and GPT.vocab_mask). `why_no_effect` says which of them
 change nothing on a given device, and why; the ladder records it instead of pretending to a gain.
 """
+from __future__ import annotations
+
 import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from gpt.config import TrainConfig
+from gpt.data import GatheredBatches
 
 
 # ---- speed ladder: feeding the device -------------------------------------------------------------------
 
 
-def make_loader(dataset, sampler, cfg: TrainConfig, device: torch.device) -> DataLoader:
+def make_loader(dataset, sampler, cfg: TrainConfig, device: torch.device):
     """Batches of `cfg.batch_size` samples (one optimizer step per rank).
 
     num_workers > 0 moves the per-sample CPU work (__getitem__) into worker processes so it overlaps
     with training; persistent workers keep them alive across repeats. pin_memory puts each batch in
     page-locked host memory, which a GPU can copy from asynchronously; there is no such thing without an
-    accelerator, so it is only asked for on CUDA (elsewhere PyTorch would just warn)."""
+    accelerator, so it is only asked for on CUDA (elsewhere PyTorch would just warn).
+    batch_gather (pre-tokenised data only) replaces the DataLoader: the token array is on the device and
+    each batch is one indexing op there (gpt/data.py:GatheredBatches), the same batches."""
+    if cfg.batch_gather:
+        return GatheredBatches(dataset, sampler, device)
     return DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -135,49 +142,20 @@ def has_tf32(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and newer
 
 
-# ---- the output layer and its loss -------------------------------------------------------------------------
-
-LOSS_CHUNK_ROWS = 256  # rows of logits per chunk on a CPU: 256 x 50304 bf16 = 25 MiB, instead of B*T x 50304
-
-
-def loss_chunking(device_type: str) -> torch.nn.LinearCrossEntropyOptions:
-    """How F.linear_cross_entropy chunks and accumulates. CUDA: the library's own per-device defaults
-    (measured by its authors on an A100: fp32 accumulation, chunks by the shape's aspect ratio). CPU: fixed
-    chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype. Measured on one AMX CPU (2 cores,
-    8192 x 192 bf16 inputs, 50304 classes, forward + backward): the library's CPU default (fp32
-    accumulation, chunks sized like the input: 4 rows here) took 3.1 s with 256-row chunks and more with
-    its own, bf16 accumulation 1.1 s (128 rows: 1.3 s, 512: 1.1 s, 1024: 1.5 s), against 1.3 s for the
-    unchunked loss compiled by torch.compile; the weight gradient's error against fp64 was 4.9e-3 with bf16
-    accumulation, 4.7e-3 with fp32, 2.4e-3 unchunked (bf16's own rounding is 2e-3)."""
-    if device_type == "cuda":
-        return torch.nn.LinearCrossEntropyOptions()
-    return torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
-                                              acc_policy="accurate")
-
-
-def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          bias: torch.Tensor | None) -> torch.Tensor:
-    """Mean cross-entropy of `x @ weight.T + bias` against `targets` without the full logits.
-
-    torch.nn.functional.linear_cross_entropy computes the loss and its gradients chunk by chunk of rows,
-    so only one chunk's logits exist at a time (chunking: loss_chunking). Autocast does not cover this op,
-    so it gets the autocast dtype's inputs explicitly. With bf16 inputs it returns the loss in bf16, summed
-    over the chunks in bf16: the logged loss is off by up to a few bf16 units (~0.4% each); the gradients
-    carry bf16's rounding, as under autocast."""
-    device_type = x.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-    return F.linear_cross_entropy(x.to(dtype), weight.to(dtype), targets,
-                                  linear_bias=None if bias is None else bias.to(dtype),
-                                  options=loss_chunking(device_type))
-
-
 # ---- memory ladder ---------------------------------------------------------------------------------------
 
 
 def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     """Activation checkpointing: keep only each transformer block's input during the forward pass and
     recompute the block's inside during backward. Trades about one extra forward for the activations of
-    every block. The RNG state is saved and restored, so dropout masks (and gradients) are unchanged."""
+    every block. The RNG state is saved and restored, so dropout masks (and gradients) are unchanged.
+
+    early_stop=False: the recomputation runs the whole block (one residual add more) instead of stopping as
+    soon as the last saved tensor is back. PyTorch stops it by raising an exception from inside that op (here
+    the MLP's dropout); on torch 2.11 with CUDA, when the allocator records its history with Python stacks (the
+    memory step), that exception is lost on its way out of the op and becomes "SystemError: <built-in method
+    dropout> returned NULL without setting an exception" (pytorch/pytorch#179536, pytorch/tutorials#3774).
+    Without early stop no exception crosses an op; the saved tensors, and so the gradients, are the same."""
     if not cfg.activation_checkpointing:
         return model
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -187,7 +165,7 @@ def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
 
     blocks = model.transformer.h
     for i, block in enumerate(blocks):
-        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, early_stop=False)
     return model
 
 

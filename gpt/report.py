@@ -552,6 +552,7 @@ TARGETS = {
     "activation_checkpointing": ("backward",),
     "optimizer_foreach": ("optimizer",),
     "dataset": ("data",),
+    "batch_gather": ("data", "copy"),
     "amp_bf16": ("forward", "backward", "optimizer"),  # the scaler's unscale, inf check and host sync
     "tf32": ("forward", "backward"),
     "attention": ("forward", "backward"),
@@ -876,6 +877,9 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
             [s["stage"], fmt_mib(s["measured_mib"]), fmt_mib(s["estimate_mib"]),
              "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
             for s in compare.get("stages", [])])
+        unestimated = [f"- `{s['stage']}`: {note}" for s in compare.get("stages", [])
+                       if s.get("estimate_mib") is None for note in s.get("notes", [])]
+        lines += [""] + unestimated if unestimated else []
     return lines
 
 

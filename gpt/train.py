@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gpt import distributed
+from gpt import chunked_loss, distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.metrics import (
@@ -71,9 +71,10 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
     torch.manual_seed(cfg.seed)
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
+    loss_impl = chunked_loss.resolve(cfg.loss_impl, device.type) if cfg.loss == "chunked" else cfg.loss_impl
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
                                       dropout=cfg.dropout, attention=cfg.attention, loss=cfg.loss,
-                                      vocab_multiple=cfg.vocab_multiple, **overrides)
+                                      loss_impl=loss_impl, vocab_multiple=cfg.vocab_multiple, **overrides)
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
@@ -260,6 +261,7 @@ def _measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: 
             "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
             "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
             "memory_method": method,
+            "loss_impl": raw.config.loss_impl if cfg.loss == "chunked" else None,
         },
         "env": environment(),
         "metrics": {

@@ -8,6 +8,7 @@ Offline (the default) needs no account and no network: runs go to <repo>/wandb/ 
 and `wandb sync wandb/offline-run-*` uploads them later.
 A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
 """
+import importlib.util
 import os
 import shutil
 import sys
@@ -48,12 +49,20 @@ def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
     trace) to the run. Never raises."""
     if mode == "disabled":
         return
+    if not wandb_installed():
+        print(f"warning: wandb is not installed, so {record.get('stage')} is not logged to W&B (pip install wandb, "
+              "or --wandb disabled); the JSON record is unaffected", file=sys.stderr)
+        return
     try:
         _log(record, mode, files)
     except Exception as e:  # noqa: BLE001 - any W&B problem: warn once, the stage has succeeded
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
               "the JSON record is unaffected", file=sys.stderr)
+
+
+def wandb_installed() -> bool:
+    return importlib.util.find_spec("wandb") is not None
 
 
 def _log(record: dict, mode: str, files: list[Path]) -> None:

@@ -1,4 +1,4 @@
-"""Fast ladder (beyond the book), stage 6: chunked linear + cross-entropy (F.linear_cross_entropy).
+"""Fast ladder (beyond the book), stage 6: chunked linear + cross-entropy.
 
 Parent: fast_5_fused_adamw. No anchor figure.
 
@@ -8,8 +8,9 @@ backward writes their gradient). The fused op computes the head, the loss and it
 of rows: each chunk's logits are used while they are in cache and are never stored for backward. Same loss
 and gradients up to float summation order; under bf16 the op returns the loss rounded to bf16 (the logged
 loss moves by up to ~1%; the gradients carry bf16's rounding, as under autocast). torch.compile leaves the
-op eager (a graph break). How it chunks, on a CPU and on CUDA: gpt/optimizations.py:loss_chunking.
-Code: gpt/optimizations.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
+op eager (a graph break). Three libraries implement it: PyTorch's F.linear_cross_entropy (2.12 and newer),
+liger-kernel and Cut Cross-Entropy (Triton, CUDA); the record's choices.loss_impl names the one that ran.
+Code: gpt/chunked_loss.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
 """
 from gpt.ladder import stage_main
 

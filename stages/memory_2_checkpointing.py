@@ -5,7 +5,8 @@ Parent: memory_1_grad_accum. Reference (1x H100): 15394 MiB (-39%), 23.1 s (+34%
 The forward pass keeps only each block's input; backward recomputes the block's forward to get its
 activations back, one block at a time. Activation memory drops from all layers' to about one layer's
 plus the block inputs, for roughly one extra forward pass of compute. Dropout's RNG state is restored, so
-gradients are identical.
+gradients are identical. Each block is recomputed whole, without PyTorch's early stop, which ends a
+recomputation by raising an exception through an op (gpt/optimizations.py:checkpoint_blocks says why).
 Code: gpt/optimizations.py:checkpoint_blocks.
 """
 from gpt.ladder import stage_main

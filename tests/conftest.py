@@ -38,6 +38,13 @@ def private_peak_cache(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = old_env
 
 
+# Tests of the chunked loss through PyTorch's own op (F.linear_cross_entropy, PyTorch 2.12 and newer). On an
+# older torch the stages fall back to liger-kernel or Cut Cross-Entropy on CUDA, checked in tests/test_gpu.py.
+TORCH_CHUNKED_LOSS = hasattr(torch.nn.functional, "linear_cross_entropy")
+NO_TORCH_CHUNKED_LOSS = f"needs F.linear_cross_entropy (PyTorch 2.12 or newer; this is {torch.__version__})"
+needs_torch_chunked_loss = pytest.mark.skipif(not TORCH_CHUNKED_LOSS, reason=NO_TORCH_CHUNKED_LOSS)
+
+
 def load_prepare_module():
     """data/prepare.py is a script, not a package module: load it from its path."""
     spec = importlib.util.spec_from_file_location("prepare", REPO / "data" / "prepare.py")

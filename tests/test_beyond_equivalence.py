@@ -3,17 +3,22 @@ checked against its parent here, on the CPU, through the project's own code, in 
 tests/test_ladder_equivalence.py (whose helpers it uses). Tolerances are stated per test; measured
 differences are printed (pytest -s).
 """
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import needs_torch_chunked_loss
 from dist_worker import full_params
-from gpt import optimizations
+from gpt import chunked_loss, optimizations
 from gpt.data import load_prepared, make_dataset
-from gpt.ladder import EXIT_SKIPPED, STAGES_DIR, no_effect, stage_config
+from gpt.errors import UserError
+from gpt.ladder import EXIT_SKIPPED, STAGES_DIR, no_effect, stage_config, why_cannot_run
 from gpt.optimizations import mixed_precision, why_no_effect
 from test_ladder_equivalence import (
     CPU,
@@ -176,7 +181,7 @@ CHUNK_RTOL, CHUNK_ATOL = 1e-5, 1e-7
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks."""
-    monkeypatch.setattr(optimizations, "LOSS_CHUNK_ROWS", 16)
+    monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
     calls = []
     real = torch.nn.functional.linear_cross_entropy
 
@@ -188,6 +193,7 @@ def small_chunks(monkeypatch):
     return calls
 
 
+@needs_torch_chunked_loss
 @pytest.mark.parametrize("vocab_multiple", [1, 64])
 def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multiple):
     full, grads_full = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple), 2)
@@ -200,6 +206,7 @@ def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multi
         torch.testing.assert_close(gc, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
 
 
+@needs_torch_chunked_loss
 def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch,
                                                                                  char_data):
     """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
@@ -218,6 +225,124 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
           f"losses: fp32 {fp32.losses[0]:.5f}, full {full.losses[0]:.5f}, chunked {chunked.losses[0]:.5f}")
     assert chunked_rel < 2 * full_rel + 1e-3
     assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
+
+
+# Which implementation computes the chunked loss (gpt/chunked_loss.py), and the glue around the two that need
+# Triton (CUDA only): each gets its inputs as the chunked op's contract says. A stand-in with the library's
+# signature computes the full loss, so the glue must reproduce the full loss exactly (same ops, same order).
+
+
+def fake_module(monkeypatch, name: str, **attributes):
+    """A module importable as `name` (find_spec included) with the given attributes."""
+    import importlib.machinery
+    import types
+
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        module = types.ModuleType(".".join(parts[:i]))
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    for key, value in attributes.items():
+        setattr(sys.modules[name], key, value)
+
+
+def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
+    """auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on
+    CUDA only; with none, a stage records why it is skipped; a named implementation that is missing says what
+    to install."""
+    def skip_reason(stage):
+        return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu", launching=False)
+
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", lambda *a, **k: None, raising=False)
+    assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no liger, no cce
+    with pytest.raises(UserError, match="on a cpu needs PyTorch 2.12 or newer"):
+        chunked_loss.resolve("auto", "cpu")
+    with pytest.raises(UserError, match="pip install liger-kernel"):
+        chunked_loss.resolve("auto", "cuda")
+    with pytest.raises(UserError, match="`pip install cut-cross-entropy`"):
+        chunked_loss.resolve("cce", "cuda")
+    assert skip_reason("fast_6_chunked_loss").startswith("the chunked loss on a cpu needs PyTorch 2.12")
+    assert skip_reason("fast_5_fused_adamw") is None
+    monkeypatch.undo()
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
+    fake_module(monkeypatch, "cut_cross_entropy")
+    assert chunked_loss.resolve("auto", "cuda") == "cce"
+    assert chunked_loss.why_unavailable("cce", "cpu") == "the chunked loss 'cce' runs on CUDA only (Triton kernels)"
+    fake_module(monkeypatch, "liger_kernel")
+    assert chunked_loss.resolve("auto", "cuda") == "liger" and chunked_loss.resolve("cce", "cuda") == "cce"
+
+
+def full_loss(x, weight, targets, bias=None):
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight, bias).float(), targets)
+
+
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, monkeypatch):
+    """liger takes the -inf padding bias (and fp32 weight-gradient accumulation); Cut Cross-Entropy takes no
+    bias, so it gets the real rows only, with its gradient filtering off. Either way: the full loss of the
+    padded head, and gradient 0 for the padding rows."""
+    seen = {}
+
+    def liger(x, weight, targets, bias=None, accum_dtype=None):
+        seen.update(rows=weight.shape[0], bias=bias is not None, accum_dtype=accum_dtype)
+        return full_loss(x, weight, targets, bias)
+
+    def cce(e, c, targets, filter_eps="high", impl="cce"):
+        seen.update(rows=c.shape[0], filter_eps=filter_eps, impl=impl)
+        return full_loss(e, c, targets)
+
+    fake_module(monkeypatch, "liger_kernel.transformers.functional", liger_fused_linear_cross_entropy=liger)
+    fake_module(monkeypatch, "cut_cross_entropy", linear_cross_entropy=cce)
+    vocab, padded = 80, 128
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=g, requires_grad=True)
+    weight = torch.randn(padded, 32, generator=g)
+    weight[vocab:] = 0  # as the model keeps its padding rows
+    weight.requires_grad_()
+    bias = torch.zeros(padded)
+    bias[vocab:] = float("-inf")
+    targets = torch.randint(vocab, (64,), generator=g)
+    loss = chunked_loss.chunked_cross_entropy(x, weight, targets, vocab, bias, impl=impl)
+    loss.backward()
+    x_ref, w_ref = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    reference = full_loss(x_ref, w_ref, targets, bias)
+    reference.backward()
+    assert loss.item() == reference.item()
+    assert torch.equal(x.grad, x_ref.grad) and torch.equal(weight.grad, w_ref.grad)
+    assert weight.grad[vocab:].abs().max() == 0
+    expected = (dict(rows=padded, bias=True, accum_dtype=torch.float32) if impl == "liger"
+                else dict(rows=vocab, filter_eps=None, impl="cce"))
+    assert seen == expected
+
+
+@pytest.mark.slow
+def test_liger_kernels_match_the_full_loss_under_tritons_interpreter(char_data):
+    """liger-kernel's real Triton kernels, run on the CPU by Triton's interpreter: two training steps of a
+    padded-vocabulary model with loss_impl="liger" give the full loss's losses and gradients (CHUNK_RTOL and
+    CHUNK_ATOL). TRITON_INTERPRET must be set before Triton is imported, hence a subprocess. Needs liger-kernel
+    and triton (`pip install liger-kernel`), skipped without them: the default suite's environment has neither,
+    and Cut Cross-Entropy's kernels use a function the interpreter lacks (it is checked on CUDA, test_gpu.py)."""
+    if importlib.util.find_spec("liger_kernel") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("liger-kernel and triton are not installed (pip install liger-kernel)")
+    script = f"""
+import torch
+from test_beyond_equivalence import CHUNK_ATOL, CHUNK_RTOL
+from test_ladder_equivalence import tiny_config, train_with_grads
+full, grads_full = train_with_grads(tiny_config({str(char_data)!r}, vocab_multiple=64), 2)
+liger, grads_liger = train_with_grads(tiny_config({str(char_data)!r}, vocab_multiple=64, loss="chunked",
+                                                  loss_impl="liger"), 2)
+assert liger.raw.config.loss_impl == "liger"
+assert liger.losses == __import__("pytest").approx(full.losses, rel=CHUNK_RTOL), (liger.losses, full.losses)
+for gl, gf in zip(grads_liger, grads_full):
+    torch.testing.assert_close(gl, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
+print("liger matches", liger.losses, full.losses)
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent, capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    print(r.stdout)
 
 
 # ---- FSDP mixed precision (lean_1) and with the chunked loss (lean_2), on 2 gloo processes ---------------------
@@ -242,7 +367,7 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
 
 @pytest.mark.parametrize("stage_settings", [
     dict(fsdp_mixed_precision=True),  # lean_1
-    dict(fsdp_mixed_precision=True, loss="chunked"),  # lean_2
+    pytest.param(dict(fsdp_mixed_precision=True, loss="chunked"), marks=needs_torch_chunked_loss),  # lean_2
 ])
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
     memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
@@ -316,3 +441,14 @@ def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
     assert torch.backends.cuda.matmul.allow_tf32 == (cfg.tf32)
     optimizations.matmul_precision(tiny_config(char_data, device="cuda"), device)  # and back off
     assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_loss_benchmark_times_the_full_loss_and_each_available_implementation(capsys):
+    from gpt import bench_loss
+
+    assert bench_loss.main(["--rows", "64", "--dim", "16", "--vocab", "80", "--repeats", "2", "--warmup", "0",
+                            "--device", "cpu", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "64 rows x 16 -> 80 classes (padded to 128)" in out and "\nfull " in out
+    assert ("chunked (torch)" in out) == chunked_loss.installed("torch")
+    assert "not available here: liger, cce" in out  # Triton kernels: CUDA only

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpt.data import (
+    GatheredBatches,
     RawTextDataset,
     TokenWindowDataset,
     WindowSampler,
@@ -169,7 +170,7 @@ def test_chunked_encoding_equals_whole_encoding(corpus):
 
 
 def test_hf_unreachable_is_one_line_user_error(monkeypatch, tmp_path):
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (only --source hf needs it)")
 
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'x/y' on the Hub (LocalEntryNotFoundError)\nmore detail")
@@ -252,6 +253,23 @@ def test_window_sampler_ranks_split_the_global_batch():
     assert all(0 <= i < n for i in whole)
     with pytest.raises(UserError):
         WindowSampler(n, b, steps, seed=0, rank=4, world_size=4)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_gathered_batches_are_the_dataloaders_batches(prepared, world_size):
+    """Tolerance 0: fast_1's one-gather batches (GatheredBatches) are the DataLoader's batches of the same
+    sampler, for every rank; only how they are built differs."""
+    ds = make_dataset("tokens", prepared, BLOCK)
+    for rank in range(world_size):
+        def sampler():
+            return WindowSampler(len(ds), batch_size=4, num_batches=5, seed=11, rank=rank, world_size=world_size)
+
+        loaded = list(DataLoader(ds, batch_size=4, sampler=sampler()))
+        gathered = list(GatheredBatches(ds, sampler(), torch.device("cpu")))
+        assert len(gathered) == len(loaded) == 5
+        for (xg, yg), (xl, yl) in zip(gathered, loaded):
+            assert xg.dtype == yg.dtype == torch.int64 and xg.shape == (4, BLOCK)
+            assert torch.equal(xg, xl) and torch.equal(yg, yl)
 
 
 def test_bad_inputs_are_user_errors(prepared, tmp_path):

@@ -28,7 +28,7 @@ CHANGED_FIELDS = {
     "memory_2_checkpointing": {"activation_checkpointing"},
     "memory_3_foreach_off": {"optimizer_foreach"},
     "memory_4_fsdp": {"distributed", "nproc"},
-    "fast_1_pretokenized": {"dataset", "num_workers"},
+    "fast_1_pretokenized": {"dataset", "num_workers", "batch_gather"},
     "fast_2_bf16": {"amp_bf16", "tf32"},
     "fast_3_sdpa": {"attention"},
     "fast_4_padded_vocab": {"vocab_multiple"},
@@ -136,3 +136,16 @@ def test_distributed_stage_that_cannot_run_is_skipped_with_one_line(tmp_path):
     assert len(lines) == 1 and re.match(r"error: speed_6_ddp cannot run here: needs 2 GPUs, found \d", lines[0])
     record = json.loads((tmp_path / "speed_6_ddp.json").read_text())
     assert record["status"] == "skipped" and "needs 2 GPUs" in record["reason"]
+
+
+def test_dropout_and_loss_impl_flags_reach_the_config(tmp_path, char_data):
+    """nanoGPT's bench.py trains without dropout: --dropout sets it (bad values: one line, exit 2)."""
+    r = run_script("speed_0_baseline", "--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
+                   "--out", str(tmp_path), "--wandb", "disabled", "--dropout", "0", "--no-profiler")
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads((tmp_path / "speed_0_baseline.json").read_text())
+    assert record["config"]["dropout"] == 0.0 == record["model"]["dropout"]
+    assert record["choices"]["loss_impl"] is None  # the full loss
+    r = run_script("speed_0_baseline", "--profile", "smoke", "--dropout", "1.5", "--out", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: dropout must be in [0, 1), got 1.5"]
+    assert stage_config("fast_6_chunked_loss", "smoke", loss_impl="liger").loss_impl == "liger"

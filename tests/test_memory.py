@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from gpt import train
-from gpt.errors import UserError
+from gpt import report, train
 from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
@@ -30,8 +29,9 @@ from gpt.memory.planner import (
     with_newgelu,
 )
 from gpt.model import GPT
+from gpt.records import write_record
 
-from conftest import REPO
+from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
 
 # Smoke stages measured for real here, each compared with its estimate. Not among them:
 # - speed_2_num_workers, speed_3_non_blocking: they change host-side data loading only (worker processes;
@@ -67,6 +67,8 @@ def measured_record(stage: str, data_dir, out) -> dict:
 
 @pytest.mark.parametrize("stage", IN_PROCESS + TWO_PROCESSES)
 def test_estimate_matches_the_measured_smoke_peak(stage, char_data, tmp_path):
+    if stage_config(stage, "smoke").loss == "chunked" and not TORCH_CHUNKED_LOSS:
+        pytest.skip(NO_TORCH_CHUNKED_LOSS)
     record = measured_record(stage, char_data, tmp_path)
     [row] = compare_records([record], progress=lambda _: None)
     assert row["target"] == "cpu"
@@ -376,6 +378,8 @@ def test_cpu_memory_profile_shows_the_documented_mechanisms():
 def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
     """lean_3 on CUDA: the GPU's peak leaves out the sharded parameters, their gradients and AdamW's state (host
     memory) but keeps a unit's gathered parameters, the activations, and the shards in transit."""
+    if not TORCH_CHUNKED_LOSS:
+        pytest.skip(NO_TORCH_CHUNKED_LOSS)  # the planner simulates the chunked loss with PyTorch's op
     lean_2, lean_3 = (estimate(stage_config(s, "smoke"), 80, "cuda") for s in ("lean_2_chunked_loss", "lean_3_cpu_offload"))
     b2, b3 = lean_2.breakdown_mib, lean_3.breakdown_mib
     assert b3["gradients"] == 0 and b3["optimizer_state"] == 0 and 0 < b3["parameters"] < b2["parameters"]
@@ -387,3 +391,18 @@ def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
     assert state <= lean_3.host_mib < 1.15 * state
     with pytest.raises(UserError, match="--target cuda"):
         estimate(stage_config("lean_3_cpu_offload", "smoke"), 80, "cpu")
+
+
+def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatch, tmp_path):
+    """With torch 2.11 (no F.linear_cross_entropy) the chunked-loss stages cannot be simulated: `compare` keeps
+    the other stages and says why for that one, and the report shows the reason."""
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
+    record = {"stage": "fast_6_chunked_loss", "status": "ok", "config": stage_config("fast_6_chunked_loss", "smoke").to_dict(),
+              "model": {"vocab_size": 80}, "device": {"type": "cuda"}, "metrics": {"peak_memory_mib": 123.0}}
+    [row] = compare_records([record], progress=lambda _: None)
+    assert row["estimate_mib"] is None and row["error_pct"] is None and row["measured_mib"] == 123.0
+    assert row["notes"] == ["not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "
+                            f"which needs PyTorch 2.12 or newer (this is {torch.__version__})"]
+    write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
+    lines = report.planner_section(tmp_path, tmp_path / "plots", "plots")
+    assert f"- `fast_6_chunked_loss`: {row['notes'][0]}" in lines

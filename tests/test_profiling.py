@@ -165,7 +165,7 @@ def run_stage(stage, out, *args):
 
 
 def test_ddp_all_reduce_is_communication_and_rank_0_writes_the_trace(char_data, tmp_path):
-    r = run_stage("speed_6_ddp", tmp_path / "out", "--data-dir", str(char_data))
+    r = run_stage("speed_6_ddp", tmp_path / "out", "--data-dir", str(char_data), "--device", "cpu")  # gloo
     assert r.returncode == 0, r.stderr[-3000:]
     record = json.loads((tmp_path / "out" / "speed_6_ddp.json").read_text())
     shares = record["metrics"]["time_breakdown_pct"]

@@ -283,7 +283,7 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     assert "`fast_2_bf16` (+1.0% time" not in md  # no breakdown line reads a gain or loss into it
     assert "Overall, `speed_0_baseline` to `fast_3_sdpa`: 10.0x faster here." in md
     assert "- `fast_3_sdpa` (-21% time): forward 30% -> 20% (303 ms -> 160 ms)" in md
-    assert "Largest gain: `fast_1_pretokenized` (pre-tokenised memory-mapped data, no workers), -25% time per " \
+    assert "Largest gain: `fast_1_pretokenized` (pre-tokenised data, each batch one gather on the device), -25% time per " \
            "32 samples." in md  # no reference figure to cite for it
     lean_head = next(ln for ln in md.split("## Lean ladder")[1].splitlines() if ln.startswith("| stage |"))
     assert "reference" not in lean_head

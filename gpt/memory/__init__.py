@@ -45,7 +45,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools import mem_tracker
 
+from gpt import chunked_loss
 from gpt.config import TrainConfig
+from gpt.data import load_prepared
 from gpt.errors import UserError
 from gpt.memory.snapshot import StepRecorder
 from gpt.metrics import TimelineMemTracker, memory_breakdown
@@ -57,6 +59,10 @@ MiB = 2**20
 CUDA_ALLOCATION_UNIT = 512  # bytes; CUDACachingAllocator rounds each request up to a multiple of this
 TARGETS = ("cuda", "cpu")
 SIM_DEVICE = torch.device("cpu")  # where the fake tensors live, whatever the target
+
+
+class CannotSimulate(UserError):
+    """This stage cannot be simulated with what this machine has (the chunked loss without PyTorch's op)."""
 
 
 @dataclass
@@ -123,6 +129,12 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         breakdown["total"] = round(breakdown["total"] + copies, 2)
         notes.append(f"CPU offload: a unit's parameter and gradient shards in transit on the GPU ({copies:,.1f} MiB, "
                      "in 'other') added")
+    if cfg.batch_gather and target == "cuda":
+        # Not in the simulation (it makes its batches in place): the whole token array, int32, on the GPU.
+        tokens = _cuda_bytes(4 * load_prepared(cfg.data_dir).meta["train_tokens"]) / MiB
+        breakdown["other"] = round(breakdown["other"] + tokens, 2)
+        breakdown["total"] = round(breakdown["total"] + tokens, 2)
+        notes.append(f"batch_gather: the token array on the GPU ({tokens:,.1f} MiB, in 'other') added")
     if cfg.distributed == "ddp" and target == "cuda":
         # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
         # wraps the model to the end of the run, so it adds to the peak wherever the peak is.
@@ -138,8 +150,8 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
 
 def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
     """The configuration the simulation runs: eager, in-process data, on the CPU, one step of samples."""
-    sim = dataclasses.replace(cfg, compile=False, num_workers=0, pin_memory=False, device="cpu",
-                              samples=cfg.batch_size * cfg.world_size)
+    sim = dataclasses.replace(cfg, compile=False, num_workers=0, pin_memory=False, batch_gather=False,
+                              device="cpu", samples=cfg.batch_size * cfg.world_size)
     notes = []
     if cfg.compile:
         notes.append("torch.compile is not simulated: estimated eager")
@@ -147,6 +159,14 @@ def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
         notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
     if cfg.distributed == "ddp":
         sim.distributed = None  # one rank: same per-rank batch, no reducer (see the module docstring)
+    if cfg.loss == "chunked":
+        # Triton kernels cannot run on fake tensors: the chunked loss is simulated with PyTorch's own op,
+        # whichever implementation the stage uses (liger also keeps the head's fp32 weight gradient from
+        # forward to backward, which PyTorch's does not).
+        if not chunked_loss.installed("torch"):
+            raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which needs "
+                            f"PyTorch 2.12 or newer (this is {torch.__version__})")
+        sim.loss_impl = "torch"
     if cfg.fsdp_cpu_offload:
         if target != "cuda":
             raise UserError("FSDP CPU offload moves state from a GPU to host memory: estimate it with --target cuda")

@@ -15,7 +15,7 @@ from pathlib import Path
 from gpt.data import load_prepared
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, stage_config
-from gpt.memory import TARGETS, estimate, snapshot
+from gpt.memory import TARGETS, CannotSimulate, estimate, snapshot
 from gpt.memory.planner import (
     REFERENCE_VOCAB,
     SHAPE_RULE,
@@ -268,12 +268,17 @@ def cmd_fit(args) -> int:
     code = "reference" if args.reference_code else "project"
     print(f"Largest model within {args.budget_gib:g} GiB per GPU (target {args.target}, {VARIANTS[code][0]}).")
     print(f"Shape rule: {SHAPE_RULE}.")
-    rows = []
+    rows, unestimated = [], []
     with Runner(_jobs(args)) as runner:
         for label, stage, world, documented in fit_settings(args.world_sizes, args.budget_gib):
             print(f"  {label}:")
-            found = largest_fit(stage, world, budget, args.target, code, runner,
-                                verify_max_layers=args.verify_max_layers)
+            try:
+                found = largest_fit(stage, world, budget, args.target, code, runner,
+                                    verify_max_layers=args.verify_max_layers)
+            except CannotSimulate as e:  # the chunked loss without PyTorch's op to simulate it with
+                print(f"    not estimated: {e}")
+                unestimated.append(f"{label}: not estimated: {e}")
+                continue
             rows.append({"setting": label, "stage": stage, "world_size": world, **found,
                          "documented_params": documented})
     print(f"\n  {'setting':<66}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}"
@@ -284,7 +289,7 @@ def cmd_fit(args) -> int:
         mark = " *" if r["extrapolated"] else ""
         print(f"  {r['setting']:<66}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
               f"{r['next_peak_mib']:>11,.0f}{doc:>12}{host:>14}{mark}")
-    notes = documented_shapes(rows)
+    notes = documented_shapes(rows) + unestimated
     notes += [f"{r['setting']}: the GPU holds the activations and one unit's gathered parameters; the sharded "
               f"parameters, their gradients and AdamW's state take {r['host_mib'] / 1024:,.0f} GiB of host memory "
               f"per GPU ({r['world_size'] * r['host_mib'] / 1024:,.0f} GiB for all {r['world_size']}): host RAM, "

@@ -1,0 +1,125 @@
+"""The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss computed
+chunk by chunk of rows, so the (rows x vocabulary) logits never exist at once.
+
+Three maintained implementations compute it; which ones a machine has depends on its PyTorch and packages:
+
+    torch   F.linear_cross_entropy (PyTorch 2.12 and newer), every device
+    liger   liger-kernel's fused linear cross-entropy (Triton kernels; CUDA), `pip install liger-kernel`
+    cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
+
+The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first of IMPLEMENTATIONS available
+on the device; the model's config and the record (choices.loss_impl) name the one that ran. All three give the loss and gradients of the full loss up to float summation order
+(tests/test_beyond_equivalence.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
+- the padded vocabulary's rows get probability 0: a -inf logit bias (torch, liger), or, for Cut
+  Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
+  with the bias);
+- Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
+- liger and torch on CUDA accumulate the head's weight gradient in fp32.
+Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
+
+Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS
+keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
+available at a stage's shape; its figures decide the order.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from gpt.errors import UserError
+
+IMPLEMENTATIONS = ("torch", "liger", "cce")  # also the order of preference of "auto"
+PACKAGES = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}  # what to pip install for each
+MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
+TRITON_ONLY = ("liger", "cce")  # their kernels are Triton: CUDA (or Triton's interpreter, in a test)
+
+LOSS_CHUNK_ROWS = 256  # rows of logits per chunk on a CPU: 256 x 50304 bf16 = 25 MiB, instead of B*T x 50304
+
+
+def installed(name: str) -> bool:
+    """Whether implementation `name` is there (PyTorch's own op, or the library)."""
+    if name == "torch":
+        return hasattr(F, "linear_cross_entropy")
+    _check(name)
+    return importlib.util.find_spec(MODULES[name]) is not None
+
+
+def available(name: str, device_type: str) -> bool:
+    """Whether implementation `name` can run on `device_type` with what this machine has installed."""
+    return installed(name) and (name not in TRITON_ONLY or device_type == "cuda")
+
+
+def resolve(choice: str, device_type: str) -> str:
+    """The implementation a run uses: `choice` ("auto": the first of IMPLEMENTATIONS available on the device);
+    a UserError saying what to install when there is none, or the one asked for is missing."""
+    if choice != "auto":
+        _check(choice)
+        if not installed(choice):
+            raise UserError(f"the chunked loss {choice!r} needs " + (f"`pip install {PACKAGES[choice]}`"
+                            if choice in PACKAGES else f"PyTorch 2.12 or newer (this is {torch.__version__})"))
+        return choice
+    for name in IMPLEMENTATIONS:
+        if available(name, device_type):
+            return name
+    if device_type == "cuda":
+        raise UserError(f"the chunked loss needs PyTorch 2.12 or newer (F.linear_cross_entropy; this is "
+                        f"{torch.__version__}), or liger-kernel or cut-cross-entropy: pip install liger-kernel")
+    raise UserError(f"the chunked loss on a {device_type} needs PyTorch 2.12 or newer (F.linear_cross_entropy; "
+                    f"this is {torch.__version__}); liger-kernel and cut-cross-entropy run on CUDA only")
+
+
+def why_unavailable(choice: str, device_type: str) -> str | None:
+    """None if the chunked loss can run on `device_type`, else why not (a stage records it as skipped)."""
+    try:
+        name = resolve(choice, device_type)
+    except UserError as e:
+        return str(e)
+    if not available(name, device_type):
+        return f"the chunked loss {name!r} runs on CUDA only (Triton kernels)"
+    return None
+
+
+def _check(name: str) -> None:
+    if name not in IMPLEMENTATIONS:
+        raise UserError(f"unknown chunked-loss implementation {name!r}; choose auto or one of "
+                        f"{', '.join(IMPLEMENTATIONS)}")
+
+
+def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                          padding_bias: torch.Tensor | None = None, impl: str = "auto") -> torch.Tensor:
+    """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`, -inf on the rows past `vocab_size`) against
+    `targets`, without the full logits, computed by implementation `impl` (resolved if "auto")."""
+    device_type = x.device.type
+    impl = resolve(impl, device_type) if impl == "auto" else impl
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    x, weight = x.to(dtype), weight.to(dtype)
+    bias = None if padding_bias is None else padding_bias.to(dtype)
+    if impl == "torch":
+        return F.linear_cross_entropy(x, weight, targets, linear_bias=bias, options=loss_chunking(device_type))
+    if impl == "liger":
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        return liger_fused_linear_cross_entropy(x, weight, targets, bias=bias, accum_dtype=torch.float32)
+    if impl == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        # no bias argument: the real rows only; filter_eps=None computes every gradient entry (exact)
+        return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
+    _check(impl)
+
+
+def loss_chunking(device_type: str):
+    """How F.linear_cross_entropy (a torch.nn.LinearCrossEntropyOptions) chunks and accumulates. CUDA: the
+    library's own per-device defaults (measured by its authors on an A100: fp32 accumulation, chunks by the
+    shape's aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype.
+    Measured on one AMX CPU (2 cores, 8192 x 192 bf16 inputs, 50304 classes, forward + backward): the
+    library's CPU default (fp32 accumulation, chunks sized like the input: 4 rows here) took 3.1 s with
+    256-row chunks and more with its own, bf16 accumulation 1.1 s (128 rows: 1.3 s, 512: 1.1 s, 1024: 1.5 s),
+    against 1.3 s for the unchunked loss compiled by torch.compile; the weight gradient's error against fp64
+    was 4.9e-3 with bf16 accumulation, 4.7e-3 with fp32, 2.4e-3 unchunked (bf16's own rounding is 2e-3)."""
+    if device_type == "cuda":
+        return torch.nn.LinearCrossEntropyOptions()
+    return torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
+                                              acc_policy="accurate")
