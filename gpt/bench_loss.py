@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from gpt import chunked_loss
 from gpt.errors import UserError, exit_on_user_error
-from gpt.metrics import resolve_device, synchronize
+from gpt.devices import resolve_device, synchronize
 
 MiB = 2**20
 

@@ -8,7 +8,9 @@ Three maintained implementations compute it; which ones a machine has depends on
     cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
 
 The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first of IMPLEMENTATIONS available
-on the device; the model's config and the record (choices.loss_impl) name the one that ran. All three give the loss and gradients of the full loss up to float summation order
+on the device; the model's config and the record (choices.loss_impl) name the one that ran.
+
+All three give the loss and gradients of the full loss up to float summation order
 (tests/test_beyond_equivalence.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
 - the padded vocabulary's rows get probability 0: a -inf logit bias (torch, liger), or, for Cut
   Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as

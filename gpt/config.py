@@ -31,7 +31,7 @@ class TrainConfig:
     repeats: int = 5
     warmup_iters: int = 10
     seed: int = 3407
-    measure_memory: bool = True  # one instrumented step: gpt/train.py says which
+    measure_memory: bool = True  # one instrumented step: gpt/protocol.py:memory_step says which
     profile_steps: int = 2  # steps profiled after timing: time breakdown + trace (gpt/profiling.py); 0 = off
 
     # --- optimizer: AdamW as the reference (two parameter groups) ---

@@ -17,7 +17,7 @@ from gpt import chunked_loss, distributed
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
-from gpt.metrics import resolve_device
+from gpt.devices import resolve_device
 from gpt.optimizations import why_no_effect
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import (environment, failure_of, peak_memory_pair, ran_eager, read_record, writable_dir,
@@ -281,7 +281,7 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     does the rank that failed first: torchrun may stop rank 0 before it can."""
     import torch
 
-    from gpt import train
+    from gpt import protocol
 
     rank = int(os.environ.get("RANK", 0))
     writes = rank == 0
@@ -289,7 +289,7 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     if rank == 0:
         trace.unlink(missing_ok=True)  # a trace from an earlier run must not pass for this one's
     try:
-        record = {**meta, **train.run(cfg, label=meta["stage"], trace_path=trace,
+        record = {**meta, **protocol.run(cfg, label=meta["stage"], trace_path=trace,
                                       memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except UserError:

@@ -121,7 +121,7 @@ def cpu_bf16_is_faster() -> tuple[bool, str]:
     multiplies bf16 matrices faster than fp32 ones, measured. Seen on the machines this was built on:
     2.2x and 7x faster (AVX512-BF16, AMX), half as fast (AVX512-BF16 without AMX) and ~100x slower
     (AVX2 only: no bf16 instructions). Returns (faster, the two rates for the record)."""
-    from gpt.metrics import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
+    from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
 
     bf16, fp32 = (measure_cpu_matmul_flops(dt) / 1e9 for dt in (torch.bfloat16, torch.float32))
     return bf16 > fp32, f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s"

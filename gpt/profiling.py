@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.devices import synchronize
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 CATEGORIES = (*PHASES, "communication", "gpu_idle", "other")  # display order
 LABELS = {"data": "data wait", "gpu_idle": "GPU idle"}  # everything else is shown under its own name
@@ -73,8 +74,6 @@ def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank
     `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they stay
     in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome
     trace JSON) when given."""
-    from gpt.metrics import synchronize
-
     none = {"time_breakdown_pct": None, "profiler": None}
     if not cfg.profile_steps:
         return none

@@ -16,7 +16,7 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDER_GOAL, LADDERS, STARTS_FROM, lineage, load_stage, parent_of, record_path
-from gpt.metrics import MEMORY_METHODS
+from gpt.peak_memory import MEMORY_METHODS
 from gpt.profiling import CATEGORIES, label
 from gpt.records import peak_memory_pair, ran_eager, read_record
 

@@ -26,7 +26,8 @@ from gpt import report
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
-from gpt.metrics import calibrate_cpu_peaks, device_name, matmul_rate, peak_label, resolve_device
+from gpt.devices import device_name, resolve_device
+from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, writable_dir, write_record
 

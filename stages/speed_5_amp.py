@@ -6,7 +6,7 @@ Matmuls run in 16-bit on tensor cores (or the CPU's bf16 units) at several times
 half the bytes; softmax, layer norm and the loss stay in fp32. fp16's narrow exponent needs the loss
 scaled so small gradients do not flush to zero (GradScaler); bf16 keeps fp32's range and needs no scaler.
 On a CPU the rule is measured, not assumed: bf16 autocast if this CPU's bf16 matmuls run faster than its
-fp32 ones (the two rates come from gpt/metrics.py's cached matmul benchmark and go into the record), else
+fp32 ones (the two rates come from gpt/flops.py's cached matmul benchmark and go into the record), else
 the stage keeps fp32 and its record says "no effect" with both rates. CPUs differ: one with AMX ran bf16
 7x faster than fp32 in this project's runs, one with AVX512-BF16 but no AMX at half the fp32 rate.
 The scaler has a cost of its own: GradScaler.step reads its "found inf" flag on the host (`.item()`) every

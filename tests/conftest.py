@@ -24,14 +24,14 @@ def private_peak_cache(tmp_path_factory):
     their own, here and in every stage process they start, never into the user's ~/.cache."""
     import os
 
-    from gpt import metrics
+    from gpt import flops
 
     cache_home = tmp_path_factory.mktemp("xdg_cache")
-    old_env, old_cache = os.environ.get("XDG_CACHE_HOME"), metrics._CACHE
+    old_env, old_cache = os.environ.get("XDG_CACHE_HOME"), flops._CACHE
     os.environ["XDG_CACHE_HOME"] = str(cache_home)
-    metrics._CACHE = cache_home / "gpt-ladder" / "cpu_peak_flops.json"
+    flops._CACHE = cache_home / "gpt-ladder" / "cpu_peak_flops.json"
     yield
-    metrics._CACHE = old_cache
+    flops._CACHE = old_cache
     if old_env is None:
         os.environ.pop("XDG_CACHE_HOME", None)
     else:

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from gpt import distributed, optimizations
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
-from gpt.metrics import resolve_device
+from gpt.devices import resolve_device
 from gpt.optimizations import make_loader, mixed_precision, to_device
 from gpt.train import build_model, train_step
 

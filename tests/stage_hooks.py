@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import ladder, train
+from gpt import ladder, protocol, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_worker import full_params  # noqa: E402
@@ -53,7 +53,7 @@ if os.environ.get("HOOK_DROPOUT"):
     ladder.stage_config = stage_config_with_dropout
 
 if os.environ.get("HOOK_SAVE_PARAMS"):
-    real_build_model, real_measure, built = train.build_model, train._measure, []
+    real_build_model, real_measure, built = train.build_model, protocol.measure, []
 
     def build_model_kept(*args, **kwargs):
         built.append(real_build_model(*args, **kwargs))
@@ -66,4 +66,4 @@ if os.environ.get("HOOK_SAVE_PARAMS"):
             torch.save(params, os.environ["HOOK_SAVE_PARAMS"])
         return record
 
-    train.build_model, train._measure = build_model_kept, measure_and_save
+    train.build_model, protocol.measure = build_model_kept, measure_and_save

@@ -81,7 +81,7 @@ def test_bf16_stage_changes_nothing_on_a_cpu(char_data):
 def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     """speed_5_amp's CPU rule: autocast to bf16 only where bf16 matmuls were measured faster than fp32."""
     rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
-    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
     assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
     assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) == amp.why
@@ -214,7 +214,7 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     So: gradients as close to fp32 training as the full loss's are (bound: twice the full loss's difference
     plus 1e-3 of the largest gradient; measured ~7e-3 for both), and the loss within its bf16 summation error
     (n_chunks half-ulps, 2^-9 relative each)."""
-    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
     cfg = dict(grad_clip=NO_CLIP)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
     full, grads_full = train_with_grads(tiny_config(char_data, amp=True, **cfg), 1)
@@ -407,7 +407,7 @@ def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     rates = {torch.float32: 300e9, torch.bfloat16: 2400e9}  # a CPU with AMX
-    monkeypatch.setattr("gpt.metrics.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
     assert optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp"), CPU) == {}
     lean_3 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, fsdp_cpu_offload=True)
     policies = optimizations.fsdp_policies(lean_3, CPU)

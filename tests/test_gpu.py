@@ -17,14 +17,15 @@ from dataclasses import fields
 import pytest
 import torch
 
-from gpt import chunked_loss, report, train
+from gpt import chunked_loss, protocol, report, train
 from gpt.data import GatheredBatches, WindowSampler, make_dataset
 from gpt.ladder import LADDERS, STAGES_DIR, record_path, stage_config
-from gpt.metrics import MiB, traced_step_memory
+from gpt.peak_memory import MiB, traced_step_memory
 from gpt.model import GPT, GPTConfig
 from gpt.optimizations import make_loader, mixed_precision, to_device
 from gpt.records import read_record, record_problems, write_record
-from test_ladder_equivalence import check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config
+from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
+                                     with_pytorchs_early_stop)
 from test_report import row
 from test_train import run_stage
 
@@ -39,11 +40,11 @@ GPU_DIST_PARAM_TOL = (1e-4, 1e-5)
 
 
 def cuda_run(char_data, tmp_path, **overrides) -> tuple[dict, dict]:
-    """A short single-GPU run through train.run: (its record, the allocator snapshot it wrote)."""
+    """A short single-GPU run through protocol.run: (its record, the allocator snapshot it wrote)."""
     cfg = tiny_config(char_data, device="cuda", samples=32, repeats=2, warmup_iters=3, measure_memory=True,
                       **overrides)
     path = tmp_path / "stage.memory.pickle"
-    record = train.run(cfg, memory_snapshot=path)
+    record = protocol.run(cfg, memory_snapshot=path)
     with open(path, "rb") as f:
         return record, pickle.load(f)
 
@@ -181,8 +182,6 @@ def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data
     allocator records Python stacks. With PyTorch's default early stop, torch 2.11 raised "SystemError: <built-in
     method dropout ...> returned NULL without setting an exception" (an exception lost on its way out of the
     op); the ladder's setting runs. On other versions only the ladder's setting is asserted."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
     cfg = tiny_config(char_data, device="cuda", dropout=0.1, activation_checkpointing=True)
     cuda = torch.device("cuda")
     x = torch.randint(60, (8, cfg.block_size), device=cuda)
@@ -190,9 +189,7 @@ def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data
     def step(early_stop: bool):
         raw, model, optimizer = train.build_model(cfg, 65, cuda)
         if early_stop:
-            blocks = raw.transformer.h
-            for i, block in enumerate(blocks):
-                blocks[i] = checkpoint_wrapper(block._checkpoint_wrapped_module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            with_pytorchs_early_stop(raw)
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         try:
             train.train_step(model, optimizer, x, x, cfg, mixed_precision(cfg, cuda))
@@ -250,8 +247,12 @@ def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
         loss.backward()
         return loss.float().item(), {"x": xi.grad.float(), "weight": wi.grad.float()}
 
-    full = lambda xi, wi: torch.nn.functional.cross_entropy(torch.nn.functional.linear(xi, wi, bias).float(), targets)  # noqa: E731
-    chunked = lambda xi, wi: chunked_loss.chunked_cross_entropy(xi, wi, targets, vocab, bias, impl=impl)  # noqa: E731
+    def full(xi, wi):
+        return torch.nn.functional.cross_entropy(torch.nn.functional.linear(xi, wi, bias).float(), targets)
+
+    def chunked(xi, wi):
+        return chunked_loss.chunked_cross_entropy(xi, wi, targets, vocab, bias, impl=impl)
+
     loss_fp32, grads_fp32 = grads(full, torch.float32)
     loss_full, grads_full = grads(full, torch.bfloat16)
     loss_chunked, grads_chunked = grads(chunked, torch.bfloat16)

@@ -142,6 +142,15 @@ def test_activation_checkpointing_gives_identical_gradients_with_dropout(char_da
     assert max_diff(grads_other[0], grads_plain[0])[1] > 1e-3
 
 
+def with_pytorchs_early_stop(raw) -> None:
+    """Checkpoint raw's blocks again with PyTorch's default (early stop on): the control of the tests below."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    blocks = raw.transformer.h
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block._checkpoint_wrapped_module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
 def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, monkeypatch):
     """memory_2 recomputes each block whole (early_stop=False, gpt/optimizations.py:checkpoint_blocks): with
     early stop, PyTorch ends a recomputation by raising an exception from inside the block's last op that
@@ -149,7 +158,6 @@ def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, m
     history (the H100 memory step crashed there). Counted: none in a checkpointed step. Control: the same
     blocks with PyTorch's default raise one per block and micro-batch."""
     import torch.utils.checkpoint as ckpt_module
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     raised = []
     init = ckpt_module._StopRecomputationError.__init__
@@ -159,12 +167,7 @@ def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, m
     _, (grads,) = train_with_grads(cfg, 1, seeded(1))
     assert raised == []
 
-    def default_early_stop(run):
-        blocks = run.raw.transformer.h
-        for i, block in enumerate(blocks):
-            blocks[i] = checkpoint_wrapper(block._checkpoint_wrapped_module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-
-    _, (grads_early,) = train_with_grads(cfg, 1, seeded(1), default_early_stop)
+    _, (grads_early,) = train_with_grads(cfg, 1, seeded(1), lambda run: with_pytorchs_early_stop(run.raw))
     assert len(raised) == cfg.n_layer * cfg.grad_accum_steps
     torch.testing.assert_close(grads, grads_early, rtol=0, atol=0)  # the same saved tensors either way
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from gpt import report, train
+from gpt import protocol, report
 from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
@@ -56,7 +56,7 @@ def measured_record(stage: str, data_dir, out) -> dict:
         cfg = stage_config(stage, "smoke", data_dir=str(data_dir), device="cpu", warmup_iters=1, repeats=1)
         cfg.samples = cfg.batch_size
         return {"stage": stage, "ladder": ladder_of(stage), "profile": "smoke", "parent": parent_of(stage),
-                **train.run(cfg, label=stage)}
+                **protocol.run(cfg, label=stage)}
     r = subprocess.run([sys.executable, str(REPO / "stages" / f"{stage}.py"), "--profile", "smoke", "--device",
                         "cpu", "--wandb", "disabled", "--data-dir", str(data_dir), "--out", str(out),
                         "--repeats", "1", "--warmup-iters", "1"],
@@ -397,8 +397,9 @@ def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatc
     """With torch 2.11 (no F.linear_cross_entropy) the chunked-loss stages cannot be simulated: `compare` keeps
     the other stages and says why for that one, and the report shows the reason."""
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
-    record = {"stage": "fast_6_chunked_loss", "status": "ok", "config": stage_config("fast_6_chunked_loss", "smoke").to_dict(),
-              "model": {"vocab_size": 80}, "device": {"type": "cuda"}, "metrics": {"peak_memory_mib": 123.0}}
+    cfg = stage_config("fast_6_chunked_loss", "smoke").to_dict()
+    record = {"stage": "fast_6_chunked_loss", "status": "ok", "config": cfg, "model": {"vocab_size": 80},
+              "device": {"type": "cuda"}, "metrics": {"peak_memory_mib": 123.0}}
     [row] = compare_records([record], progress=lambda _: None)
     assert row["estimate_mib"] is None and row["error_pct"] is None and row["measured_mib"] == 123.0
     assert row["notes"] == ["not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from gpt import metrics
+from gpt import flops, peak_memory, protocol
 from gpt.ladder import LADDERS, stage_config
-from gpt.metrics import GPU_PEAK_TFLOPS, MiB, StepMarks, gpu_board, memory_method, peak_flops, traced_step_memory
+from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
+from gpt.peak_memory import MiB, StepMarks, memory_method, traced_step_memory
 from gpt.optimizations import compile_mode
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on it
@@ -27,7 +28,7 @@ def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before(
     graphs = {"speed_4_compile", "speed_5_amp", "speed_6_ddp"}
     assert {s for s, m in methods.items() if m == "cuda_max_reserved"} == graphs
     assert all(m == "cuda_max_allocated" for s, m in methods.items() if s not in graphs)
-    assert set(methods.values()) | {"memtracker"} == set(metrics.MEMORY_METHODS)
+    assert set(methods.values()) | {"memtracker"} == set(peak_memory.MEMORY_METHODS)
 
 
 # ---- the allocator's trace ---------------------------------------------------------------------------------
@@ -173,13 +174,13 @@ def test_gpu_names_match_their_own_row_only(name, board):
 
 def test_unknown_gpu_gets_no_mfu_and_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L40")
-    flops, source = peak_flops(CUDA, torch.bfloat16)
-    assert flops == GPU_PEAK_TFLOPS["L40"]["bfloat16"] * 1e12 != GPU_PEAK_TFLOPS["L4"]["bfloat16"] * 1e12
+    peak, source = peak_flops(CUDA, torch.bfloat16)
+    assert peak == GPU_PEAK_TFLOPS["L40"]["bfloat16"] * 1e12 != GPU_PEAK_TFLOPS["L4"]["bfloat16"] * 1e12
     assert source == "data sheet: L40 bfloat16 dense"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GH200 480GB")
-    flops, source = peak_flops(CUDA, torch.bfloat16)
-    assert flops is None and "no data-sheet peak for 'NVIDIA GH200 480GB'" in source
-    assert metrics.mfu(1e6, 1e3, flops) is None
+    peak, source = peak_flops(CUDA, torch.bfloat16)
+    assert peak is None and "no data-sheet peak for 'NVIDIA GH200 480GB'" in source
+    assert flops.mfu(1e6, 1e3, peak) is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     assert peak_flops(CUDA, torch.bfloat16)[0] is None  # T4 has no bf16 peak on its data sheet
 
@@ -191,42 +192,42 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
     the same benchmark outside it (load on the machine moves it, not by 100x)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(metrics, "_CACHE", tmp_path / "under_fake.json")
+    monkeypatch.setattr(flops, "_CACHE", tmp_path / "under_fake.json")
     with FakeTensorMode():
-        under_fake = metrics.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
-    assert metrics.measure_cpu_matmul_flops(torch.float32, n=1024) == under_fake  # what was cached
-    monkeypatch.setattr(metrics, "_CACHE", tmp_path / "real.json")
-    real = metrics.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
+        under_fake = flops.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
+    assert flops.measure_cpu_matmul_flops(torch.float32, n=1024) == under_fake  # what was cached
+    monkeypatch.setattr(flops, "_CACHE", tmp_path / "real.json")
+    real = flops.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
     assert real / 4 < under_fake < real * 4
 
 
 def test_fresh_peak_measurement_replaces_a_stale_cached_figure(tmp_path, monkeypatch):
     """run_all measures the peaks afresh before its first stage: a figure cached on a busier day (or another
     VM with the same CPU name) must not survive it, while a stage run alone keeps reading the cache."""
-    monkeypatch.setattr(metrics, "_CACHE", tmp_path / "peaks.json")
-    monkeypatch.setattr(metrics, "matmul_rate", lambda dtype, n=2048, seconds=2.0, rounds=1: 7e10)
-    metrics.measure_cpu_matmul_flops(torch.float32)  # caches 7e10
-    cache = json.loads(metrics._CACHE.read_text())
+    monkeypatch.setattr(flops, "_CACHE", tmp_path / "peaks.json")
+    monkeypatch.setattr(flops, "matmul_rate", lambda dtype, n=2048, seconds=2.0, rounds=1: 7e10)
+    flops.measure_cpu_matmul_flops(torch.float32)  # caches 7e10
+    cache = json.loads(flops._CACHE.read_text())
     cache = {k: 1e9 for k in cache}  # a stale, much lower figure
-    metrics._CACHE.write_text(json.dumps(cache))
-    assert metrics.measure_cpu_matmul_flops(torch.float32) == 1e9
+    flops._CACHE.write_text(json.dumps(cache))
+    assert flops.measure_cpu_matmul_flops(torch.float32) == 1e9
     threads = torch.get_num_threads()  # the thread counts run_all calibrates: this process's, and 1 (a rank's)
-    peaks = metrics.calibrate_cpu_peaks([threads, 1], rounds=2)
+    peaks = flops.calibrate_cpu_peaks([threads, 1], rounds=2)
     assert peaks == {f"{dtype} x{n} threads": 7e10 for n in {threads, 1} for dtype in ("float32", "bfloat16")}
-    assert metrics.measure_cpu_matmul_flops(torch.float32) == 7e10
+    assert flops.measure_cpu_matmul_flops(torch.float32) == 7e10
 
 
 def test_matmul_rate_keeps_the_best_round(monkeypatch):
     """A round slowed down by the host must not lower the figure: the best round counts."""
     clock = {"t": 0.0, "round": 0}
-    monkeypatch.setattr(metrics.time, "sleep", lambda s: clock.update(round=clock["round"] + 1))
+    monkeypatch.setattr(flops.time, "sleep", lambda s: clock.update(round=clock["round"] + 1))
 
     def perf_counter():  # every matmul "takes" 0.5 ms in the second round, 1 ms in the others
         clock["t"] += 0.0005 if clock["round"] == 1 else 0.001
         return clock["t"]
 
-    monkeypatch.setattr(metrics.time, "perf_counter", perf_counter)
-    best = metrics.matmul_rate(torch.float32, n=256, seconds=0.3, rounds=3)
+    monkeypatch.setattr(flops.time, "perf_counter", perf_counter)
+    best = flops.matmul_rate(torch.float32, n=256, seconds=0.3, rounds=3)
     assert best == pytest.approx(2 * 256**3 / 0.0005)
 
 
@@ -251,9 +252,9 @@ def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
                 opt.zero_grad()
         return tracker
 
-    ours, theirs = tracked(metrics.TimelineMemTracker), tracked(MemTracker)
-    assert metrics.memory_breakdown(ours) == metrics.memory_breakdown(theirs)
-    assert metrics.memory_breakdown(ours)["optimizer_state"] > 0 and metrics.memory_breakdown(ours)["total"] > 0
+    ours, theirs = tracked(peak_memory.TimelineMemTracker), tracked(MemTracker)
+    assert peak_memory.memory_breakdown(ours) == peak_memory.memory_breakdown(theirs)
+    assert peak_memory.memory_breakdown(ours)["optimizer_state"] > 0 and peak_memory.memory_breakdown(ours)["total"] > 0
     assert ours.get_tracker_snapshot("peak") == theirs.get_tracker_snapshot("peak")
 
 
@@ -270,7 +271,7 @@ def test_compile_cache_state_tells_a_compile_from_a_cache_load(monkeypatch):
             group, name = key.split("__")
             fake[group][name] = n
         monkeypatch.setattr(utils, "counters", fake)
-        return metrics.compile_cache_state()
+        return protocol.compile_cache_state()
 
     assert state() is None
     assert state(aot_autograd__autograd_cache_miss=2, inductor__fxgraph_cache_miss=4) == "cold"

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gpt import profiling, train
+from gpt import profiling, protocol, train
 from gpt.profiling import attribute, breakdown, intersect, length, subtract, union
 from gpt.records import record_problems
 
@@ -136,10 +136,10 @@ def test_profiled_steps_come_after_the_timed_ones_and_never_change_them(char_dat
     monkeypatch.setattr(train, "train_step", watched)
     cfg = dict(samples=24, repeats=2, dropout=0.1)  # 3 steps per repeat; dropout: the RNG stream must match
     trace = tmp_path / "new_dir" / "stage.trace.json.gz"  # its directory does not exist yet
-    plain = train.run(tiny_config(char_data, profile_steps=0, **cfg), trace_path=tmp_path / "plain.trace.json.gz")
+    plain = protocol.run(tiny_config(char_data, profile_steps=0, **cfg), trace_path=tmp_path / "plain.trace.json.gz")
     assert profiled_calls == [False] * (1 + 6 + 1)  # warm-up, timed, memory
     profiled_calls.clear()
-    profiled = train.run(tiny_config(char_data, profile_steps=2, **cfg), trace_path=trace)
+    profiled = protocol.run(tiny_config(char_data, profile_steps=2, **cfg), trace_path=trace)
     assert profiled_calls == [False] * (1 + 6) + [True] * 2 + [False]  # profiled after timing, before memory
 
     m, p = profiled["metrics"], plain["metrics"]
@@ -201,7 +201,7 @@ def test_cuda_breakdown_sees_kernels_and_gpu_idle(char_data, tmp_path, compile_)
     kernels are replayed from one launch), attributed to the phases, and the copy timed with CUDA events."""
     cfg = tiny_config(char_data, device="cuda", samples=32, repeats=2, compile=compile_, profile_steps=3,
                       measure_memory=False)
-    m = train.run(cfg, trace_path=tmp_path / "t.trace.json.gz")["metrics"]
+    m = protocol.run(cfg, trace_path=tmp_path / "t.trace.json.gz")["metrics"]
     shares = m["time_breakdown_pct"]
     assert sum(shares.values()) == pytest.approx(100) and "gpu_idle" in shares
     assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import optimizations, train
+from gpt import optimizations, protocol, train
 from gpt.config import TrainConfig
 from gpt.records import record_problems
 
@@ -23,7 +23,7 @@ def tiny_config(data_dir, **overrides) -> TrainConfig:
 
 def test_short_cpu_run_lowers_the_loss_and_returns_a_valid_record(char_data):
     cfg = tiny_config(char_data, samples=8 * 20, repeats=2, lr=3e-3)  # 1 + 40 steps
-    record = train.run(cfg, label="test")
+    record = protocol.run(cfg, label="test")
     record.update(stage="test", ladder="speed", profile="test", parent=None)
     assert record_problems(record) == []
     m = record["metrics"]
@@ -44,13 +44,13 @@ def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, 
     step = train.train_step
     monkeypatch.setattr(train, "train_step", lambda *a: steps.append(1) or step(*a))
     cfg = dict(samples=16, repeats=1, profile_steps=0)
-    folded = train.run(tiny_config(char_data, warmup_iters=2, **cfg))["metrics"]
+    folded = protocol.run(tiny_config(char_data, warmup_iters=2, **cfg))["metrics"]
     n_folded, steps[:] = len(steps), []
-    extra = train.run(tiny_config(char_data, warmup_iters=2, measure_memory=False, **cfg))["metrics"]
+    extra = protocol.run(tiny_config(char_data, warmup_iters=2, measure_memory=False, **cfg))["metrics"]
     assert len(steps) == n_folded == 2 + 2  # warm-up 2 (one tracked) + one repeat of 2 steps
     assert folded["losses"] == extra["losses"]
     steps[:] = []
-    single = train.run(tiny_config(char_data, warmup_iters=1, **cfg))["metrics"]
+    single = protocol.run(tiny_config(char_data, warmup_iters=1, **cfg))["metrics"]
     assert len(steps) == 1 + 2 + 1  # one warm-up step: the memory step comes after timing
     assert folded["memory_breakdown_mib"] == single["memory_breakdown_mib"]
     assert folded["peak_memory_mib"] == single["peak_memory_mib"] > 0
@@ -62,16 +62,16 @@ def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data):
     trace; without care dynamo marks the model's frame "skip" there and every timed step after it runs eager,
     silently (no recompilation). The profiled step after timing must still run the compiled graphs."""
     cfg = dict(warmup_iters=2, samples=16, repeats=1, profile_steps=1)
-    record = train.run(tiny_config(char_data, compile=True, **cfg))
+    record = protocol.run(tiny_config(char_data, compile=True, **cfg))
     assert record["metrics"]["memory_breakdown_mib"]["total"] > 0  # the tracked warm-up step happened
     assert record["metrics"]["profiler"]["compiled_regions_per_step"] >= 1
     # negative control: the same count is 0 for an eager model
-    assert train.run(tiny_config(char_data, **cfg))["metrics"]["profiler"]["compiled_regions_per_step"] == 0
+    assert protocol.run(tiny_config(char_data, **cfg))["metrics"]["profiler"]["compiled_regions_per_step"] == 0
 
 
 def test_cpu_training_is_deterministic(char_data):
     cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False)
-    a, b = train.run(cfg)["metrics"]["losses"], train.run(cfg)["metrics"]["losses"]
+    a, b = protocol.run(cfg)["metrics"]["losses"], protocol.run(cfg)["metrics"]["losses"]
     assert a == b  # bit-identical on the CPU for the same seed
 
 
@@ -86,11 +86,11 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     reduce_overhead = lambda cfg, device: "reduce-overhead" if cfg.compile else None  # noqa: E731
     monkeypatch.setattr(optimizations, "compile_mode", reduce_overhead)
-    monkeypatch.setattr(train, "compile_mode", reduce_overhead)
+    monkeypatch.setattr(protocol, "compile_mode", reduce_overhead)
     cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
-    eager = train.run(tiny_config(char_data, **cfg))["metrics"]["losses"]
+    eager = protocol.run(tiny_config(char_data, **cfg))["metrics"]["losses"]
     assert marks == []
-    record = train.run(tiny_config(char_data, compile=True, **cfg))
+    record = protocol.run(tiny_config(char_data, compile=True, **cfg))
     assert record["choices"]["compile_mode"] == "reduce-overhead"
     profiled = record["metrics"]["profiler"]["steps"]  # the profiled steps after timing are steps too
     assert profiled >= 1 and len(marks) == 2 + 2 * 2 + profiled  # + warm-up, repeats x steps (16 samples / 8)

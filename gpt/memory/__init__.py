@@ -4,13 +4,13 @@ tensors.
 The stage's own code runs: gpt.train.build_model builds the model with the stage's optimizations and
 gpt.train.train_step trains it, twice, under FakeTensorMode. Fake tensors have shapes, dtypes and devices but
 no storage, so a 774M-parameter model "trains" in seconds without allocating its memory. During the second
-step a MemTracker (gpt.metrics) adds up the bytes every tensor would hold while it is alive, by category
+step a MemTracker (gpt/peak_memory.py) adds up the bytes every tensor would hold while it is alive, by category
 (parameters, gradients, optimizer state, activations, temporaries), and keeps the peak. The second step is
 every later step: AdamW's state exists from the first step's end on, as do the gradients if the training
 loop keeps them across steps; the first step, without them, peaks lower.
 
 Two targets:
-- cpu: the quantity a CPU run measures (gpt/train.py: MemTracker over one step after the warm-up), so the
+- cpu: the quantity a CPU run measures (gpt/protocol.py: MemTracker over one step after the warm-up), so the
   estimate can be checked against real runs on this machine (`python -m gpt.memory compare`).
 - cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
   CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
@@ -50,7 +50,7 @@ from gpt.config import TrainConfig
 from gpt.data import load_prepared
 from gpt.errors import UserError
 from gpt.memory.snapshot import StepRecorder
-from gpt.metrics import TimelineMemTracker, memory_breakdown
+from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt import optimizations
 from gpt.optimizations import MixedPrecision, mixed_precision
 from gpt.train import build_model, train_step

@@ -373,7 +373,7 @@ def _frame(f: dict) -> str:
 
 # ---- writing: the planner's simulated step -----------------------------------------------------------------
 
-_MACHINERY = ("torch/distributed/_tools/", "gpt/metrics.py")  # MemTracker and its subclass: their frames and
+_MACHINERY = ("torch/distributed/_tools/", "gpt/peak_memory.py")  # MemTracker and its subclass: their frames and
 # everything inside them (fake tensors, this recorder) are how the step is simulated, not what it runs
 _BASE = 0x7F0000000000  # where the simulated segment starts (any aligned address)
 

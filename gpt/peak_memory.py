@@ -1,123 +1,23 @@
-"""What a run measures: device choice, synchronised clocks, peak memory, device peak FLOPS and MFU.
-
-Names follow torchtitan's metrics: peak active memory, tokens/s, MFU, data-loading %.
+"""How a run measures memory: the peak (CUDA's allocator statistics, or MemTracker on the CPU), and one
+instrumented step that gives the memory-over-time curve and the breakdown at the peak (parameters, gradients,
+optimizer state, activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on
+a GPU (README: "How the figures are measured", peak memory).
 """
-import json
+import math
 import os
-import platform
-import re
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
-from gpt.errors import UserError
-from gpt.profiling import region
+from gpt.devices import synchronize
 
 MiB = 2**20
+TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many points (each window's maximum)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# device
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present. Under torchrun each rank takes the GPU of its LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for but this PyTorch build sees no CUDA GPU")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    if name == "cpu":
-        return torch.device("cpu")
-    raise UserError(f"unknown device {name!r} (choose auto, cpu or cuda)")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or _cpu_model() or "cpu"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work before reading a clock. CPU ops are synchronous (and
-    torch.cuda.synchronize raises on a CPU-only build), so there is nothing to wait for."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class StepClock:
-    """Per-step durations without a host sync inside the timed loop.
-
-    On CUDA a step's time is read from CUDA events after the repeat's final synchronize; on CPU the
-    host clock is the device clock."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks = []
-
-    def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append(ev)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def durations(self) -> list[float]:
-        """Seconds between consecutive marks; call after synchronize()."""
-        if self.cuda:
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
-
-
-class FeedClock:
-    """What feeding the device costs, per step: host seconds waiting for the DataLoader's next batch, and
-    seconds of the host-to-device copy. Both are also profiler phases ("data", "copy").
-
-    Kept apart because a blocking copy from pageable memory first waits for all GPU work already queued: a
-    host clock around it would count compute as copying. On CUDA the copy is timed with CUDA events around it
-    (the copy on the GPU's stream, read after the repeat's synchronize); on the CPU the host clock is the
-    device clock."""
-
-    def __init__(self, device: torch.device):
-        self.data_s: list[float] = []
-        self._copy = StepClock(device)  # marks in pairs: before and after each copy
-
-    @contextmanager
-    def data(self):
-        t0 = time.perf_counter()
-        with region("data"):
-            yield
-        self.data_s.append(time.perf_counter() - t0)
-
-    @contextmanager
-    def copy(self):
-        self._copy.mark()
-        with region("copy"):
-            yield
-        self._copy.mark()
-
-    def copy_s(self) -> list[float]:
-        """Seconds of each copy; call after synchronize()."""
-        return self._copy.durations()[::2]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# memory
+# the peak, and how it is measured
 
 
 class TimelineMemTracker(MemTracker):
@@ -211,20 +111,6 @@ def reset_cuda_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def compile_cache_state() -> str | None:
-    """Whether this process's torch.compile compiled its graphs ("cold"), loaded them all from the on-disk
-    caches an earlier process filled (AOTAutograd's and Inductor's FX graph caches, on by default: "warm"),
-    or some of each ("partly warm"); None before anything was compiled. A warm first step takes seconds
-    where a cold one takes tens of seconds, so a compile time means little without this."""
-    from torch._dynamo.utils import counters
-
-    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
-    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"]["fxgraph_cache_miss"]
-    if not hits and not misses:
-        return None
-    return "cold" if not hits else "warm" if not misses else "partly warm"
-
-
 def cuda_peaks_mib(device: torch.device) -> dict | None:
     """{'allocated': max_memory_allocated, 'reserved': max_memory_reserved}, MiB, since the last reset."""
     if device.type != "cuda":
@@ -234,13 +120,39 @@ def cuda_peaks_mib(device: torch.device) -> dict | None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# one step recorded by the CUDA caching allocator (on the CPU, TimelineMemTracker does this job)
+# one step under MemTracker (CPU)
+
+
+def cpu_step_memory(step, model, optimizer) -> dict:
+    """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
+    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's,
+    and a frame it meets under one is marked "skip" for good: every later step would run eager too, with no
+    recompilation to show for it. The "force_eager" stance keeps dynamo away from the step altogether."""
+    tracker = TimelineMemTracker()
+    tracker.track_external(model, optimizer)
+    with torch.compiler.set_stance("force_eager"), tracker:
+        tracker.reset_mod_stats()
+        step()
+    return {"breakdown_mib": memory_breakdown(tracker),
+            "timeline_mib": downsample([b / MiB for b in tracker.timeline], TIMELINE_POINTS)}
+
+
+def downsample(xs: list[float], n: int) -> list[float]:
+    """At most ~n points, keeping each window's maximum so the peak survives."""
+    if len(xs) <= n:
+        return xs
+    w = math.ceil(len(xs) / n)
+    return [max(xs[i : i + w]) for i in range(0, len(xs), w)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one step recorded by the CUDA caching allocator
 #
 # torch.cuda.memory._record_memory_history makes the allocator log every allocation and free; _snapshot()
 # returns that log ('device_traces') and the blocks alive at the end ('segments'): the pickle that
-# pytorch.org/memory_viz opens. traced_step_memory derives the timeline and the breakdown at the peak from it.
-# (This is the one place that reads the format for the ladder's own runs; a reader of the reference's
-# snapshots for the memory planner is planned in gpt/memory, and the two should become one.)
+# pytorch.org/memory_viz opens. traced_step_memory derives the timeline and the breakdown at the peak from it,
+# placing the blocks by the step's marks (StepMarks). The memory planner reads the same format from the
+# reference's snapshots in gpt/memory/snapshot.py, where the categories come from the allocation stacks.
 
 MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 (3,726 allocations)
 
@@ -287,7 +199,9 @@ class StepMarks:
 
 def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Path | None = None) -> dict:
     """Run `step()` with the allocator recording its history; write the snapshot to `path` if given; return
-    {'timeline_bytes': allocated bytes after every allocation and free, 'breakdown_mib': at the peak}."""
+    {'breakdown_mib': at the peak, 'timeline_mib': allocated MiB through the step, 'snapshot': path's name}.
+    Not MemTracker, as on the CPU: dynamo does not compile under its dispatch mode (it would describe an eager
+    step), and it costs minutes at 36 layers."""
     count = lambda: torch.cuda.memory_stats(device)["allocation.all.allocated"]  # noqa: E731
     # Python stacks only: C++ frames make the snapshot slow to symbolise and large, and this code is Python.
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_TRACE_ENTRIES, clear_history=True)
@@ -311,7 +225,8 @@ def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Pa
         print(f"warning: the allocator traced {traced} of the step's {allocations} allocations; the memory "
               "breakdown is left out", flush=True)
         breakdown = None
-    return {"timeline_bytes": timeline, "breakdown_mib": breakdown}
+    return {"breakdown_mib": breakdown, "timeline_mib": downsample([b / MiB for b in timeline], TIMELINE_POINTS),
+            "snapshot": path.name if path else None}
 
 
 def write_pickle(path: Path, obj) -> None:
@@ -389,165 +304,3 @@ def traced_step_memory(snapshot: dict, device: int, tensors=(), forward=()) -> t
 def _block_size(requested: int) -> int:
     """CUDACachingAllocator's rounding of a request: at least 512 bytes, a multiple of 512."""
     return max(512, -(-requested // 512) * 512)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# peak FLOPS and MFU
-
-# Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
-# fp32 means plain FP32 (no TF32): the reference ran fp32 without TF32.
-GPU_PEAK_TFLOPS = {
-    "H100 SXM": {"float32": 67.0, "bfloat16": 989.4, "float16": 989.4},
-    "H100 NVL": {"float32": 60.0, "bfloat16": 835.0, "float16": 835.0},
-    "H100 PCIe": {"float32": 51.2, "bfloat16": 756.5, "float16": 756.5},
-    "H200 SXM": {"float32": 67.0, "bfloat16": 989.4, "float16": 989.4},
-    "H200 NVL": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
-    "A100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},  # SXM4 and PCIe alike
-    "A10G": {"float32": 31.2, "bfloat16": 70.0, "float16": 70.0},
-    "L40S": {"float32": 91.6, "bfloat16": 362.05, "float16": 362.05},
-    "L40": {"float32": 90.5, "bfloat16": 181.05, "float16": 181.05},
-    "L4": {"float32": 30.3, "bfloat16": 121.0, "float16": 121.0},
-    "RTX 4090": {"float32": 82.6, "bfloat16": 165.2, "float16": 165.2},
-    "RTX 3090": {"float32": 35.6, "bfloat16": 71.0, "float16": 71.0},
-    "V100 SXM2": {"float32": 15.7, "float16": 125.0},
-    "V100 PCIe": {"float32": 14.0, "float16": 112.0},
-    "T4": {"float32": 8.1, "float16": 65.0},
-}
-
-# torch.cuda.get_device_name as the driver reports it, upper case, without "NVIDIA", "Tesla", "GeForce" and the
-# memory size ("NVIDIA A100-SXM4-80GB" -> "A100 SXM4") -> its row above. Only exact names match: "L40" is not
-# "L4", "H200 NVL" is not the H200 SXM; an unknown name gets no MFU rather than another board's peak.
-GPU_NAMES = {
-    "H100 HBM3": "H100 SXM", "H100 SXM5": "H100 SXM", "H100 NVL": "H100 NVL", "H100 PCIE": "H100 PCIe",
-    "H200": "H200 SXM", "H200 NVL": "H200 NVL",
-    "A100": "A100", "A100 SXM4": "A100", "A100 PCIE": "A100", "A10G": "A10G",
-    "L40S": "L40S", "L40": "L40", "L4": "L4", "RTX 4090": "RTX 4090", "RTX 3090": "RTX 3090",
-    "V100 SXM2": "V100 SXM2", "V100 PCIE": "V100 PCIe", "T4": "T4",
-}
-
-
-def gpu_board(name: str) -> str | None:
-    """The GPU_PEAK_TFLOPS row of a CUDA device name, or None if the name is not one the table knows."""
-    words = [w for w in re.split(r"[\s-]+", name.strip().upper())
-             if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB", w)]
-    return GPU_NAMES.get(" ".join(words))
-
-
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-ladder" / "cpu_peak_flops.json"
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(_CACHE.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def peak_label(dtype: torch.dtype, threads: int) -> str:
-    """How machine.json and the report name a measured CPU peak, e.g. "float32 x2 threads"."""
-    return f"{str(dtype).removeprefix('torch.')} x{threads} threads"
-
-
-def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
-    """(peak FLOP/s of one device in `dtype`, where the figure comes from)."""
-    dt = str(dtype).removeprefix("torch.")
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        board = gpu_board(name)
-        if board and dt in GPU_PEAK_TFLOPS[board]:
-            return GPU_PEAK_TFLOPS[board][dt] * 1e12, f"data sheet: {board} {dt} dense"
-        return None, (f"no data-sheet peak for {name!r} in {dt} (add it to GPU_PEAK_TFLOPS and GPU_NAMES in "
-                      "gpt/metrics.py)")
-    return measure_cpu_matmul_flops(dtype), f"measured: {dt} matmul, {torch.get_num_threads()} thread(s)"
-
-
-def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The device's highest peak over the dtypes training can compute in: MFU against the peak of the dtype a
-    stage uses can mislead (a CPU whose bf16 matmuls are slower than fp32 shows a high bf16 MFU while running
-    slower), so the record also gives MFU against this one."""
-    dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
-    peaks = [(flops, source) for flops, source in (peak_flops(device, dt) for dt in dtypes) if flops]
-    return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
-
-
-def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1,
-                             fresh: bool = False) -> float:
-    """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
-    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure; `fresh`
-    measures again and replaces the cached figure (run_all does so once, before its first stage).
-    A VM's neighbours move the rate by 20% and more for seconds at a time, so `rounds` spreads the
-    `seconds` over that many rounds, a second apart, and keeps the best.
-    A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
-    per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
-    a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
-    key = f"{_cpu_model()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}|n={n}"
-    cache = _read_cache()
-    if key in cache and not fresh:
-        return cache[key]
-    best = matmul_rate(dtype, n, seconds, rounds)
-    cache = _read_cache()  # another process may have written meanwhile
-    cache[key] = best
-    try:
-        _CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _CACHE.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, _CACHE)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-    return best
-
-
-def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:
-    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    round_s = seconds / rounds
-    with unset_fake_temporarily():  # real tensors even when called under FakeTensorMode (the memory planner)
-        size = 256
-        while size < n:
-            a = torch.randn(size, size, dtype=dtype)
-            a @ a  # the first call of a size pays for allocation and packing: time the second
-            t0 = time.perf_counter()
-            a @ a
-            if 8 * (time.perf_counter() - t0) > round_s / 4:  # the next size takes 8x longer
-                n = size
-                break
-            size *= 2
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        best = 0.0
-        for i in range(rounds):
-            if i:
-                time.sleep(1.0)
-            t_end = time.perf_counter() + round_s
-            while time.perf_counter() < t_end:
-                t0 = time.perf_counter()
-                a @ b
-                best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best
-
-
-def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, float]:
-    """Measure afresh, on a quiet machine before any stage runs, every CPU peak the stages will read from
-    the cache (fp32 and bf16 at each thread count the stages use), so that no stage's MFU rests on one
-    2-second sample taken while the host was busy, nor on a figure cached on another day.
-    Returns {"float32 x2 threads": FLOP/s, ...}."""
-    before, peaks = torch.get_num_threads(), {}
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            for dtype in (torch.float32, torch.bfloat16):
-                flops = measure_cpu_matmul_flops(dtype, seconds=rounds, rounds=rounds, fresh=True)
-                peaks[peak_label(dtype, threads)] = flops
-    finally:
-        torch.set_num_threads(before)
-    return peaks
-
-
-def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None, world_size: int = 1) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices used (recomputation
-    by activation checkpointing is not counted: it is work, not model progress)."""
-    if not peak:
-        return None
-    return tokens_per_s * flops_per_token / (peak * world_size)

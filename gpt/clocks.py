@@ -1,0 +1,66 @@
+"""Clocks of the timed loop: per-step durations without a host sync inside it, and what feeding the device
+costs (the data wait and the host-to-device copy). The repeats' own clock is time.perf_counter between two
+device synchronisations (gpt/protocol.py:timed_repeats)."""
+import time
+from contextlib import contextmanager
+
+import torch
+
+from gpt.profiling import region
+
+
+class StepClock:
+    """Per-step durations without a host sync inside the timed loop.
+
+    On CUDA a step's time is read from CUDA events after the repeat's final synchronize; on CPU the
+    host clock is the device clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        """Seconds between consecutive marks; call after synchronize()."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+class FeedClock:
+    """What feeding the device costs, per step: host seconds waiting for the DataLoader's next batch, and
+    seconds of the host-to-device copy. Both are also profiler phases ("data", "copy").
+
+    Kept apart because a blocking copy from pageable memory first waits for all GPU work already queued: a
+    host clock around it would count compute as copying. On CUDA the copy is timed with CUDA events around it
+    (the copy on the GPU's stream, read after the repeat's synchronize); on the CPU the host clock is the
+    device clock."""
+
+    def __init__(self, device: torch.device):
+        self.data_s: list[float] = []
+        self._copy = StepClock(device)  # marks in pairs: before and after each copy
+
+    @contextmanager
+    def data(self):
+        t0 = time.perf_counter()
+        with region("data"):
+            yield
+        self.data_s.append(time.perf_counter() - t0)
+
+    @contextmanager
+    def copy(self):
+        self._copy.mark()
+        with region("copy"):
+            yield
+        self._copy.mark()
+
+    def copy_s(self) -> list[float]:
+        """Seconds of each copy; call after synchronize()."""
+        return self._copy.durations()[::2]

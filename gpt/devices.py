@@ -1,0 +1,44 @@
+"""Which device a run uses, what it is called, and waiting for it before a clock is read."""
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from gpt.errors import UserError
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present. Under torchrun each rank takes the GPU of its LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for but this PyTorch build sees no CUDA GPU")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    if name == "cpu":
+        return torch.device("cpu")
+    raise UserError(f"unknown device {name!r} (choose auto, cpu or cuda)")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or cpu_model() or "cpu"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work before reading a clock. CPU ops are synchronous (and
+    torch.cuda.synchronize raises on a CPU-only build), so there is nothing to wait for."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

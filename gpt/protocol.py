@@ -1,0 +1,357 @@
+"""The measurement protocol: how one stage's training run becomes its record (README: "How the figures are
+measured"). `measure` is the protocol, phase by phase:
+
+    prepare         the data, the model with the stage's optimizations, its optimizer and precision, and the step
+    warm_up         `warmup_iters` steps; the first one (compilation) timed on its own; on the CPU the last one
+                    is the memory step
+    timed_repeats   `repeats` x "train on N samples" between two device synchronisations: the timed figures
+    profile_steps   a few more steps under torch.profiler: where the time goes (gpt/profiling.py)
+    memory_step     one instrumented step, unless a warm-up step was it (gpt/peak_memory.py)
+    across_ranks    DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks' mean
+    record          the JSON record (gpt/records.py checks it)
+
+The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak memory
+and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/profiling.py (the time breakdown). Under DDP/FSDP
+every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
+"""
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from gpt import distributed, train  # train.build_model, train.train_step: tests instrument them there
+from gpt.clocks import FeedClock, StepClock
+from gpt.config import TrainConfig
+from gpt.data import WindowSampler, make_dataset
+from gpt.devices import device_name, resolve_device, synchronize
+from gpt.flops import fastest_peak_flops, mfu, peak_flops
+from gpt.optimizations import (MixedPrecision, compile_mode, make_loader, matmul_precision, mixed_precision,
+                               to_device)
+from gpt.peak_memory import (cpu_step_memory, cuda_peaks_mib, cuda_step_memory, memory_method,
+                             release_cuda_cache, reset_cuda_peak)
+from gpt.profiling import extra_steps, profile_steps
+from gpt.records import SCHEMA_VERSION, environment
+
+
+def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None,
+        trace_path: Path | None = None) -> dict:
+    """Train under the measurement protocol and return the run's record (see README: The JSON record).
+    On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot`, and with
+    `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    with distributed.process_group(device, enabled=bool(cfg.distributed)):  # a failed rank leaves at once
+        return measure(cfg, device, label, memory_snapshot, trace_path)
+
+
+def measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None = None,
+            trace_path: Path | None = None) -> dict:
+    """The protocol (this module's docstring), in one process of the run."""
+    trainer = prepare(cfg, device, label)
+    warm = warm_up(trainer)
+    timed = timed_repeats(trainer)
+    profiled = profile_steps(trainer.step, cfg, device, trace_path, trainer.rank)  # after timing: no effect on it
+    memory = warm.memory if trainer.memory_in_warmup else memory_step(trainer, snapshot_path)
+    trainer.step.progress.close()
+    timed = across_ranks(trainer, timed, peak_memory(trainer, timed, memory))
+    return record(trainer, label, warm, timed, profiled, memory)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prepare: what every phase shares
+
+
+class Stepper:
+    """One training step on the next batch, as every phase runs it; returns the loss, on the device. A FeedClock,
+    if given, times the data wait and the copy (the timed repeats keep one; otherwise each step gets its own)."""
+
+    def __init__(self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision,
+                 progress: tqdm):
+        self.model, self.optimizer, self.batches = model, optimizer, batches
+        self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
+        self.cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
+
+    def __call__(self, feed: FeedClock | None = None) -> torch.Tensor:
+        feed = feed or FeedClock(self.device)
+        with feed.data():
+            batch = next(self.batches)
+        with feed.copy():
+            x, y = to_device(batch, self.device, self.cfg)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
+        loss = train.train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)
+        self.progress.update()
+        return loss.clone() if self.cuda_graphs else loss
+
+
+@dataclass
+class Trainer:
+    """What the phases share: the stage's settings, the model (`raw`: the GPT itself; `model`: what trains, with
+    its wrappers), its optimizer and precision, and the step."""
+    cfg: TrainConfig
+    device: torch.device
+    rank: int
+    raw: torch.nn.Module
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    amp: MixedPrecision
+    fp32_matmuls: str
+    step: Stepper
+    memory_in_warmup: bool  # the CPU's memory step is the last warm-up step (see warm_up)
+
+
+def prepare(cfg: TrainConfig, device: torch.device, label: str) -> Trainer:
+    """Data, model, optimizer, precision, and a sampler that draws exactly the batches every phase will take."""
+    rank, world = distributed.rank(), cfg.world_size
+    dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
+    raw, model, optimizer = train.build_model(cfg, dataset.vocab_size, device)
+    amp = mixed_precision(cfg, device)
+    fp32_matmuls = matmul_precision(cfg, device)
+    memory_in_warmup = cfg.measure_memory and device.type != "cuda" and cfg.warmup_iters >= 2
+    total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
+                   + int(cfg.measure_memory and not memory_in_warmup))
+    sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
+    batches = iter(make_loader(dataset, sampler, cfg, device))
+    progress = tqdm(total=total_steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
+    step = Stepper(model, optimizer, batches, cfg, device, amp, progress)
+    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step, memory_in_warmup)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the phases
+
+
+@dataclass
+class WarmUp:
+    seconds: float
+    first_step_s: float | None = None  # includes torch.compile's compilation
+    first_loss: float | None = None
+    compile_cache: str | None = None  # compile_cache_state after the first step
+    memory: dict = field(default_factory=dict)  # the CPU's memory step, when it was the last warm-up step
+
+
+def warm_up(trainer: Trainer) -> WarmUp:
+    """`warmup_iters` steps: compilation and DataLoader worker start-up happen here. The first step is timed on
+    its own (compile_s is it minus a steady step); then the allocator's cache is released, so that the reserved
+    figure describes training, not what compilation and autotuning cached. On the CPU the last warm-up step, when
+    it is not the first (whose optimizer state is only born in its update), is the memory step: one step fewer
+    per stage than an extra one after timing."""
+    cfg, device = trainer.cfg, trainer.device
+    trainer.model.train()
+    synchronize(device)
+    t0 = time.perf_counter()
+    warm = WarmUp(seconds=0.0)
+    for i in range(cfg.warmup_iters):
+        if trainer.memory_in_warmup and i == cfg.warmup_iters - 1:
+            warm.memory = cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
+            continue
+        loss = trainer.step()
+        if i == 0:
+            synchronize(device)
+            warm.first_step_s, warm.first_loss = time.perf_counter() - t0, loss.item()
+            warm.compile_cache = compile_cache_state() if cfg.compile else None
+            release_cuda_cache(device)
+    synchronize(device)
+    warm.seconds = time.perf_counter() - t0
+    return warm
+
+
+def compile_cache_state() -> str | None:
+    """Whether this process's torch.compile compiled its graphs ("cold"), loaded them all from the on-disk
+    caches an earlier process filled (AOTAutograd's and Inductor's FX graph caches, on by default: "warm"),
+    or some of each ("partly warm"); None before anything was compiled. A warm first step takes seconds
+    where a cold one takes tens of seconds, so a compile time means little without this."""
+    from torch._dynamo.utils import counters
+
+    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"]["fxgraph_cache_miss"]
+    if not hits and not misses:
+        return None
+    return "cold" if not hits else "warm" if not misses else "partly warm"
+
+
+@dataclass
+class Timed:
+    repeat_s: list[float]  # seconds of each repeat of N samples
+    step_s: list[float]  # every timed step's duration (CUDA events on a GPU)
+    losses: list[float]  # every timed step's loss
+    waits: list[float]  # host seconds waiting for each batch
+    copies: list[float]  # seconds of each host-to-device copy
+    cuda_peaks: dict | None  # max_memory_allocated and max_memory_reserved over the repeats, MiB (CUDA)
+    peak_mib: float | None = None  # the peak the record reports (peak_memory)
+
+
+def timed_repeats(trainer: Trainer) -> Timed:
+    """`repeats` times "train on N samples" between two device synchronisations, timed with the host clock.
+    Inside a repeat no `.item()` and no synchronisation: per-step times come from CUDA events (the host clock
+    on the CPU), losses are read after the repeat. Under DDP/FSDP the ranks start each repeat together."""
+    cfg, device = trainer.cfg, trainer.device
+    reset_cuda_peak(device)
+    repeat_s, step_s, losses, feed = [], [], [], FeedClock(device)
+    for _ in range(cfg.repeats):
+        if cfg.world_size > 1:
+            dist.barrier()  # start together, so a repeat measures the ranks' joint work
+        clock, rep_losses = StepClock(device), []
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(cfg.steps_per_repeat):
+            clock.mark()
+            rep_losses.append(trainer.step(feed))
+        clock.mark()
+        synchronize(device)
+        repeat_s.append(time.perf_counter() - t0)
+        step_s += clock.durations()
+        losses += torch.stack(rep_losses).float().tolist()  # after the clock stopped
+    return Timed(repeat_s, step_s, losses, feed.data_s, feed.copy_s(), cuda_peaks_mib(device))
+
+
+def memory_step(trainer: Trainer, snapshot_path: Path | None) -> dict:
+    """One extra, instrumented step after timing (gpt/peak_memory.py): the CUDA allocator's history of it on a
+    GPU (rank 0 writes its snapshot to `snapshot_path`), MemTracker on the CPU. {} when memory is not measured."""
+    if not trainer.cfg.measure_memory:
+        return {}
+    if trainer.device.type == "cuda":
+        path = Path(snapshot_path) if snapshot_path and trainer.rank == 0 else None
+        return cuda_step_memory(trainer.step, trainer.model, trainer.raw, trainer.optimizer, trainer.device, path)
+    return cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
+
+
+def peak_memory(trainer: Trainer, timed: Timed, memory: dict) -> float | None:
+    """The record's peak: on CUDA the allocator's peak over the timed repeats, allocated or reserved as
+    memory_method says; on the CPU the memory step's (MemTracker's) peak."""
+    if timed.cuda_peaks:
+        method = memory_method(trainer.device, compile_mode(trainer.cfg, trainer.device))
+        return timed.cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]
+    return memory["breakdown_mib"]["total"] if memory else None
+
+
+def across_ranks(trainer: Trainer, timed: Timed, peak_mib: float | None) -> Timed:
+    """The figures the record gives for the whole run. One process: its own. DDP/FSDP: a repeat lasts as long
+    as its slowest rank; losses are the ranks' mean; data waits, copies and peaks the largest rank's."""
+    world, device = trainer.cfg.world_size, trainer.device
+    if world == 1:
+        timed.peak_mib = peak_mib
+        return timed
+    peaks = timed.cuda_peaks
+    return Timed(repeat_s=_all_reduce(timed.repeat_s, device, dist.ReduceOp.MAX),
+                 step_s=timed.step_s,
+                 losses=_all_reduce(timed.losses, device, dist.ReduceOp.SUM, scale=1 / world),
+                 waits=_all_reduce(timed.waits, device, dist.ReduceOp.MAX),
+                 copies=_all_reduce(timed.copies, device, dist.ReduceOp.MAX),
+                 peak_mib=_all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0],
+                 cuda_peaks=dict(zip(peaks, _all_reduce(list(peaks.values()), device, dist.ReduceOp.MAX)))
+                 if peaks else None)
+
+
+def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.0) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
+    dist.all_reduce(t, op=op)
+    return (t * scale).tolist()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the record
+
+
+def record(trainer: Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
+    """The run's JSON record (README: The JSON record); the ladder adds the stage's place in its ladder."""
+    raw, cfg, device = trainer.raw, trainer.cfg, trainer.device
+    return {
+        "schema": SCHEMA_VERSION,
+        "status": "ok",
+        "label": label,
+        "config": cfg.to_dict(),
+        "model": {**asdict(raw.config), "params": raw.num_params(), "flops_per_token": raw.flops_per_token()},
+        "device": {"type": device.type, "name": device_name(device), "count": cfg.world_size,
+                   "threads_per_process": torch.get_num_threads()},
+        "choices": choices(trainer),
+        "env": environment(),
+        "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(timed, memory),
+                    **flops_metrics(trainer, timed), **loss_metrics(cfg, warm, timed)},
+    }
+
+
+def choices(trainer: Trainer) -> dict:
+    """The decisions the run made on this device (a CPU keeps fp32 where bf16 is slower, and so on)."""
+    cfg, device, amp = trainer.cfg, trainer.device, trainer.amp
+    return {
+        "amp_dtype": str(amp.dtype).removeprefix("torch."),
+        "amp_why": amp.why,
+        "grad_scaler": amp.scaler is not None,
+        "fp32_matmuls": trainer.fp32_matmuls,
+        "compile_mode": compile_mode(cfg, device),
+        "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
+        "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
+        "memory_method": memory_method(device, compile_mode(cfg, device)),
+        "loss_impl": trainer.raw.config.loss_impl if cfg.loss == "chunked" else None,
+    }
+
+
+def time_metrics(trainer: Trainer, warm: WarmUp, timed: Timed) -> dict:
+    cfg = trainer.cfg
+    mean_s = statistics.fmean(timed.repeat_s)
+    steady = statistics.median(timed.step_s)
+    return {
+        "seconds_mean": mean_s,
+        "seconds_std": statistics.stdev(timed.repeat_s) if len(timed.repeat_s) > 1 else 0.0,
+        "seconds_per_repeat": timed.repeat_s,
+        "samples_per_repeat": cfg.samples,
+        "steps_per_repeat": cfg.steps_per_repeat,
+        "tokens_per_s": tokens_per_s(cfg, timed),
+        "step_time_s": mean_s / cfg.steps_per_repeat,
+        "step_time_median_s": steady,
+        "step_times_s": timed.step_s,
+        "first_step_s": warm.first_step_s,
+        "warmup_s": warm.seconds,
+        # compilation happens in the first step; what it adds over a steady step is its cost
+        "compile_s": (warm.first_step_s - steady) if cfg.compile and warm.first_step_s is not None else None,
+        "compile_cache": warm.compile_cache,
+        "data_wait_pct": 100 * sum(timed.waits) / sum(timed.repeat_s),
+        "copy_pct": 100 * sum(timed.copies) / sum(timed.repeat_s),
+    }
+
+
+def tokens_per_s(cfg: TrainConfig, timed: Timed) -> float:
+    return cfg.samples * cfg.block_size / statistics.fmean(timed.repeat_s)
+
+
+def memory_metrics(timed: Timed, memory: dict) -> dict:
+    cuda_peaks = timed.cuda_peaks or {}
+    return {
+        "peak_memory_mib": timed.peak_mib,
+        "peak_memory_allocated_mib": cuda_peaks.get("allocated"),
+        "peak_memory_reserved_mib": cuda_peaks.get("reserved"),
+        "memory_breakdown_mib": memory.get("breakdown_mib"),
+        "memory_timeline_mib": memory.get("timeline_mib"),
+        "memory_snapshot": memory.get("snapshot"),
+    }
+
+
+def flops_metrics(trainer: Trainer, timed: Timed) -> dict:
+    """MFU against the peak of the dtype the run computes in, and against the device's fastest."""
+    device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
+    flops, flops_source = peak_flops(device, trainer.amp.dtype)
+    best_flops, best_source = fastest_peak_flops(device)
+    rate = tokens_per_s(trainer.cfg, timed)
+    return {
+        "flops_per_token": per_token,
+        "peak_flops_per_device": flops,
+        "peak_flops_source": flops_source,
+        "mfu_pct": _pct(mfu(rate, per_token, flops, world)),
+        "peak_flops_fastest": best_flops,
+        "peak_flops_fastest_source": best_source,
+        "mfu_fastest_pct": _pct(mfu(rate, per_token, best_flops, world)),
+    }
+
+
+def loss_metrics(cfg: TrainConfig, warm: WarmUp, timed: Timed) -> dict:
+    return {"loss_first": warm.first_loss, "loss_final": statistics.fmean(timed.losses[-cfg.steps_per_repeat:]),
+            "losses": timed.losses}
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
