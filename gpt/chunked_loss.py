@@ -23,8 +23,6 @@ Which CUDA implementation is fastest has not been measured yet on a GPU in this 
 keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
 available at a stage's shape; its figures decide the order.
 """
-from __future__ import annotations
-
 import importlib.util
 
 import torch

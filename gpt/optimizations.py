@@ -19,8 +19,6 @@ Two more live in the model, since they change its shapes: attention ("sdpa": Cau
 and vocab_multiple (GPTConfig.padded_vocab_size and GPT.vocab_mask). `why_no_effect` says which of them
 change nothing on a given device, and why; the ladder records it instead of pretending to a gain.
 """
-from __future__ import annotations
-
 import contextlib
 from dataclasses import dataclass
 

@@ -125,27 +125,27 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         # back. One of each for the largest unit, wherever the peak is.
         unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)
         copies = 2 * _cuda_bytes(unit * 4 // sim.world_size) / MiB
-        breakdown["other"] = round(breakdown["other"] + copies, 2)
-        breakdown["total"] = round(breakdown["total"] + copies, 2)
-        notes.append(f"CPU offload: a unit's parameter and gradient shards in transit on the GPU ({copies:,.1f} MiB, "
-                     "in 'other') added")
+        _add_other(breakdown, notes, copies, "CPU offload: a unit's parameter and gradient shards in transit on the GPU")
     if cfg.batch_gather and target == "cuda":
         # Not in the simulation (it makes its batches in place): the whole token array, int32, on the GPU.
         tokens = _cuda_bytes(4 * load_prepared(cfg.data_dir).meta["train_tokens"]) / MiB
-        breakdown["other"] = round(breakdown["other"] + tokens, 2)
-        breakdown["total"] = round(breakdown["total"] + tokens, 2)
-        notes.append(f"batch_gather: the token array on the GPU ({tokens:,.1f} MiB, in 'other') added")
+        _add_other(breakdown, notes, tokens, "batch_gather: the token array on the GPU")
     if cfg.distributed == "ddp" and target == "cuda":
         # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
         # wraps the model to the end of the run, so it adds to the peak wherever the peak is.
         buckets = _cuda_bytes(sum(p.numel() * p.element_size() for p in raw.parameters())) / MiB
-        breakdown["other"] = round(breakdown["other"] + buckets, 2)
-        breakdown["total"] = round(breakdown["total"] + buckets, 2)
-        notes.append(f"DDP: gradient buckets ({buckets:,.1f} MiB, in 'other') added to the simulated rank")
+        _add_other(breakdown, notes, buckets, "DDP: gradient buckets", " to the simulated rank")
     host = round(tracker.host_peak / MiB, 2) if cfg.fsdp_cpu_offload else None
     return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
                     world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes,
                     snapshot=recorder.snapshot() if recorder else None, host_mib=host)
+
+
+def _add_other(breakdown: dict, notes: list[str], mib: float, what: str, where: str = "") -> None:
+    """Memory the simulation does not see, added to the breakdown's 'other' (and total), with a note."""
+    breakdown["other"] = round(breakdown["other"] + mib, 2)
+    breakdown["total"] = round(breakdown["total"] + mib, 2)
+    notes.append(f"{what} ({mib:,.1f} MiB, in 'other') added{where}")
 
 
 def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
@@ -164,8 +164,8 @@ def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
         # whichever implementation the stage uses (liger also keeps the head's fp32 weight gradient from
         # forward to backward, which PyTorch's does not).
         if not chunked_loss.installed("torch"):
-            raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which needs "
-                            f"PyTorch 2.12 or newer (this is {torch.__version__})")
+            raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which "
+                                 f"needs PyTorch 2.12 or newer (this is {torch.__version__})")
         sim.loss_impl = "torch"
     if cfg.fsdp_cpu_offload:
         if target != "cuda":
