@@ -880,6 +880,9 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
         unestimated = [f"- `{s['stage']}`: {note}" for s in compare.get("stages", [])
                        if s.get("estimate_mib") is None for note in s.get("notes", [])]
         lines += [""] + unestimated if unestimated else []
+        if any(s.get("target") == "cuda" for s in compare.get("stages", [])):
+            lines += ["", "On CUDA, measured is max_memory_allocated, what the planner predicts (for a stage with "
+                      "CUDA graphs the ladder's peak is the reservation)."]
     return lines
 
 

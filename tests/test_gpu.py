@@ -211,6 +211,22 @@ def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
     assert record["metrics"]["profiler"]["compiled_regions_per_step"] >= 1  # compiled since speed_4
 
 
+@pytest.mark.parametrize("stage", ["fast_2_bf16", "fast_3_sdpa"])
+def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_data):
+    """The planner against max_memory_allocated at the reference profile's fast shapes (gpt-mini, batch 256,
+    block 128), one eager step after one warm-up: the naive attention (fast_2) and SDPA with dropout (fast_3),
+    whose CUDA kernel the planner simulates (gpt/memory:_cuda_sdpa). Its old estimate, the CPU's math path, was
+    twice what the H100 measured. 10% is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are ~4% here."""
+    from gpt.memory.planner import compare_records
+
+    cfg = stage_config(stage, "reference", data_dir=str(char_data), device="cuda", compile=False, repeats=1,
+                       warmup_iters=1)
+    cfg.samples = cfg.batch_size
+    record = {"stage": stage, **protocol.run(cfg, label=stage)}
+    [row] = compare_records([record], progress=print)
+    assert row["target"] == "cuda" and abs(row["error_pct"]) < 10, row
+
+
 def test_gathered_batches_on_cuda_are_the_dataloaders_batches(char_data):
     """Tolerance 0: fast_1 gathers its batches on the GPU from the token array there; they are the DataLoader's
     batches of the same sampler, and the host draws only the start indices."""

@@ -1,6 +1,7 @@
 """The memory planner (gpt/memory): estimates match the peaks real runs measure, CUDA's rules are applied,
 the reference emulation keeps what it says it keeps, the fit search finds the boundary, bad input gets one
 line. About a minute in all; the reference-size checks are marked slow."""
+import contextlib
 import json
 import math
 import os
@@ -11,11 +12,12 @@ import time
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gpt import protocol, report
 from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
-from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, estimate, snapshot
+from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, _cuda_rules, estimate, snapshot
 from gpt.memory.__main__ import main
 from gpt.memory.planner import (
     SNAPSHOT_DIR,
@@ -28,7 +30,7 @@ from gpt.memory.planner import (
     vocabulary_of,
     with_newgelu,
 )
-from gpt.model import GPT
+from gpt.model import GPT, CausalSelfAttention, GPTConfig
 from gpt.records import write_record
 
 from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
@@ -86,6 +88,36 @@ def test_cuda_rules_round_every_allocation_and_keep_byte_masks():
     assert cuda.breakdown_mib["parameters"] == pytest.approx(rounded, abs=0.01) and rounded > exact
     # CUDA's dropout keeps a 1-byte mask where the CPU keeps 4-byte noise: fewer activation bytes, rounding or not.
     assert cuda.breakdown_mib["activations"] < 0.9 * cpu.breakdown_mib["activations"]
+
+
+@pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "Flash"), (torch.float32, "Efficient")])
+def test_cuda_rules_attend_with_a_fused_kernel_that_keeps_no_t_by_t_tensor(dtype, kernel):
+    """With dropout, the CPU's SDPA takes the math path, which keeps the B x H x T x T attention weights for
+    backward; CUDA's flash (16-bit) and memory-efficient (fp32) kernels keep the output and a logsumexp per
+    row. The CUDA estimate must keep what CUDA keeps (the H100 measured fast_3..fast_5 at half the old
+    estimate, which had counted the math path's tensors)."""
+    config = GPTConfig(n_layer=1, n_head=4, n_embd=64, block_size=32, vocab_size=80, dropout=0.1,
+                       attention="sdpa")
+    B, T, H = 2, config.block_size, config.n_head
+
+    def saved_shapes(rules) -> tuple[set, set]:
+        saved, attention = set(), CausalSelfAttention(config).to(dtype)
+        with FakeTensorMode(allow_non_fake_inputs=True), rules, torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.add((tuple(t.shape), t.dtype)) or t, lambda t: t):
+            y = attention(torch.randn(B, T, config.n_embd, dtype=dtype))
+        nodes, todo = set(), [y.grad_fn]
+        while todo:  # every backward node of the graph, by name
+            node = todo.pop()
+            nodes.add(type(node).__name__)
+            todo += [n for n, _ in node.next_functions if n is not None]
+        return saved, nodes
+
+    cpu, _ = saved_shapes(contextlib.nullcontext())
+    cuda, nodes = saved_shapes(_cuda_rules())
+    assert any(shape[-2:] == (T, T) for shape, _ in cpu)  # negative control: the math path's weights
+    assert not any(shape[-2:] == (T, T) for shape, _ in cuda), cuda
+    assert ((B, H, T), torch.float32) in cuda  # the logsumexp
+    assert f"ScaledDotProduct{kernel}AttentionBackward0" in nodes, nodes
 
 
 def test_newgelu_keeps_three_more_mlp_wide_tensors_per_layer():
@@ -407,3 +439,19 @@ def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatc
     write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
     lines = report.planner_section(tmp_path, tmp_path / "plots", "plots")
     assert f"- `fast_6_chunked_loss`: {row['notes'][0]}" in lines
+
+
+def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
+    """A CUDA-graph stage's peak is max_memory_reserved (its graphs' pool); the planner predicts
+    max_memory_allocated, so `compare` reads that figure from the record, and the report says so."""
+    cfg = stage_config("speed_1_batch_size", "smoke")
+    record = {"stage": "speed_1_batch_size", "status": "ok", "config": cfg.to_dict(), "model": {"vocab_size": 80},
+              "device": {"type": "cuda"},
+              "metrics": {"peak_memory_mib": 900.0, "peak_memory_allocated_mib": 9.0,
+                          "peak_memory_reserved_mib": 900.0}}
+    [row] = compare_records([record], progress=lambda _: None)
+    assert row["target"] == "cuda" and row["measured_mib"] == 9.0
+    assert row["error_pct"] == pytest.approx(100 * (estimate(cfg, 80, "cuda").peak_mib / 9.0 - 1), abs=0.01)
+    write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
+    lines = report.planner_section(tmp_path, tmp_path / "plots", "plots")
+    assert any(line.startswith("On CUDA, measured is max_memory_allocated") for line in lines)

@@ -14,9 +14,11 @@ Two targets:
   estimate can be checked against real runs on this machine (`python -m gpt.memory compare`).
 - cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
   CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
-  allocator rounds every allocation up to a multiple of 512 bytes, and CUDA's dropout kernel keeps a 1-byte
-  mask for backward where the CPU's keeps its 4-byte float noise. The other ops of this model (matmuls,
-  softmax, layer norm, GELU, cross-entropy, AdamW) keep the same tensors on both devices. Not modelled:
+  allocator rounds every allocation up to a multiple of 512 bytes, CUDA's dropout kernel keeps a 1-byte
+  mask for backward where the CPU's keeps its 4-byte float noise, and SDPA with dropout runs CUDA's flash or
+  memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights. The
+  other ops of this model (matmuls, softmax, layer norm, GELU, cross-entropy, AdamW) keep the same tensors on
+  both devices. Not modelled:
   cuBLAS workspaces (one per thread that runs matmuls: 2 x 32 MiB on an H100 in the reference's snapshots),
   blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
   the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
@@ -256,6 +258,24 @@ def _cuda_dropout(input, p=0.5, training=True, inplace=False):
     return _cpu_dropout(input, p, training, inplace)
 
 
+_cpu_sdpa = F.scaled_dot_product_attention
+
+
+def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    """F.scaled_dot_product_attention as an H100 runs it for this model (no mask, head size <= 256): the
+    flash kernel for 16-bit inputs, the memory-efficient one for fp32. Both keep for backward only the output
+    and a float logsumexp per query row (dropout is regenerated from a saved RNG seed), where the CPU, which
+    has no fused kernel with dropout, takes the math path and keeps the T x T attention weights and their
+    dropout mask. Both kernels have fake-tensor rules, so they run here on fake CPU tensors."""
+    if attn_mask is not None or kwargs.get("enable_gqa") or query.size(-1) > 256:
+        return _cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                                   False, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, query.requires_grad,
+                                                                  dropout_p, is_causal, scale=scale)[0]
+
+
 @contextlib.contextmanager
 def _cuda_rules():
     # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
@@ -263,6 +283,7 @@ def _cuda_rules():
     # must not decide what a GPU computes in: FSDP's mixed precision is bf16 on CUDA.
     with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
           mock.patch.object(F, "dropout", _cuda_dropout),
+          mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
           mock.patch.object(optimizations, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU"))):
         yield
 

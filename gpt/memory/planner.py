@@ -431,13 +431,16 @@ def documented_shapes(rows: list[dict]) -> list[str]:
 
 
 def compare_records(records: list[dict], runner: Runner | None = None, progress=print) -> list[dict]:
-    """Estimate every measured stage record (status ok) with its own configuration and device type."""
+    """Estimate every measured stage record (status ok) with its own configuration and device type.
+
+    On CUDA the estimate is compared with max_memory_allocated, what it predicts, also where the record's peak
+    is the reservation (a stage with CUDA graphs: gpt/peak_memory.py's memory_method)."""
     measured = [r for r in records if r.get("status") == "ok" and (r.get("metrics") or {}).get("peak_memory_mib")]
     specs = [(TrainConfig.from_dict(r["config"]), r["model"]["vocab_size"],
               "cuda" if r["device"]["type"] == "cuda" else "cpu", "project") for r in measured]
     rows = []
     for rec, spec, est in zip(measured, specs, (runner or Runner()).map(specs, or_reason=True)):
-        peak = rec["metrics"]["peak_memory_mib"]
+        peak = rec["metrics"].get("peak_memory_allocated_mib") or rec["metrics"]["peak_memory_mib"]
         if isinstance(est, str):  # e.g. the chunked loss without PyTorch's op to simulate it with
             rows.append({"stage": rec["stage"], "measured_mib": round(peak, 2), "estimate_mib": None,
                          "error_pct": None, "target": spec[2], "notes": [f"not estimated: {est}"]})
