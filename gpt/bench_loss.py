@@ -52,12 +52,16 @@ def variants(device_type: str) -> dict:
     return found
 
 
+def padded(vocab: int) -> int:
+    return -(-vocab // 64) * 64  # as fast_4_padded_vocab pads it
+
+
 def time_variant(fn, args, device: torch.device) -> dict:
-    padded = -(-args.vocab // 64) * 64
+    padded_vocab = padded(args.vocab)
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(args.rows, args.dim, device=device, generator=g).requires_grad_()
-    weight = (0.02 * torch.randn(padded, args.dim, device=device, generator=g)).requires_grad_()
-    bias = torch.zeros(padded, device=device)
+    weight = (0.02 * torch.randn(padded_vocab, args.dim, device=device, generator=g)).requires_grad_()
+    bias = torch.zeros(padded_vocab, device=device)
     bias[args.vocab:] = float("-inf")
     targets = torch.randint(args.vocab, (args.rows,), device=device, generator=g)
     dtype = getattr(torch, args.dtype)
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"head + loss, forward and backward: {args.rows} rows x {args.dim} -> {args.vocab} classes (padded to "
-          f"{-(-args.vocab // 64) * 64}), {args.dtype}, on {name}, torch {torch.__version__}; "
+          f"{padded(args.vocab)}), {args.dtype}, on {name}, torch {torch.__version__}; "
           f"median of {args.repeats} after {args.warmup} warm-up calls")
     results = {label: time_variant(fn, args, device) for label, fn in variants(device.type).items()}
     print(f"{'variant':<20}{'median ms':>11}{'min - max ms':>18}{'peak MiB':>10}")

@@ -42,7 +42,7 @@ def installed(name: str) -> bool:
     """Whether implementation `name` is there (PyTorch's own op, or the library)."""
     if name == "torch":
         return hasattr(F, "linear_cross_entropy")
-    _check(name)
+    check_impl(name)
     return importlib.util.find_spec(MODULES[name]) is not None
 
 
@@ -55,7 +55,7 @@ def resolve(choice: str, device_type: str) -> str:
     """The implementation a run uses: `choice` ("auto": the first of IMPLEMENTATIONS available on the device);
     a UserError saying what to install when there is none, or the one asked for is missing."""
     if choice != "auto":
-        _check(choice)
+        check_impl(choice)
         if not installed(choice):
             raise UserError(f"the chunked loss {choice!r} needs " + (f"`pip install {PACKAGES[choice]}`"
                             if choice in PACKAGES else f"PyTorch 2.12 or newer (this is {torch.__version__})"))
@@ -81,7 +81,8 @@ def why_unavailable(choice: str, device_type: str) -> str | None:
     return None
 
 
-def _check(name: str) -> None:
+def check_impl(name: str) -> None:
+    """A UserError unless `name` is one of IMPLEMENTATIONS ("auto" is resolved before it gets here)."""
     if name not in IMPLEMENTATIONS:
         raise UserError(f"unknown chunked-loss implementation {name!r}; choose auto or one of "
                         f"{', '.join(IMPLEMENTATIONS)}")
@@ -107,7 +108,7 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
 
         # no bias argument: the real rows only; filter_eps=None computes every gradient entry (exact)
         return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
-    _check(impl)
+    check_impl(impl)
 
 
 def loss_chunking(device_type: str):

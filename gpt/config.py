@@ -94,8 +94,7 @@ class TrainConfig:
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
         if self.dataset not in ("raw_text", "tokens"):
             raise UserError(f"unknown dataset kind {self.dataset!r} (choose raw_text or tokens)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_dropout(self.dropout)
         if self.batch_gather and (self.dataset != "tokens" or self.num_workers):
             raise UserError("batch_gather indexes the pre-tokenised token array in the training process: it "
                             "needs dataset='tokens' and num_workers=0")
@@ -126,3 +125,9 @@ class TrainConfig:
         cfg = cls(**{k: v for k, v in d.items() if k in names})
         cfg.betas = tuple(cfg.betas)
         return cfg
+
+
+def check_dropout(p: float) -> None:
+    """Both configs' rule (TrainConfig checks it before a stage starts, GPTConfig wherever a model is built)."""
+    if not 0.0 <= p < 1.0:
+        raise UserError(f"dropout must be in [0, 1), got {p!r}")

@@ -14,8 +14,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.chunked_loss import check_impl, chunked_cross_entropy
+from gpt.config import check_dropout
 from gpt.errors import UserError
-from gpt.chunked_loss import IMPLEMENTATIONS, chunked_cross_entropy
 
 # The four GPT-2 sizes, plus a tiny model (minGPT's "gpt-mini") for CPU runs and tests.
 PRESETS = {
@@ -60,11 +61,9 @@ class GPTConfig:
             raise UserError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
         if self.loss not in LOSSES:
             raise UserError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
-        if self.loss_impl not in ("auto", *IMPLEMENTATIONS):
-            raise UserError(f"unknown chunked-loss implementation {self.loss_impl!r}; choose auto or one of "
-                            f"{', '.join(IMPLEMENTATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.loss_impl != "auto":
+            check_impl(self.loss_impl)
+        check_dropout(self.dropout)
 
     @classmethod
     def from_preset(cls, name, **overrides):

@@ -57,7 +57,7 @@ class TimelineMemTracker(MemTracker):
 
 # The breakdown's parts, by their MemTracker names (the CUDA breakdown uses the same parts).
 BREAKDOWN_PARTS = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer_state",
-             "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
+                   "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
 
 
 def memory_breakdown(tracker: MemTracker) -> dict:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from gpt.devices import synchronize
+
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 CATEGORIES = (*PHASES, "communication", "gpu_idle", "other")  # display order
 LABELS = {"data": "data wait", "gpu_idle": "GPU idle"}  # everything else is shown under its own name
