@@ -5,7 +5,7 @@
 #   ./run_all.sh --profile smoke --out /tmp/smoke_runs      # every stage on tiny shapes, a few minutes
 #   ./run_all.sh --only memory --resume   # one ladder; keep the stages that already have a record
 #
-# Options (--profile, --only, --device, --wandb, --out, --resume, --no-profiler) go to gpt/run_ladder.py (`--help`).
+# Options (--profile, --only, --device, --wandb, --out, --resume, --no-profiler) go to gpt/run_all.py (`--help`).
 # Results: <out>/results.md with plots in <out>/plots/; per stage <out>/<stage>.json and <stage>.log.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,5 +25,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 
-# Everything else (data, stages, progress, interruption, report) is Python: gpt/run_ladder.py.
-exec .venv/bin/python -m gpt.run_ladder "$@"
+# Everything else (data, stages, progress, interruption, report) is Python: gpt/run_all.py.
+exec .venv/bin/python -m gpt.run_all "$@"

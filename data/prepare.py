@@ -13,7 +13,6 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import os
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from tqdm import tqdm  # noqa: E402
 
 from gpt.data import SPLITS, default_data_dir, normalize_text, token_dtype  # noqa: E402
 from gpt.errors import UserError, exit_on_user_error  # noqa: E402
+from gpt.files import write_atomically  # noqa: E402
 from gpt.tokenizer import TOKENIZERS, build_tokenizer  # noqa: E402
 
 SOURCES = ("shakespeare", "files", "hf")
@@ -129,13 +129,6 @@ def split_point(text: str, val_fraction: float) -> int:
     return cut
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    # Write aside, then rename: a crash leaves the old file or the new one, never half of one.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def prepare(
     source: str = "shakespeare",
     files=(),
@@ -200,10 +193,10 @@ def prepare(
     }
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
         ids = encode_in_chunks(tok, part, desc=f"tokenising {split}")
-        write_atomic(out / f"{split}.bin", np.asarray(ids, dtype=dtype).tobytes())
-        write_atomic(out / f"{split}.txt", part.encode("utf-8"))
+        write_atomically(out / f"{split}.bin", np.asarray(ids, dtype=dtype).tobytes())
+        write_atomically(out / f"{split}.txt", part.encode("utf-8"))
         meta[f"{split}_tokens"], meta[f"{split}_chars"] = len(ids), len(part)
-    write_atomic(meta_path, (json.dumps(meta, indent=1) + "\n").encode())  # last: marks the set complete
+    write_atomically(meta_path, (json.dumps(meta, indent=1) + "\n").encode())  # last: marks the set complete
     print(
         f"wrote {out}: train {meta['train_tokens']:,} / val {meta['val_tokens']:,} tokens "
         f"({meta['dtype']}, vocab {tok.vocab_size:,}) in {time.perf_counter() - t0:.1f}s"

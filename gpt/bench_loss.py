@@ -1,5 +1,6 @@
 """Time the output head + loss, forward and backward, for the full loss and each installed chunked-loss
-implementation (gpt/chunked_loss.py), at one shape: which one fast_6 and lean_2 should prefer on this device.
+implementation (gpt/optimizations/chunked_loss.py), at one shape: which one fast_6 and lean_2 should prefer on
+this device.
 
     python -m gpt.bench_loss                                  # GPT-2 124M at 16 x 1024 tokens, bf16
     python -m gpt.bench_loss --rows 32768 --dim 192 --vocab 80 --dtype float32
@@ -16,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpt import chunked_loss
+from gpt.optimizations import chunked_loss
 from gpt.errors import UserError, exit_on_user_error
 from gpt.devices import resolve_device, synchronize
 

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
-from gpt.profiling import region
+from gpt.step_profiler import region
 
 
 class StepClock:

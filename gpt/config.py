@@ -1,11 +1,12 @@
-"""TrainConfig: one object holds every setting of a run; each optimization of every ladder is one field.
+"""TrainConfig: one object holds every setting of a run; each optimization of every ladder is one field (or two).
 
-A stage script changes exactly one group of these fields. The code each field switches on lives in
-`gpt/optimizations.py` (one named function per optimization); gradient accumulation is the loop in
-`gpt/train.py:train_step`.
+A stage script changes exactly one group of these fields. Each field belongs to one optimization, declared with
+everything the project knows about it in its home module in gpt/optimizations/ (`optimizations.owner(field)`),
+which also checks its values.
 """
 from dataclasses import asdict, dataclass, fields
 
+from gpt import optimizations
 from gpt.errors import UserError
 
 MAX_CONTEXT = 1024  # positions of every GPT-2 model (n_positions); a longer block has no position embedding
@@ -32,7 +33,7 @@ class TrainConfig:
     warmup_iters: int = 10
     seed: int = 3407
     measure_memory: bool = True  # one instrumented step: gpt/protocol.py:memory_step says which
-    profile_steps: int = 2  # steps profiled after timing: time breakdown + trace (gpt/profiling.py); 0 = off
+    profile_steps: int = 2  # steps profiled after timing: time breakdown + trace (gpt/step_profiler.py); 0 = off
 
     # --- optimizer: AdamW as the reference (two parameter groups) ---
     lr: float = 5e-4
@@ -59,7 +60,7 @@ class TrainConfig:
     vocab_multiple: int = 1  # pad the vocabulary to a multiple of this (64: 50257 -> 50304)
     optimizer_fused: bool = False  # AdamW fused=True: one kernel updates every parameter
     loss: str = "full"  # "chunked": fused linear + cross-entropy in chunks of rows (no full logits)
-    loss_impl: str = "auto"  # which library computes the chunked loss (gpt/chunked_loss.py); auto: the first available
+    loss_impl: str = "auto"  # who computes the chunked loss (gpt/optimizations/chunked_loss.py); auto: the first there
     fsdp_mixed_precision: bool = False  # FSDP: bf16 parameters for compute, fp32 gradient reduction
     fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
 
@@ -76,10 +77,6 @@ class TrainConfig:
         if not 1 <= self.block_size <= MAX_CONTEXT:
             raise UserError(f"block size {self.block_size} must be between 1 and the model's context of "
                             f"{MAX_CONTEXT} positions")
-        if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
-            raise UserError(
-                f"batch size {self.batch_size} must be a multiple of grad_accum_steps {self.grad_accum_steps}"
-            )
         if self.samples < 1 or self.repeats < 1 or self.warmup_iters < 0 or self.profile_steps < 0:
             raise UserError("samples and repeats must be >= 1, warmup_iters and profile_steps >= 0")
         world = self.world_size
@@ -88,24 +85,10 @@ class TrainConfig:
                 f"samples ({self.samples}) must be a multiple of batch size x processes "
                 f"({self.batch_size} x {world}) so every repeat trains on exactly N samples"
             )
-        if self.distributed not in (None, "ddp", "fsdp"):
-            raise UserError(f"unknown distributed mode {self.distributed!r} (choose ddp or fsdp)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
-        if self.dataset not in ("raw_text", "tokens"):
-            raise UserError(f"unknown dataset kind {self.dataset!r} (choose raw_text or tokens)")
         check_dropout(self.dropout)
-        if self.batch_gather and (self.dataset != "tokens" or self.num_workers):
-            raise UserError("batch_gather indexes the pre-tokenised token array in the training process: it "
-                            "needs dataset='tokens' and num_workers=0")
-        if self.loss not in ("full", "chunked"):
-            raise UserError(f"unknown loss {self.loss!r} (choose full or chunked)")
-        if self.vocab_multiple < 1:
-            raise UserError(f"vocab_multiple must be >= 1, got {self.vocab_multiple}")
-        if self.amp_bf16 and not self.amp:
-            raise UserError("amp_bf16 chooses the autocast dtype: it needs amp on")
-        if (self.fsdp_mixed_precision or self.fsdp_cpu_offload) and self.distributed != "fsdp":
-            raise UserError("fsdp_mixed_precision and fsdp_cpu_offload are FSDP settings: they need distributed='fsdp'")
+        optimizations.check(self)  # each optimization checks its own fields
         return self
 
     @property

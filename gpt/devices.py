@@ -42,3 +42,10 @@ def synchronize(device: torch.device) -> None:
     torch.cuda.synchronize raises on a CPU-only build), so there is nothing to wait for."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_type(name: str) -> str:
+    """'cpu' or 'cuda' for a --device choice ('auto': CUDA when there is a GPU)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name

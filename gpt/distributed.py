@@ -36,10 +36,6 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def is_main() -> bool:
-    return rank() == 0
-
-
 def why_cannot_run(nproc: int, device_type: str) -> str | None:
     """None if `nproc` processes can run on this device type, else the reason (for a 'skipped' record)."""
     if device_type == "cuda":

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from gpt.devices import cpu_model
+from gpt.files import write_atomically
 
 
 # Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
@@ -107,10 +108,7 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     cache = _read_cache()  # another process may have written meanwhile
     cache[key] = best
     try:
-        _CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _CACHE.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, _CACHE)
+        write_atomically(_CACHE, json.dumps(cache, indent=1))
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return best

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.chunked_loss import check_impl, chunked_cross_entropy
+from gpt.optimizations.chunked_loss import LOSSES, check_impl, chunked_cross_entropy
 from gpt.config import check_dropout
 from gpt.errors import UserError
 
@@ -28,7 +28,6 @@ PRESETS = {
 }
 
 ATTENTIONS = ("naive", "sdpa")
-LOSSES = ("full", "chunked")
 
 
 @dataclass
@@ -43,7 +42,7 @@ class GPTConfig:
     attention: str = "sdpa"  # "naive": explicit T x T scores; "sdpa": fused F.scaled_dot_product_attention
     vocab_multiple: int = 1  # pad the embedding/output rows to a multiple of this (64: 50257 -> 50304)
     loss: str = "full"  # "full": logits then cross-entropy; "chunked": fused, never holds all the logits
-    loss_impl: str = "auto"  # the chunked loss's implementation (gpt/chunked_loss.py): auto, torch, liger or cce
+    loss_impl: str = "auto"  # the chunked loss's implementation (gpt/optimizations/chunked_loss.py)
 
     @property
     def padded_vocab_size(self) -> int:

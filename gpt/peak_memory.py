@@ -4,15 +4,16 @@ optimizer state, activations, temporaries): MemTracker on the CPU, the CUDA cach
 a GPU (README: "How the figures are measured", peak memory).
 """
 import math
-import os
 from pathlib import Path
 
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
+from gpt import allocator_snapshot
+from gpt.allocator_snapshot import MiB
 from gpt.devices import synchronize
+from gpt.errors import UserError
 
-MiB = 2**20
 TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many points (each window's maximum)
 
 
@@ -55,14 +56,15 @@ class TimelineMemTracker(MemTracker):
         return res
 
 
-# The breakdown's parts, by their MemTracker names (the CUDA breakdown uses the same parts).
-BREAKDOWN_PARTS = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer_state",
-                   "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
+# The parts of a memory breakdown (a record's memory_breakdown_mib, with 'total'), on the CPU and on CUDA alike,
+# and their MemTracker names.
+MEMORY_PARTS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "other")
+_MEMTRACKER_NAMES = dict(zip(("PARAM", "BUFFER", "GRAD", "OPT", "ACT", "TEMP", "OTH"), MEMORY_PARTS))
 
 
 def memory_breakdown(tracker: MemTracker) -> dict:
     """Peak snapshot of a tracker as {'parameters': MiB, ..., 'total': MiB}, summed over devices."""
-    names = {**BREAKDOWN_PARTS, "Total": "total"}
+    names = {**_MEMTRACKER_NAMES, "Total": "total"}
     out = dict.fromkeys(names.values(), 0.0)
     for snap in tracker.get_tracker_snapshot("peak").values():
         for key, nbytes in snap.items():
@@ -150,9 +152,8 @@ def downsample(xs: list[float], n: int) -> list[float]:
 #
 # torch.cuda.memory._record_memory_history makes the allocator log every allocation and free; _snapshot()
 # returns that log ('device_traces') and the blocks alive at the end ('segments'): the pickle that
-# pytorch.org/memory_viz opens. traced_step_memory derives the timeline and the breakdown at the peak from it,
-# placing the blocks by the step's marks (StepMarks). The memory planner reads the same format from the
-# reference's snapshots in gpt/memory/snapshot.py, where the categories come from the allocation stacks.
+# pytorch.org/memory_viz opens. gpt/allocator_snapshot.py reads it (the planner reads the reference's snapshots
+# with the same code): the timeline and the breakdown at the peak, with each block placed by the step's marks.
 
 MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 (3,726 allocations)
 
@@ -218,89 +219,29 @@ def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Pa
         marks.remove()
         torch.cuda.memory._record_memory_history(enabled=None)
     if path is not None:
-        write_pickle(path, snapshot)
-    timeline, breakdown = traced_step_memory(snapshot, device.index, marks.tensors, marks.forward)
-    traced = sum(e["action"] == "alloc" for e in snapshot["device_traces"][device.index])
-    if traced != allocations:  # the marks' positions only place them in a trace that holds every allocation
-        print(f"warning: the allocator traced {traced} of the step's {allocations} allocations; the memory "
-              "breakdown is left out", flush=True)
+        allocator_snapshot.write(path, snapshot)
+    try:
+        traced = traced_memory(snapshot, device.index, marks.tensors, marks.forward)
+    except UserError as e:  # the timed figures are measured already: never lose them for this
+        print(f"warning: the allocator's record of the memory step is unreadable ({e})", flush=True)
+        return {"breakdown_mib": None, "timeline_mib": None, "snapshot": path.name if path else None}
+    breakdown = peak_breakdown(traced)
+    if traced.allocations != allocations:  # the marks' positions only place them in a trace that holds them all
+        print(f"warning: the allocator traced {traced.allocations} of the step's {allocations} allocations; the "
+              "memory breakdown is left out", flush=True)
         breakdown = None
-    return {"breakdown_mib": breakdown, "timeline_mib": downsample([b / MiB for b in timeline], TIMELINE_POINTS),
+    return {"breakdown_mib": breakdown, "timeline_mib": downsample([b / MiB for b in traced.timeline], TIMELINE_POINTS),
             "snapshot": path.name if path else None}
 
 
-def write_pickle(path: Path, obj) -> None:
-    import pickle
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(obj, f)
-    os.replace(tmp, path)
+def traced_memory(snapshot: dict, device: int, tensors=(), forward=()) -> allocator_snapshot.StepReport:
+    """A traced step read with what the step itself saw (StepMarks: `tensors` as (position, address, category),
+    `forward` as [start, end] positions): its allocated bytes over time (`timeline`) and the blocks at its peak."""
+    labels = allocator_snapshot.StepLabels(list(tensors), list(forward), MEMORY_PARTS)
+    return allocator_snapshot.analyse(snapshot, device, labels)
 
 
-def traced_step_memory(snapshot: dict, device: int, tensors=(), forward=()) -> tuple[list[int], dict]:
-    """From an allocator snapshot: (allocated bytes before the trace and after each of its allocations and
-    frees, the breakdown at the peak in MiB with memory_breakdown's keys).
-
-    What max_memory_allocated counts is blocks: a block alive at the end has its size in 'segments'; the trace
-    only gives requested sizes, so a block freed within it counts as its request rounded up to the allocator's
-    512 bytes (it may have been larger: a large block is not split for a rest under 1 MiB). A block stops
-    counting at 'free_requested', when max_memory_allocated drops. The blocks before the trace are found by
-    undoing it from the end; replayed forward, a block is known by its address and the number of the
-    allocation that made it (0: made before the trace). At the peak, a block is what `tensors` says:
-    (position, address, category) means the block at that address after `position` allocations held that
-    category; otherwise it is an activation if a forward pass made it (start < number <= end for a
-    [start, end] of `forward`), a temporary if the traced step made it elsewhere, and 'other' if it was there
-    before (DDP's gradient buckets, cuBLAS workspaces)."""
-    events = [e for e in snapshot["device_traces"][device] if e["action"] in ("alloc", "free_requested")]
-    before = {b["address"]: b["size"] for s in snapshot["segments"] if s["device"] == device
-              for b in s["blocks"] if b["state"] == "active_allocated"}
-    sizes = {}  # index of an 'alloc' event -> the size of the block it made
-    for i in range(len(events) - 1, -1, -1):
-        e = events[i]
-        if e["action"] == "alloc":
-            sizes[i] = before.pop(e["addr"], _block_size(e["size"]))
-        else:
-            before[e["addr"]] = _block_size(e["size"])
-
-    observed = {}
-    for position, addr, category in tensors:
-        observed.setdefault(position, []).append((addr, category))
-    known = {}  # (address, allocation number) -> category
-
-    def replay(until: int):
-        """The blocks alive after `until` events (address -> (size, allocation number)), and the timeline."""
-        blocks = {addr: (size, 0) for addr, size in before.items()}
-        timeline, number = [sum(before.values())], 0
-        for addr, category in observed.get(0, ()):
-            known[(addr, 0)] = category
-        for i, e in enumerate(events[:until]):
-            if e["action"] == "alloc":
-                number += 1
-                blocks[e["addr"]] = (sizes[i], number)
-                timeline.append(timeline[-1] + sizes[i])
-                for addr, category in observed.get(number, ()):
-                    if addr in blocks:
-                        known[(addr, blocks[addr][1])] = category
-            else:
-                timeline.append(timeline[-1] - blocks.pop(e["addr"], (0, 0))[0])
-        return blocks, timeline
-
-    _, timeline = replay(len(events))
-    peak_at = timeline.index(max(timeline))
-    parts = dict.fromkeys(BREAKDOWN_PARTS.values(), 0)
-    for addr, (size, number) in replay(peak_at)[0].items():
-        category = known.get((addr, number))
-        if category is None:
-            in_forward = any(start < number <= end for start, end in forward if end is not None)
-            category = "other" if number == 0 else "activations" if in_forward else "temporaries"
-        parts[category] += size
-    parts["total"] = timeline[peak_at]
-    return timeline, {k: round(v / MiB, 2) for k, v in parts.items()}
-
-
-def _block_size(requested: int) -> int:
-    """CUDACachingAllocator's rounding of a request: at least 512 bytes, a multiple of 512."""
-    return max(512, -(-requested // 512) * 512)
+def peak_breakdown(traced: allocator_snapshot.StepReport) -> dict:
+    """The record's memory_breakdown_mib of a traced step: whole blocks by part at the peak, and the total."""
+    parts = {k: round(v, 2) for k, v in traced.peak_block_mib_by_category.items()}
+    return {**parts, "total": round(traced.peak_mib, 2)}

@@ -5,13 +5,13 @@ measured"). `measure` is the protocol, phase by phase:
     warm_up         `warmup_iters` steps; the first one (compilation) timed on its own; on the CPU the last one
                     is the memory step
     timed_repeats   `repeats` x "train on N samples" between two device synchronisations: the timed figures
-    profile_steps   a few more steps under torch.profiler: where the time goes (gpt/profiling.py)
+    profile_steps   a few more steps under torch.profiler: where the time goes (gpt/step_profiler.py)
     memory_step     one instrumented step, unless a warm-up step was it (gpt/peak_memory.py)
     across_ranks    DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks' mean
     record          the JSON record (gpt/records.py checks it)
 
 The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak memory
-and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/profiling.py (the time breakdown). Under DDP/FSDP
+and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown). Under DDP/FSDP
 every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
 """
 import statistics
@@ -21,20 +21,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from gpt import distributed, train  # train.build_model, train.train_step: tests instrument them there
 from gpt.clocks import FeedClock, StepClock
 from gpt.config import TrainConfig
-from gpt.data import WindowSampler, make_dataset
 from gpt.devices import device_name, resolve_device, synchronize
 from gpt.flops import fastest_peak_flops, mfu, peak_flops
-from gpt.optimizations import (MixedPrecision, compile_mode, make_loader, matmul_precision, mixed_precision,
-                               to_device)
+from gpt.optimizations import parallel
+from gpt.optimizations.chunked_loss import implementation_of
+from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.feeding import non_blocking
 from gpt.peak_memory import (cpu_step_memory, cuda_peaks_mib, cuda_step_memory, memory_method,
                              release_cuda_cache, reset_cuda_peak)
-from gpt.profiling import extra_steps, profile_steps
 from gpt.records import SCHEMA_VERSION, environment
+from gpt.step_profiler import extra_steps, profile_steps
 
 
 def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None,
@@ -44,85 +44,33 @@ def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = N
     `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
     cfg.validate()
     device = resolve_device(cfg.device)
-    with distributed.process_group(device, enabled=bool(cfg.distributed)):  # a failed rank leaves at once
+    with distributed.process_group(device, enabled=parallel.is_distributed(cfg)):  # a failed rank leaves at once
         return measure(cfg, device, label, memory_snapshot, trace_path)
 
 
 def measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None = None,
             trace_path: Path | None = None) -> dict:
     """The protocol (this module's docstring), in one process of the run."""
-    trainer = prepare(cfg, device, label)
-    warm = warm_up(trainer)
+    memory_in_warmup = cfg.measure_memory and device.type != "cuda" and cfg.warmup_iters >= 2
+    trainer = prepare(cfg, device, label, memory_in_warmup)
+    warm = warm_up(trainer, memory_in_warmup)
     timed = timed_repeats(trainer)
     profiled = profile_steps(trainer.step, cfg, device, trace_path, trainer.rank)  # after timing: no effect on it
-    memory = warm.memory if trainer.memory_in_warmup else memory_step(trainer, snapshot_path)
+    memory = warm.memory if memory_in_warmup else memory_step(trainer, snapshot_path)
     trainer.step.progress.close()
     timed = across_ranks(trainer, timed, peak_memory(trainer, timed, memory))
     return record(trainer, label, warm, timed, profiled, memory)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# prepare: what every phase shares
-
-
-class Stepper:
-    """One training step on the next batch, as every phase runs it; returns the loss, on the device. A FeedClock,
-    if given, times the data wait and the copy (the timed repeats keep one; otherwise each step gets its own)."""
-
-    def __init__(self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision,
-                 progress: tqdm):
-        self.model, self.optimizer, self.batches = model, optimizer, batches
-        self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
-        self.cuda_graphs = compile_mode(cfg, device) == "reduce-overhead"
-
-    def __call__(self, feed: FeedClock | None = None) -> torch.Tensor:
-        feed = feed or FeedClock(self.device)
-        with feed.data():
-            batch = next(self.batches)
-        with feed.copy():
-            x, y = to_device(batch, self.device, self.cfg)
-        if self.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
-        loss = train.train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)
-        self.progress.update()
-        return loss.clone() if self.cuda_graphs else loss
-
-
-@dataclass
-class Trainer:
-    """What the phases share: the stage's settings, the model (`raw`: the GPT itself; `model`: what trains, with
-    its wrappers), its optimizer and precision, and the step."""
-    cfg: TrainConfig
-    device: torch.device
-    rank: int
-    raw: torch.nn.Module
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    amp: MixedPrecision
-    fp32_matmuls: str
-    step: Stepper
-    memory_in_warmup: bool  # the CPU's memory step is the last warm-up step (see warm_up)
-
-
-def prepare(cfg: TrainConfig, device: torch.device, label: str) -> Trainer:
-    """Data, model, optimizer, precision, and a sampler that draws exactly the batches every phase will take."""
-    rank, world = distributed.rank(), cfg.world_size
-    dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
-    raw, model, optimizer = train.build_model(cfg, dataset.vocab_size, device)
-    amp = mixed_precision(cfg, device)
-    fp32_matmuls = matmul_precision(cfg, device)
-    memory_in_warmup = cfg.measure_memory and device.type != "cuda" and cfg.warmup_iters >= 2
-    total_steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
-                   + int(cfg.measure_memory and not memory_in_warmup))
-    sampler = WindowSampler(len(dataset), cfg.batch_size, total_steps, cfg.seed, rank, world)
-    batches = iter(make_loader(dataset, sampler, cfg, device))
-    progress = tqdm(total=total_steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
-    step = Stepper(model, optimizer, batches, cfg, device, amp, progress)
-    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step, memory_in_warmup)
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the phases
+
+
+def prepare(cfg: TrainConfig, device: torch.device, label: str, memory_in_warmup: bool) -> train.Trainer:
+    """The stage's trainer (gpt/train.py), its sampler drawing exactly the batches every phase will take."""
+    steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
+             + int(cfg.measure_memory and not memory_in_warmup))
+    return train.prepare(cfg, device, steps, label)
 
 
 @dataclass
@@ -134,7 +82,7 @@ class WarmUp:
     memory: dict = field(default_factory=dict)  # the CPU's memory step, when it was the last warm-up step
 
 
-def warm_up(trainer: Trainer) -> WarmUp:
+def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     """`warmup_iters` steps: compilation and DataLoader worker start-up happen here. The first step is timed on
     its own (compile_s is it minus a steady step); then the allocator's cache is released, so that the reserved
     figure describes training, not what compilation and autotuning cached. On the CPU the last warm-up step, when
@@ -146,14 +94,14 @@ def warm_up(trainer: Trainer) -> WarmUp:
     t0 = time.perf_counter()
     warm = WarmUp(seconds=0.0)
     for i in range(cfg.warmup_iters):
-        if trainer.memory_in_warmup and i == cfg.warmup_iters - 1:
+        if memory_in_warmup and i == cfg.warmup_iters - 1:
             warm.memory = cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
             continue
         loss = trainer.step()
         if i == 0:
             synchronize(device)
             warm.first_step_s, warm.first_loss = time.perf_counter() - t0, loss.item()
-            warm.compile_cache = compile_cache_state() if cfg.compile else None
+            warm.compile_cache = compile_cache_state() if compile_mode(cfg, device) else None
             release_cuda_cache(device)
     synchronize(device)
     warm.seconds = time.perf_counter() - t0
@@ -185,7 +133,7 @@ class Timed:
     peak_mib: float | None = None  # the peak the record reports (peak_memory)
 
 
-def timed_repeats(trainer: Trainer) -> Timed:
+def timed_repeats(trainer: train.Trainer) -> Timed:
     """`repeats` times "train on N samples" between two device synchronisations, timed with the host clock.
     Inside a repeat no `.item()` and no synchronisation: per-step times come from CUDA events (the host clock
     on the CPU), losses are read after the repeat. Under DDP/FSDP the ranks start each repeat together."""
@@ -209,7 +157,7 @@ def timed_repeats(trainer: Trainer) -> Timed:
     return Timed(repeat_s, step_s, losses, feed.data_s, feed.copy_s(), cuda_peaks_mib(device))
 
 
-def memory_step(trainer: Trainer, snapshot_path: Path | None) -> dict:
+def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
     """One extra, instrumented step after timing (gpt/peak_memory.py): the CUDA allocator's history of it on a
     GPU (rank 0 writes its snapshot to `snapshot_path`), MemTracker on the CPU. {} when memory is not measured."""
     if not trainer.cfg.measure_memory:
@@ -220,7 +168,7 @@ def memory_step(trainer: Trainer, snapshot_path: Path | None) -> dict:
     return cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
 
 
-def peak_memory(trainer: Trainer, timed: Timed, memory: dict) -> float | None:
+def peak_memory(trainer: train.Trainer, timed: Timed, memory: dict) -> float | None:
     """The record's peak: on CUDA the allocator's peak over the timed repeats, allocated or reserved as
     memory_method says; on the CPU the memory step's (MemTracker's) peak."""
     if timed.cuda_peaks:
@@ -229,7 +177,7 @@ def peak_memory(trainer: Trainer, timed: Timed, memory: dict) -> float | None:
     return memory["breakdown_mib"]["total"] if memory else None
 
 
-def across_ranks(trainer: Trainer, timed: Timed, peak_mib: float | None) -> Timed:
+def across_ranks(trainer: train.Trainer, timed: Timed, peak_mib: float | None) -> Timed:
     """The figures the record gives for the whole run. One process: its own. DDP/FSDP: a repeat lasts as long
     as its slowest rank; losses are the ranks' mean; data waits, copies and peaks the largest rank's."""
     world, device = trainer.cfg.world_size, trainer.device
@@ -257,7 +205,7 @@ def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.
 # the record
 
 
-def record(trainer: Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
+def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
     """The run's JSON record (README: The JSON record); the ladder adds the stage's place in its ladder."""
     raw, cfg, device = trainer.raw, trainer.cfg, trainer.device
     return {
@@ -275,7 +223,7 @@ def record(trainer: Trainer, label: str, warm: WarmUp, timed: Timed, profiled: d
     }
 
 
-def choices(trainer: Trainer) -> dict:
+def choices(trainer: train.Trainer) -> dict:
     """The decisions the run made on this device (a CPU keeps fp32 where bf16 is slower, and so on)."""
     cfg, device, amp = trainer.cfg, trainer.device, trainer.amp
     return {
@@ -284,14 +232,14 @@ def choices(trainer: Trainer) -> dict:
         "grad_scaler": amp.scaler is not None,
         "fp32_matmuls": trainer.fp32_matmuls,
         "compile_mode": compile_mode(cfg, device),
-        "pinned_memory_non_blocking": cfg.pin_memory and device.type == "cuda",
-        "distributed_backend": distributed.backend_for(device) if cfg.distributed else None,
+        "pinned_memory_non_blocking": non_blocking(cfg, device),
+        "distributed_backend": parallel.backend(cfg, device),
         "memory_method": memory_method(device, compile_mode(cfg, device)),
-        "loss_impl": trainer.raw.config.loss_impl if cfg.loss == "chunked" else None,
+        "loss_impl": implementation_of(trainer.raw.config),
     }
 
 
-def time_metrics(trainer: Trainer, warm: WarmUp, timed: Timed) -> dict:
+def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:
     cfg = trainer.cfg
     mean_s = statistics.fmean(timed.repeat_s)
     steady = statistics.median(timed.step_s)
@@ -308,7 +256,8 @@ def time_metrics(trainer: Trainer, warm: WarmUp, timed: Timed) -> dict:
         "first_step_s": warm.first_step_s,
         "warmup_s": warm.seconds,
         # compilation happens in the first step; what it adds over a steady step is its cost
-        "compile_s": (warm.first_step_s - steady) if cfg.compile and warm.first_step_s is not None else None,
+        "compile_s": (warm.first_step_s - steady) if compile_mode(cfg, trainer.device) and warm.first_step_s is not None
+        else None,
         "compile_cache": warm.compile_cache,
         "data_wait_pct": 100 * sum(timed.waits) / sum(timed.repeat_s),
         "copy_pct": 100 * sum(timed.copies) / sum(timed.repeat_s),
@@ -331,7 +280,7 @@ def memory_metrics(timed: Timed, memory: dict) -> dict:
     }
 
 
-def flops_metrics(trainer: Trainer, timed: Timed) -> dict:
+def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
     """MFU against the peak of the dtype the run computes in, and against the device's fastest."""
     device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
     flops, flops_source = peak_flops(device, trainer.amp.dtype)

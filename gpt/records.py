@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from gpt.errors import UserError
+from gpt.files import write_atomically
 
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent
@@ -45,12 +46,8 @@ def environment() -> dict:
 
 
 def write_record(path: Path, record: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    os.replace(tmp, path)  # atomic: a reader sees the old record or the new one, never half of one
-    return path
+    """Atomically: a reader sees the old record or the new one, never half of one."""
+    return write_atomically(path, json.dumps(record, indent=1, default=str) + "\n")
 
 
 def read_record(path: Path) -> dict | None:
@@ -155,3 +152,20 @@ _MEMORY_METHODS_IN_WORDS = {"MemTracker": "memtracker", "torch.cuda.max_memory_a
 def _memory_method(record: dict) -> str | None:
     method = record.get("choices", {}).get("memory_method") or ""
     return next((name for words, name in _MEMORY_METHODS_IN_WORDS.items() if method.startswith(words)), method)
+
+
+# ---- where a stage's files go in its run directory -----------------------------------------------------------
+
+
+def record_path(out: Path, stage: str) -> Path:
+    return Path(out) / f"{stage}.json"
+
+
+def snapshot_path(out: Path, stage: str) -> Path:
+    """The CUDA allocator's snapshot of the stage's instrumented step (pytorch.org/memory_viz opens it)."""
+    return Path(out) / f"{stage}.memory.pickle"
+
+
+def trace_path(out: Path, stage: str) -> Path:
+    """The profiler's trace of the stage (gzipped Chrome trace JSON: Perfetto, chrome://tracing)."""
+    return Path(out) / f"{stage}.trace.json.gz"

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from gpt.errors import UserError
+from gpt.files import write_atomically
 
 TOKENIZERS = ("gpt2", "char")
 
@@ -57,10 +58,7 @@ def _seed_tiktoken_cache() -> None:
         if hashlib.sha256(data).hexdigest() != sha256:
             raise UserError(f"{src_dir / fname} is not the GPT-2 {fname} tiktoken expects (sha256 mismatch)")
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)  # atomic: a concurrent reader never sees half a file
+            write_atomically(target, data)  # a concurrent reader never sees half a file
         except OSError as e:
             raise UserError(f"cannot write tiktoken cache {cache_dir} ({e.strerror}); set TIKTOKEN_CACHE_DIR to a writable dir") from None
 

@@ -1,13 +1,27 @@
-"""One training step for every stage of every ladder: the model with the stage's optimizations, and the step
-(micro-batches, backward, clipping, the optimizer). gpt/protocol.py measures it; gpt/memory simulates it.
-"""
-import torch
+"""Training, as every stage of every ladder does it: the model with the stage's optimizations, one training step
+(micro-batches, backward, clipping, the optimizer), and the `Trainer` that steps through the stage's batches.
 
-from gpt import chunked_loss, distributed
+The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py: warm-up, timed repeats,
+profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
+build_model and train_step on fake tensors.
+"""
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from gpt import distributed, optimizations
+from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
+from gpt.data import WindowSampler
 from gpt.model import GPT, GPTConfig
-from gpt.optimizations import checkpoint_blocks, compile_model, make_optimizer, parallelize
-from gpt.profiling import region
+from gpt.optimizations.adamw import make_optimizer
+from gpt.optimizations.checkpointing import checkpoint_blocks
+from gpt.optimizations.compilation import compile_model, uses_cuda_graphs
+from gpt.optimizations.feeding import make_loader, to_device, training_data
+from gpt.optimizations.parallel import parallelize
+from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_precision
+from gpt.step_profiler import region
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
@@ -20,10 +34,9 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
     torch.manual_seed(cfg.seed)
     overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
-    loss_impl = chunked_loss.resolve(cfg.loss_impl, device.type) if cfg.loss == "chunked" else cfg.loss_impl
     model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
-                                      dropout=cfg.dropout, attention=cfg.attention, loss=cfg.loss,
-                                      loss_impl=loss_impl, vocab_multiple=cfg.vocab_multiple, **overrides)
+                                      dropout=cfg.dropout, **optimizations.model_settings(cfg, device.type),
+                                      **overrides)
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
@@ -44,7 +57,7 @@ def _grad_sync(model, last_micro_batch: bool):
     return torch.enable_grad()
 
 
-def train_step(model, optimizer, x, y, cfg: TrainConfig, amp) -> torch.Tensor:
+def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) -> torch.Tensor:
     """One optimizer step on a batch of `cfg.batch_size` samples; returns the batch's mean loss (on device).
 
     Gradient accumulation: the batch is split into `grad_accum_steps` micro-batches; each micro-batch
@@ -72,3 +85,59 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp) -> torch.Tensor:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the trainer: a stage's model, data and precision, and its step on the next batch
+
+
+class Stepper:
+    """One training step on the next batch; returns the loss, on the device. A FeedClock, if given, times the wait
+    for the batch and its copy to the device (the timed repeats keep one; otherwise each step gets its own)."""
+
+    def __init__(self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision,
+                 progress: tqdm):
+        self.model, self.optimizer, self.batches = model, optimizer, batches
+        self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
+        self.cuda_graphs = uses_cuda_graphs(cfg, device)
+
+    def __call__(self, feed: FeedClock | None = None) -> torch.Tensor:
+        feed = feed or FeedClock(self.device)
+        with feed.data():
+            batch = next(self.batches)
+        with feed.copy():
+            x, y = to_device(batch, self.device, self.cfg)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
+        loss = train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)
+        self.progress.update()
+        return loss.clone() if self.cuda_graphs else loss
+
+
+@dataclass
+class Trainer:
+    """What a training run holds: the stage's settings, the model (`raw`: the GPT itself; `model`: what trains, with
+    its wrappers), its optimizer and precision, and the step on the next batch."""
+    cfg: TrainConfig
+    device: torch.device
+    rank: int
+    raw: torch.nn.Module
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    amp: MixedPrecision
+    fp32_matmuls: str
+    step: Stepper
+
+
+def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> Trainer:
+    """Data, model, optimizer, precision, and a sampler that draws exactly the `steps` batches the run will take."""
+    rank = distributed.rank()
+    dataset = training_data(cfg)
+    raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
+    amp = mixed_precision(cfg, device)
+    fp32_matmuls = matmul_precision(cfg, device)
+    sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, cfg.world_size)
+    batches = iter(make_loader(dataset, sampler, cfg, device))
+    progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
+    step = Stepper(model, optimizer, batches, cfg, device, amp, progress)
+    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step)

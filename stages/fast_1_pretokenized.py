@@ -13,9 +13,9 @@ kernels (measured on an H100 before this change, with a DataLoader and no worker
 step). Same maths, same corpus: with the character tokenizer (the reference profile) the batches are the
 raw-text pipeline's windows, index by index; with GPT-2's tokenizer a raw-text window starts at a character
 and a token window at a token, so the windows differ while their distribution does not.
-Code: gpt/data.py:GatheredBatches (batch_gather, dataset="tokens"), gpt/optimizations.py:make_loader.
+Code: gpt/data.py:GatheredBatches (batch_gather, dataset="tokens"), gpt/optimizations/feeding.py:make_loader.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "pre-tokenised data, each batch one gather on the device"
 REFERENCE = {}

@@ -8,9 +8,9 @@ GradScaler, its extra passes over the gradients and its per-step host sync (it r
 host before deciding to step) go away. TF32 runs the fp32 matmuls that autocast leaves in fp32 on tensor
 cores. On a CPU this stage changes nothing: the CPU's autocast already is bf16 without a scaler (or fp32
 where bf16 is not faster), and TF32 does not exist there; the record says so.
-Code: gpt/optimizations.py:mixed_precision and matmul_precision.
+Code: gpt/optimizations/precision.py:mixed_precision and matmul_precision.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "bf16 autocast, no GradScaler; TF32"
 REFERENCE = {}

@@ -9,7 +9,7 @@ computes the same softmax block by block in fast memory and never stores the sco
 them. Same maths up to float summation order (and dropout masks drawn differently).
 Code: gpt/model.py:CausalSelfAttention.forward (attention="sdpa").
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "fused attention (SDPA)"
 REFERENCE = {"ms_per_step": 96, "parent_ms_per_step": 130}

@@ -6,9 +6,9 @@ The multi-tensor (foreach) AdamW runs several element-wise kernels over all para
 writing them again. The fused implementation does the whole update of a parameter in one kernel (CUDA,
 and a vectorised loop on the CPU), reading each parameter, gradient and moment once. Same update up to
 float rounding.
-Code: gpt/optimizations.py:make_optimizer (optimizer_fused).
+Code: gpt/optimizations/adamw.py:make_optimizer (optimizer_fused).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "fused AdamW"
 REFERENCE = {"ms_per_step": 90, "parent_ms_per_step": 93}

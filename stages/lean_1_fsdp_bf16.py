@@ -9,9 +9,9 @@ parameters remain the master weights that AdamW updates, and gradients are reduc
 run in bf16, so parameters after a step match fp32 training within bf16's rounding, not exactly.
 A CPU computes in bf16 only where its bf16 matmuls were measured faster than fp32 (the speed_5_amp rule);
 elsewhere the stage keeps fp32 and its record says "no effect" with the two rates.
-Code: gpt/optimizations.py:fsdp_policies (fsdp_mixed_precision).
+Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_mixed_precision).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "FSDP mixed precision (bf16 compute)"
 REFERENCE = {}

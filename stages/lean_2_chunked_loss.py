@@ -7,9 +7,9 @@ activation left after checkpointing when the vocabulary is large: with GPT-2's 5
 block 128 they are 785 MiB in fp32. The fused op computes the head and the loss chunk by chunk of rows, so
 only one chunk's logits exist at a time. With the reference's 65-character vocabulary the logits are tiny
 and this stage saves next to nothing: what it saves grows with vocabulary x tokens per step.
-Code: gpt/chunked_loss.py:chunked_cross_entropy (loss="chunked"; implementations: see fast_6_chunked_loss).
+Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"; implementations: see fast_6).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "chunked linear + cross-entropy"
 REFERENCE = {}

@@ -8,9 +8,9 @@ all-gather, gradients are copied back, and AdamW steps on the CPU. The GPU keeps
 parameters plus the activations, so the largest model that fits is bounded by host RAM instead. The price
 is time: every step copies the parameters in and the gradients out over PCIe, and the optimizer runs on
 the CPU. Without a GPU there is nothing to offload to: the stage is recorded as skipped.
-Code: gpt/optimizations.py:fsdp_policies (fsdp_cpu_offload).
+Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_cpu_offload).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "FSDP CPU offload"
 REFERENCE = {}

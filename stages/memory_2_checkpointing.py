@@ -6,10 +6,10 @@ The forward pass keeps only each block's input; backward recomputes the block's 
 activations back, one block at a time. Activation memory drops from all layers' to about one layer's
 plus the block inputs, for roughly one extra forward pass of compute. Dropout's RNG state is restored, so
 gradients are identical. Each block is recomputed whole, without PyTorch's early stop, which ends a
-recomputation by raising an exception through an op (gpt/optimizations.py:checkpoint_blocks says why).
-Code: gpt/optimizations.py:checkpoint_blocks.
+recomputation by raising an exception through an op (gpt/optimizations/checkpointing.py:checkpoint_blocks says why).
+Code: gpt/optimizations/checkpointing.py:checkpoint_blocks.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "activation checkpointing"
 REFERENCE = {"peak_mib": 15394, "seconds": 23.1}

@@ -6,9 +6,9 @@ With activations checkpointed, the optimizer step is now the peak. The multi-ten
 computes each intermediate for all parameters at once, so its temporaries are as large as the whole
 model; the for-loop version updates one parameter at a time and its temporaries are one tensor's size.
 Slower by the loop's launches, identical in result.
-Code: gpt/optimizations.py:make_optimizer.
+Code: gpt/optimizations/adamw.py:make_optimizer.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "AdamW foreach=False"
 REFERENCE = {"peak_mib": 13108, "seconds": 23.5}

@@ -6,9 +6,9 @@ The per-sample text cleaning and tokenisation moves into 4 worker processes that
 batches while the model trains, instead of running between steps. It helps when the CPU has cores to
 spare; on a machine whose cores already run the training itself (a CPU-only run), workers compete with
 it. Batches are identical to num_workers=0 (tests/test_ladder_equivalence.py).
-Code: gpt/optimizations.py:make_loader (num_workers).
+Code: gpt/optimizations/feeding.py:make_loader (num_workers).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "DataLoader num_workers 0 -> 4"
 REFERENCE = {"seconds": 1.87}

@@ -5,9 +5,9 @@ Parent: speed_2_num_workers. Reference (1x H100): 1.81 s per 10240 samples (-3%)
 Workers put batches in page-locked memory (pin_memory=True) and `.to(device, non_blocking=True)` queues
 the copy and returns, so the host can go on queueing kernels while the copy runs. Without an accelerator
 there is no copy to overlap: on the CPU this stage changes nothing, and says so in its record.
-Code: gpt/optimizations.py:make_loader and to_device (pin_memory).
+Code: gpt/optimizations/feeding.py:make_loader and to_device (pin_memory).
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "pinned memory + non_blocking copies"
 REFERENCE = {"seconds": 1.81}

@@ -6,9 +6,9 @@ TorchDynamo captures the forward and backward into graphs and TorchInductor gene
 attention's scale-mask-softmax-dropout chain, GELU, layer norms and residual adds each become one pass
 over memory instead of several. On CUDA "reduce-overhead" also records CUDA graphs, replaying a whole
 step's kernels with one launch. Compilation happens in the first step and is reported apart.
-Code: gpt/optimizations.py:compile_model.
+Code: gpt/optimizations/compilation.py:compile_model.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "torch.compile"
 REFERENCE = {"seconds": 1.09}

@@ -13,9 +13,9 @@ The scaler has a cost of its own: GradScaler.step reads its "found inf" flag on 
 step to decide whether to skip the update, a device synchronisation inside the timed loop that stalls the
 queue of kernels. It is part of what this stage measures. (A fused AdamW, `fused=True`, would read the flag
 on the device instead; the ladder keeps the reference's foreach AdamW.)
-Code: gpt/optimizations.py:mixed_precision.
+Code: gpt/optimizations/precision.py:mixed_precision.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "mixed precision (autocast)"
 REFERENCE = {"seconds": 0.73}

@@ -6,9 +6,9 @@ Each process holds the whole model and trains on half of the N samples with the 
 gradients are averaged across processes by all-reduce, overlapped with the backward pass. The script
 starts its processes itself through torchrun. On the CPU the two processes share the same cores (one
 thread each) that one process used before, so expect little gain there.
-Code: gpt/optimizations.py:parallelize, gpt/distributed.py.
+Code: gpt/optimizations/parallel.py:parallelize, gpt/distributed.py.
 """
-from gpt.ladder import stage_main
+from gpt.stage import stage_main
 
 CHANGE = "DDP on 2 processes"
 REFERENCE = {"seconds": 0.48}

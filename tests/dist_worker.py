@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from gpt import distributed, optimizations
+from gpt import distributed
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.devices import resolve_device
-from gpt.optimizations import make_loader, mixed_precision, to_device
+from gpt.optimizations import parallel, precision
+from gpt.optimizations.feeding import make_loader, to_device
+from gpt.optimizations.precision import mixed_precision
 from gpt.train import build_model, train_step
 
 
@@ -94,7 +96,8 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads(a.config))
     if a.cpu_bf16:
-        optimizations.cpu_bf16_is_faster = lambda: (True, "forced by the test")
+        forced = lambda: (True, "forced by the test")  # noqa: E731
+        precision.cpu_bf16_is_faster = parallel.cpu_bf16_is_faster = forced  # autocast's rule and FSDP's
     distributed.init(resolve_device(cfg.device))
     try:
         grads = []

@@ -15,11 +15,13 @@ import torch
 
 from conftest import needs_torch_chunked_loss
 from dist_worker import full_params
-from gpt import chunked_loss, optimizations
 from gpt.data import load_prepared, make_dataset
 from gpt.errors import UserError
-from gpt.ladder import EXIT_SKIPPED, STAGES_DIR, no_effect, stage_config, why_cannot_run
-from gpt.optimizations import mixed_precision, why_no_effect
+from gpt.ladder import STAGES_DIR, stage_config
+from gpt.optimizations import chunked_loss, owner, why_cannot_run
+from gpt.optimizations.parallel import fsdp_policies
+from gpt.optimizations.precision import matmul_precision, mixed_precision
+from gpt.stage import EXIT_SKIPPED, no_effect
 from test_ladder_equivalence import (
     CPU,
     DIST_STEPS,
@@ -72,7 +74,7 @@ def test_bf16_stage_changes_nothing_on_a_cpu(char_data):
     not exist: the stage runs the same code, and its record says why."""
     before, after = tiny_config(char_data, amp=True), tiny_config(char_data, amp=True, amp_bf16=True, tf32=True)
     assert mixed_precision(after, CPU) == mixed_precision(before, CPU)
-    assert optimizations.matmul_precision(after, CPU) == "fp32"
+    assert matmul_precision(after, CPU) == "fp32"
     reason = no_effect("fast_2_bf16", "smoke", stage_config("fast_2_bf16", "smoke", device="cpu"))
     assert reason.startswith("no effect on cpu: ") and "GradScaler" in reason and "TF32" in reason
     assert no_effect("fast_3_sdpa", "smoke", stage_config("fast_3_sdpa", "smoke", device="cpu")) is None
@@ -84,10 +86,10 @@ def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
     assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
-    assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) == amp.why
+    assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) == amp.why
     rates[torch.bfloat16] = 2400e9  # a CPU with AMX
     assert mixed_precision(tiny_config(char_data, amp=True), CPU).dtype == torch.bfloat16
-    assert why_no_effect("amp", tiny_config(char_data, amp=True), CPU) is None
+    assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) is None
 
 
 # ---- fused attention (fast_3) ------------------------------------------------------------------------------
@@ -227,8 +229,8 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
 
 
-# Which implementation computes the chunked loss (gpt/chunked_loss.py), and the glue around the two that need
-# Triton (CUDA only): each gets its inputs as the chunked op's contract says. A stand-in with the library's
+# Which implementation computes the chunked loss (gpt/optimizations/chunked_loss.py), and the glue around the two
+# that need Triton (CUDA only): each gets its inputs as the chunked op's contract says. A stand-in with the library's
 # signature computes the full loss, so the glue must reproduce the full loss exactly (same ops, same order).
 
 
@@ -251,7 +253,7 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     CUDA only; with none, a stage records why it is skipped; a named implementation that is missing says what
     to install."""
     def skip_reason(stage):
-        return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu", launching=False)
+        return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
 
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", lambda *a, **k: None, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
@@ -408,17 +410,17 @@ def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
 
     rates = {torch.float32: 300e9, torch.bfloat16: 2400e9}  # a CPU with AMX
     monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
-    assert optimizations.fsdp_policies(tiny_config(char_data, distributed="fsdp"), CPU) == {}
+    assert fsdp_policies(tiny_config(char_data, distributed="fsdp"), CPU) == {}
     lean_3 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, fsdp_cpu_offload=True)
-    policies = optimizations.fsdp_policies(lean_3, CPU)
+    policies = fsdp_policies(lean_3, CPU)
     assert policies["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert isinstance(policies["offload_policy"], CPUOffloadPolicy)
-    assert why_no_effect("fsdp_mixed_precision", lean_3, CPU) is None
+    assert owner("fsdp_mixed_precision").no_effect(lean_3, CPU) is None
 
     rates[torch.bfloat16] = 1.3e9  # a CPU with AVX2 only: bf16 ~100x slower than fp32, so fp32 is kept
-    assert "mp_policy" not in optimizations.fsdp_policies(lean_3, CPU)
-    assert why_no_effect("fsdp_mixed_precision", lean_3, CPU).startswith("kept fp32 parameters for compute")
-    assert optimizations.fsdp_policies(lean_3, torch.device("cuda"))["mp_policy"].param_dtype == torch.bfloat16
+    assert "mp_policy" not in fsdp_policies(lean_3, CPU)
+    assert owner("fsdp_mixed_precision").no_effect(lean_3, CPU).startswith("kept fp32 parameters for compute")
+    assert fsdp_policies(lean_3, torch.device("cuda"))["mp_policy"].param_dtype == torch.bfloat16
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------------------
@@ -437,9 +439,9 @@ def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
         return
     assert amp.dtype == torch.bfloat16 and amp.scaler is None
     expected = "tf32" if torch.cuda.get_device_capability()[0] >= 8 else "fp32"
-    assert optimizations.matmul_precision(cfg, device) == expected
+    assert matmul_precision(cfg, device) == expected
     assert torch.backends.cuda.matmul.allow_tf32 == (cfg.tf32)
-    optimizations.matmul_precision(tiny_config(char_data, device="cuda"), device)  # and back off
+    matmul_precision(tiny_config(char_data, device="cuda"), device)  # and back off
     assert not torch.backends.cuda.matmul.allow_tf32
 
 

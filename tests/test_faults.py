@@ -1,9 +1,10 @@
 """The failure paths, tried for real: a rank that raises or is killed, two ladders into one directory, an
 output directory that cannot be written, a corrupt record, and a stage run alone on a fresh checkout.
 
-The dying-rank tests run the real stage command (2 gloo processes under torchrun); tests/stage_hooks.py
-injects the fault. Every process they start carries a marker in its environment, so the tests can check
-that none is left behind, whatever session torchrun put it in.
+The dying-rank tests run the real stage command (2 gloo processes under torchrun);
+tests/stage_hooks/sitecustomize.py, which Python runs at start-up from PYTHONPATH, injects the fault. Every process
+they start carries a marker in its environment, so the tests can check that none is left behind, whatever session
+torchrun put it in.
 """
 import json
 import os
@@ -20,13 +21,13 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import run_ladder
-from gpt.ladder import LADDERS, STAGES_DIR, TEST_HOOKS_ENV
+from gpt import run_all
+from gpt.ladder import LADDERS, STAGES_DIR
 from gpt.records import record_problems
-from gpt.run_ladder import stage_command as real_stage_command
+from gpt.run_all import stage_command as real_stage_command
 from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
 
-HOOKS = REPO / "tests" / "stage_hooks.py"
+HOOKS = REPO / "tests" / "stage_hooks"  # holds sitecustomize.py
 ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
 FAILURE_BOUND_S = 60  # a stage ends at most this long after one of its ranks failed (seconds, on the CPU)
 STAGE_TIMEOUT_S = 300  # only a guard against a hang: a loaded 2-core machine is slow to start torch
@@ -36,7 +37,8 @@ STRAGGLER_S = 10  # for processes already signalled when the stage ended to be g
 def marked_env(**extra) -> tuple[dict, str]:
     """The environment for a stage under test: the hooks, one thread per process, and a marker."""
     marker = uuid.uuid4().hex
-    env = {**os.environ, TEST_HOOKS_ENV: str(HOOKS), "OMP_NUM_THREADS": "1", "GPT_TEST_MARKER": marker, **extra}
+    path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "GPT_TEST_MARKER": marker, **extra}
     return env, marker
 
 
@@ -115,25 +117,25 @@ def test_run_all_goes_on_after_a_rank_is_killed(stub_stages, char_data, monkeypa
     for stage in ALL_STAGES:
         if stage != "speed_6_ddp":
             behave(stage, "ok", fake_record(stage))
-    stub_command = run_ladder.stage_command
-    monkeypatch.setattr(run_ladder, "stage_command", lambda stage, *args: (
+    stub_command = run_all.stage_command
+    monkeypatch.setattr(run_all, "stage_command", lambda stage, *args: (
         real_stage_command(stage, *args) + ["--data-dir", str(char_data)] if stage == "speed_6_ddp"
         else stub_command(stage, *args)))
-    monkeypatch.setattr(run_ladder, "run_memory_planner", lambda out: None)
-    ended, real_run_stage = {}, run_ladder.run_stage
+    monkeypatch.setattr(run_all, "run_memory_planner", lambda out: None)
+    ended, real_run_stage = {}, run_all.run_stage
 
     def timed_run_stage(cmd, log, show):
         rc = real_run_stage(cmd, log, show)
         ended[Path(log).stem] = time.time()
         return rc
 
-    monkeypatch.setattr(run_ladder, "run_stage", timed_run_stage)
+    monkeypatch.setattr(run_all, "run_stage", timed_run_stage)
     killed_at = out.parent / "killed_at"
     env, marker = marked_env(HOOK_FAULT=f"kill:1:2:{killed_at}")
-    for key in (TEST_HOOKS_ENV, "OMP_NUM_THREADS", "GPT_TEST_MARKER", "HOOK_FAULT"):
+    for key in ("PYTHONPATH", "OMP_NUM_THREADS", "GPT_TEST_MARKER", "HOOK_FAULT"):
         monkeypatch.setenv(key, env[key])
 
-    rc = run_ladder.main(["--profile", "smoke", "--device", "cpu", "--out", str(out), "--wandb", "disabled"])
+    rc = run_all.main(["--profile", "smoke", "--device", "cpu", "--out", str(out), "--wandb", "disabled"])
     log = (out / "speed_6_ddp.log").read_text()
     assert rc == 1, log[-3000:]
     assert ended["speed_6_ddp"] - float(killed_at.read_text()) < FAILURE_BOUND_S
@@ -155,13 +157,13 @@ def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys)
     for stage in LADDERS["speed"]:
         behave(stage, "ok", fake_record(stage))
     holder = subprocess.Popen(  # another ladder, holding the directory
-        [sys.executable, "-c", "import sys; from pathlib import Path; from gpt.run_ladder import lock_output; "
+        [sys.executable, "-c", "import sys; from pathlib import Path; from gpt.run_all import lock_output; "
          "lock = lock_output(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()", str(out)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(SystemExit) as e:
-            run_ladder.main([*SPEED_ARGS, "--out", str(out)])
+            run_all.main([*SPEED_ARGS, "--out", str(out)])
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: another ladder (pid {holder.pid}) is writing to {out}: wait for it to finish, "
@@ -171,8 +173,8 @@ def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys)
         holder.stdin.close()
         holder.wait(timeout=30)
     # its lock file remains, naming a process that is gone: the next ladder takes it over
-    assert (out / run_ladder.LOCK_FILE).read_text().strip() == str(holder.pid)
-    assert run_ladder.main([*SPEED_ARGS, "--out", str(out)]) == 0
+    assert (out / run_all.LOCK_FILE).read_text().strip() == str(holder.pid)
+    assert run_all.main([*SPEED_ARGS, "--out", str(out)]) == 0
     assert calls() == LADDERS["speed"]
 
 
@@ -218,7 +220,7 @@ def test_an_unwritable_output_directory_is_one_line_before_any_training(how, sta
     out, behave, calls = stub_stages
     with blocked_output(tmp_path, how) as (blocked, message):
         with pytest.raises(SystemExit) as e:
-            run_ladder.main([*SPEED_ARGS, "--out", str(blocked)])
+            run_all.main([*SPEED_ARGS, "--out", str(blocked)])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and message in err[0] and str(blocked) in err[0]
         assert calls() == []
@@ -238,7 +240,7 @@ def test_a_corrupt_record_is_reported_and_rerun_on_resume(stub_stages, capsys):
     for stage in LADDERS["speed"]:
         behave(stage, "ok", fake_record(stage))
     args = [*SPEED_ARGS, "--out", str(out)]
-    assert run_ladder.main(args) == 0
+    assert run_all.main(args) == 0
     corrupt = out / "speed_3_non_blocking.json"
     corrupt.write_text(corrupt.read_text()[:200])  # cut short, as by a full disk
     kept = {p.name: p.read_text() for p in out.glob("speed_*.json") if p != corrupt}
@@ -248,7 +250,7 @@ def test_a_corrupt_record_is_reported_and_rerun_on_resume(stub_stages, capsys):
     assert r.returncode == 0 and message in r.stderr, r.stderr
     capsys.readouterr()
     behave("speed_3_non_blocking", "ok", fake_record("speed_3_non_blocking"))  # the stub moved it away
-    assert run_ladder.main([*args, "--resume"]) == 0
+    assert run_all.main([*args, "--resume"]) == 0
     assert message in capsys.readouterr().err
     assert calls() == LADDERS["speed"] + ["speed_3_non_blocking"]  # only that stage ran again
     assert json.loads(corrupt.read_text())["status"] == "ok"

@@ -17,13 +17,17 @@ from dataclasses import fields
 import pytest
 import torch
 
-from gpt import chunked_loss, protocol, report, train
+from gpt import protocol, train
+from gpt.allocator_snapshot import MiB
 from gpt.data import GatheredBatches, WindowSampler, make_dataset
-from gpt.ladder import LADDERS, STAGES_DIR, record_path, stage_config
-from gpt.peak_memory import MiB, traced_step_memory
+from gpt.ladder import LADDERS, STAGES_DIR, stage_config
 from gpt.model import GPT, GPTConfig
-from gpt.optimizations import make_loader, mixed_precision, to_device
-from gpt.records import read_record, record_problems, write_record
+from gpt.optimizations import chunked_loss
+from gpt.optimizations.feeding import make_loader, to_device
+from gpt.optimizations.precision import mixed_precision
+from gpt.peak_memory import traced_memory
+from gpt.records import read_record, record_path, record_problems, write_record
+from gpt.report.document import write_report
 from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
                                      with_pytorchs_early_stop)
 from test_report import row
@@ -58,7 +62,7 @@ def test_eager_stage_peak_equals_what_the_allocator_snapshot_shows(char_data, tm
     m = record["metrics"]
     assert record["choices"]["memory_method"] == "cuda_max_allocated"
     assert m["peak_memory_mib"] == m["peak_memory_allocated_mib"] <= m["peak_memory_reserved_mib"]
-    timeline, breakdown = traced_step_memory(snapshot, 0)
+    timeline = traced_memory(snapshot, 0).timeline
     assert max(timeline) / MiB == pytest.approx(m["peak_memory_mib"], rel=0.01)
     assert m["memory_breakdown_mib"]["total"] == pytest.approx(max(timeline) / MiB, abs=0.01)
     assert max(m["memory_timeline_mib"]) == pytest.approx(max(timeline) / MiB, abs=0.01)
@@ -87,7 +91,7 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
     for stage, record in (("speed_3_non_blocking", eager), ("speed_4_compile", graphs)):
         write_record(record_path(out, stage), {**record, "stage": stage, "ladder": "speed", "profile": "test",
                                                "parent": None})
-    md = report.write_report(out).read_text()
+    md = write_report(out).read_text()
     assert row(md, "speed_4_compile")[8].endswith("†")  # the "MiB vs prev." cell
     assert "their change compares the max_memory_reserved of both" in md
 
@@ -166,7 +170,7 @@ def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProces
 @pytest.mark.parametrize("stage", LADDERS["memory"] + LADDERS["lean"])
 def test_memory_and_lean_stages_finish_with_their_memory_step(stage, char_data, tmp_path):
     """On torch 2.11 the memory step crashed under activation checkpointing (memory_2 on): the allocator's
-    history and checkpointing's early stop (gpt/optimizations.py:checkpoint_blocks)."""
+    history and checkpointing's early stop (gpt/optimizations/checkpointing.py:checkpoint_blocks)."""
     reason = chunked_loss.why_unavailable("auto", "cuda") if stage_config(stage, "smoke").loss == "chunked" else None
     if reason:
         pytest.skip(reason)

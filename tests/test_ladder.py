@@ -9,9 +9,9 @@ import pytest
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.ladder import (EXIT_SKIPPED, LADDER_GOAL, LADDERS, STAGES_DIR, ladder_of, lineage, load_stage, parent_of,
-                        stage_config)
+from gpt.ladder import LADDER_GOAL, LADDERS, STAGES_DIR, ladder_of, lineage, load_stage, parent_of, stage_config
 from gpt.profiles import PROFILES
+from gpt.stage import EXIT_SKIPPED
 
 from conftest import REPO
 

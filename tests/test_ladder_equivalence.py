@@ -1,7 +1,7 @@
 """Every stage that claims to keep the maths is checked against its parent here, on the CPU.
 
 Each test trains a tiny GPT (2 layers, 32 wide, character vocabulary) through the project's own code:
-gpt.train.build_model / train_step, gpt.optimizations.*, gpt.data.WindowSampler / make_dataset (the
+gpt.train.build_model / train_step, gpt.optimizations (the homes), gpt.data.WindowSampler / make_dataset (the
 loop is tests/dist_worker.py:run_steps, shared with the torchrun workers). Tolerances are stated per
 test: 0 where the same floating-point operations run in the same order, otherwise a bound that float32
 reassociation (the same sum added up in another order) or 16-bit rounding explains; the measured
@@ -26,7 +26,8 @@ from conftest import REPO, load_prepare_module
 from dist_worker import full_params, record_grads, run_steps
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
-from gpt.optimizations import MixedPrecision, make_loader, to_device
+from gpt.optimizations.feeding import make_loader, to_device
+from gpt.optimizations.precision import MixedPrecision
 from gpt.train import build_model, train_step
 
 CPU = torch.device("cpu")
@@ -152,7 +153,7 @@ def with_pytorchs_early_stop(raw) -> None:
 
 
 def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, monkeypatch):
-    """memory_2 recomputes each block whole (early_stop=False, gpt/optimizations.py:checkpoint_blocks): with
+    """memory_2 recomputes each block whole (early_stop=False, gpt/optimizations/checkpointing.py): with
     early stop, PyTorch ends a recomputation by raising an exception from inside the block's last op that
     saves a tensor (the MLP's dropout), which torch 2.11 loses on CUDA while the allocator records its
     history (the H100 memory step crashed there). Counted: none in a checkpointed step. Control: the same
@@ -288,7 +289,7 @@ def test_bf16_autocast_loss_tracks_fp32(char_data):
 
 # ---- fp16 + GradScaler (speed_5 on CUDA), forced on the CPU ----------------------------------------------
 
-# On CUDA, speed_5 runs fp16 autocast with a GradScaler; the CPU picks bf16 (gpt/optimizations.py:
+# On CUDA, speed_5 runs fp16 autocast with a GradScaler; the CPU picks bf16 (gpt/optimizations/precision.py:
 # mixed_precision), so these tests build the CUDA choice themselves and run it through train_step on the
 # CPU, whose build has fp16 autocast and GradScaler("cpu"). fp16 keeps 11 significant bits (bf16: 8), so each
 # matmul output is rounded by up to 2^-11 ~ 5e-4 relative. First-step gradients (same weights, clipping off

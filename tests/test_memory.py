@@ -14,10 +14,14 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gpt import protocol, report
+from gpt import allocator_snapshot as snapshot
+from gpt import protocol
 from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
-from gpt.memory import CUDA_ALLOCATION_UNIT, MiB, _cuda_rules, estimate, snapshot
+from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
+from gpt.allocator_snapshot import MiB
+from gpt.memory import _cuda_rules, estimate
+from gpt.memory.report_section import planner_section
 from gpt.memory.__main__ import main
 from gpt.memory.planner import (
     SNAPSHOT_DIR,
@@ -189,7 +193,7 @@ def test_every_ladder_stage_is_covered_or_excused():
     assert set(IN_PROCESS + TWO_PROCESSES) | excused == {s for stages in LADDERS.values() for s in stages}
 
 
-# ---- CUDA allocator snapshots (gpt/memory/snapshot.py) -------------------------------------------------------
+# ---- CUDA allocator snapshots (gpt/allocator_snapshot.py) -------------------------------------------------------
 
 # The keys of the reference's real snapshots (torch.cuda.memory._dump_snapshot); checked against the files
 # themselves by test_real_snapshots_have_the_format_written_here when they are beside the checkout.
@@ -437,7 +441,7 @@ def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatc
     assert row["notes"] == ["not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "
                             f"which needs PyTorch 2.12 or newer (this is {torch.__version__})"]
     write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
-    lines = report.planner_section(tmp_path, tmp_path / "plots", "plots")
+    lines = planner_section(tmp_path, tmp_path / "plots", "plots")
     assert f"- `fast_6_chunked_loss`: {row['notes'][0]}" in lines
 
 
@@ -453,5 +457,5 @@ def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
     assert row["target"] == "cuda" and row["measured_mib"] == 9.0
     assert row["error_pct"] == pytest.approx(100 * (estimate(cfg, 80, "cuda").peak_mib / 9.0 - 1), abs=0.01)
     write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
-    lines = report.planner_section(tmp_path, tmp_path / "plots", "plots")
+    lines = planner_section(tmp_path, tmp_path / "plots", "plots")
     assert any(line.startswith("On CUDA, measured is max_memory_allocated") for line in lines)

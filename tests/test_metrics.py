@@ -11,8 +11,9 @@ import torch
 from gpt import flops, peak_memory, protocol
 from gpt.ladder import LADDERS, stage_config
 from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
-from gpt.peak_memory import MiB, StepMarks, memory_method, traced_step_memory
-from gpt.optimizations import compile_mode
+from gpt.allocator_snapshot import MiB
+from gpt.optimizations.compilation import compile_mode
+from gpt.peak_memory import StepMarks, memory_method, peak_breakdown, traced_memory
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on it
 
@@ -99,7 +100,8 @@ def test_timeline_and_breakdown_at_the_peak_from_a_snapshot(grad_mib):
     a.free(a.alloc(2))  # the optimizer's temporaries
     a.free(grad)  # zero_grad(set_to_none=True)
 
-    timeline, breakdown = traced_step_memory(a.snapshot(), 1, tensors, forward)
+    traced = traced_memory(a.snapshot(), 1, tensors, forward)
+    timeline, breakdown = traced.timeline, peak_breakdown(traced)
 
     g = grad_mib
     expected = [15, 18, 23, 21, 22, 21, 27, 22, 22 + g, 19 + g, 13 + g, 15 + g, 13 + g, 13]
@@ -120,7 +122,8 @@ def test_a_trace_that_frees_what_it_never_saw_allocated():
     a.start_recording()
     a.free(old)
     a.alloc(1)
-    timeline, breakdown = traced_step_memory(a.snapshot(), 0)
+    traced = traced_memory(a.snapshot(), 0)
+    timeline, breakdown = traced.timeline, peak_breakdown(traced)
     assert [t / MiB for t in timeline] == [2, 0, 1]
     assert breakdown["total"] == breakdown["other"] == 2
 
@@ -133,7 +136,8 @@ def test_blocks_count_at_the_allocator_size():
     a.start_recording()
     kept = a.alloc(1.5, block=2 * MiB)
     a.free(a.alloc(100 / MiB))
-    timeline, breakdown = traced_step_memory(a.snapshot(), 0, [(2, kept, "parameters")])
+    traced = traced_memory(a.snapshot(), 0, [(2, kept, "parameters")])
+    timeline, breakdown = traced.timeline, peak_breakdown(traced)
     assert timeline == [0, 2 * MiB, 2 * MiB + 512, 2 * MiB]
     assert breakdown["parameters"] == 2.0 and breakdown["temporaries"] == round(512 / MiB, 2)  # at the peak
 

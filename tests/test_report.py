@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpt import report, run_ladder
-from gpt.ladder import LADDERS, ladder_of, parent_of, record_path, stage_config
-from gpt.records import record_problems, write_record
+from gpt import run_all
+from gpt.report.document import write_report
+from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
+from gpt.records import record_path, record_problems, write_record
 
 PNG = b"\x89PNG"
 SHARES = {"data": 2.0, "copy": 0.1, "forward": 30.0, "backward": 45.0, "optimizer": 15.0, "communication": 0.0,
@@ -89,7 +90,7 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
         fake_record("speed_5_amp", status="oom", reason="CUDA out of memory. Tried to allocate 2.00 GiB"),
         fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"),
     ])
-    out = report.write_report(tmp_path)
+    out = write_report(tmp_path)
     md = out.read_text()
     assert out == tmp_path / "results.md"
     assert "## Speed ladder" in md and "## Memory ladder" not in md  # only what was run
@@ -124,7 +125,7 @@ def test_report_warns_when_a_compiled_stage_ran_eager(tmp_path):
     eager = fake_record("speed_5_amp", seconds=1.0)
     eager["metrics"]["profiler"]["compiled_regions_per_step"] = 0.0
     write_ladder(tmp_path, [fake_record("speed_4_compile", seconds=1.0), eager])
-    md = report.write_report(tmp_path).read_text()
+    md = write_report(tmp_path).read_text()
     assert "Warning: `speed_5_amp` had torch.compile on, but its profiled step ran no compiled graph" in md
     assert "Warning: `speed_4_compile`" not in md
 
@@ -150,7 +151,7 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
         "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
             {"setting": "baseline", "world_size": 1, "n_layer": 90, "params": 1.8e9, "peak_mib": 80000,
              "documented_params": 1.795e9}]}))
-    md = report.write_report(tmp_path, tmp_path / "docs" / "results.md").read_text()
+    md = write_report(tmp_path, tmp_path / "docs" / "results.md").read_text()
     assert "## Memory ladder" in md and "## Speed ladder" not in md
     assert row(md, "memory_1_grad_accum")[2:6] == ["150", "-25%", "-25%", "25,194 (-31%)"]
     assert row(md, "memory_1_grad_accum")[7] == "+10%"  # time vs previous
@@ -192,7 +193,7 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
         cuda_record("speed_4_compile", 20.0, 160.0),
         cuda_record("speed_5_amp", 15.0, 140.0),
     ])
-    md = report.write_report(tmp_path).read_text()
+    md = write_report(tmp_path).read_text()
     assert row(md, "speed_1_batch_size")[7:9] == ["95.0", "+5.6%"]  # both eager: allocated vs allocated
     assert row(md, "speed_4_compile")[7:9] == ["160", "+6.7% †"]  # reserved 160 vs 150, not -80% or +60%
     assert row(md, "speed_5_amp")[7:9] == ["140", "-12%"]  # both CUDA graphs: reserved vs reserved, no mark
@@ -204,12 +205,12 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
 
     older = tmp_path / "older"  # a parent recorded without its reserved figure
     write_ladder(older, [cuda_record("speed_3_non_blocking", 100.0, None), cuda_record("speed_4_compile", 20.0, 160.0)])
-    md = report.write_report(older).read_text()
+    md = write_report(older).read_text()
     assert row(md, "speed_4_compile")[8] == ""
     assert "`speed_4_compile` (cuda_max_reserved) and `speed_3_non_blocking` (cuda_max_allocated) measure peak " \
            "memory differently and share no figure, so no memory change is given between them." in md
 
-    from gpt.ladder import print_summary
+    from gpt.stage import print_summary
     print_summary(cuda_record("speed_4_compile", 20.0, 160.0), older)
     print_summary(cuda_record("speed_4_compile", 20.0, 160.0), tmp_path)
     out = capsys.readouterr().out
@@ -239,7 +240,7 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
         fake_record("memory_3_foreach_off", seconds=5.0, time_breakdown_pct=shares(forward=20.0, backward=40.0,
                                                                                   optimizer=35.0)),
     ])
-    md = report.write_report(tmp_path).read_text()
+    md = write_report(tmp_path).read_text()
     assert row(md, "speed_0_baseline")[11] == "backward 45%"  # the largest share
     assert row(md, "speed_1_batch_size")[11] == "data wait 31%"
     assert row(md, "memory_3_foreach_off")[12] == "backward 40%"
@@ -272,7 +273,7 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
             fake_record("lean_1_fsdp_bf16", peak=40.0),
             fake_record("lean_3_cpu_offload", status="skipped", reason="nothing to offload to")]
     write_ladder(tmp_path, speed + fast + lean)
-    md = report.write_report(tmp_path).read_text()
+    md = write_report(tmp_path).read_text()
     assert "## Fast ladder" in md and "## Lean ladder" in md
     assert row(md, "fast_1_pretokenized")[3:5] == ["-25%", "-88%"]  # vs speed_5_amp (1.33 s), vs speed_0 (8 s)
     assert row(md, "fast_2_bf16")[3] == "+1.0% (no effect)"
@@ -300,18 +301,18 @@ def test_report_cli_without_records_is_one_line_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# run_all (gpt/run_ladder.py): the decisions, with stub stage processes instead of training
+# run_all (gpt/run_all.py): the decisions, with stub stage processes instead of training
 
 
 def test_resume_keeps_only_final_records_of_the_same_profile_and_device():
     ok = fake_record("speed_0_baseline")
-    assert not run_ladder.needs_run(ok, "smoke", "cpu")
-    assert run_ladder.needs_run(ok, "cpu", "cpu")  # another profile
-    assert run_ladder.needs_run(ok, "smoke", "cuda")  # another device
-    assert run_ladder.needs_run(None, "smoke", "cpu")
-    assert run_ladder.needs_run(fake_record("speed_0_baseline", status="failed"), "smoke", "cpu")
+    assert not run_all.needs_run(ok, "smoke", "cpu")
+    assert run_all.needs_run(ok, "cpu", "cpu")  # another profile
+    assert run_all.needs_run(ok, "smoke", "cuda")  # another device
+    assert run_all.needs_run(None, "smoke", "cpu")
+    assert run_all.needs_run(fake_record("speed_0_baseline", status="failed"), "smoke", "cpu")
     for status in ("oom", "skipped"):
-        assert not run_ladder.needs_run(fake_record("speed_6_ddp", status=status), "smoke", "cpu")
+        assert not run_all.needs_run(fake_record("speed_6_ddp", status=status), "smoke", "cpu")
 
 
 STUB = textwrap.dedent("""
@@ -333,15 +334,15 @@ STUB = textwrap.dedent("""
 
 @pytest.fixture()
 def stub_stages(tmp_path, monkeypatch):
-    """run_ladder with every stage replaced by STUB; returns (out dir, set behaviour, calls so far)."""
+    """run_all with every stage replaced by STUB; returns (out dir, set behaviour, calls so far)."""
     out, templates = tmp_path / "out", tmp_path / "templates"
     out.mkdir(), templates.mkdir()
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
-    monkeypatch.setattr(run_ladder, "prepare_data", lambda profile, ladders: None)
-    monkeypatch.setattr(run_ladder, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
-    monkeypatch.setattr(run_ladder, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
-    monkeypatch.setattr(run_ladder, "stage_command",
+    monkeypatch.setattr(run_all, "prepare_data", lambda profile, ladders: None)
+    monkeypatch.setattr(run_all, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
+    monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
+    monkeypatch.setattr(run_all, "stage_command",
                         lambda stage, profile, device, wandb, out: [sys.executable, str(stub), stage, str(out),
                                                                     str(templates)])
 
@@ -367,7 +368,7 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
     behave("speed_4_compile", "kill")
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
 
-    assert run_ladder.main(args) == 1  # failures are recorded, the ladder went on, the exit code tells
+    assert run_all.main(args) == 1  # failures are recorded, the ladder went on, the exit code tells
     assert calls() == speed
     crashed = json.loads((out / "speed_2_num_workers.json").read_text())
     assert crashed["status"] == "failed" and not record_problems(crashed)
@@ -379,7 +380,7 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
 
     behave("speed_2_num_workers", "ok", fake_record("speed_2_num_workers"))
     behave("speed_4_compile", "ok", fake_record("speed_4_compile"))
-    assert run_ladder.main(args + ["--resume"]) == 0
+    assert run_all.main(args + ["--resume"]) == 0
     assert calls() == speed + ["speed_2_num_workers", "speed_4_compile"]  # ok and skipped stages kept
     assert "**failed**" not in (out / "results.md").read_text()
 
@@ -387,8 +388,8 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
 def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
     out, _, _ = stub_stages
     commands = []
-    monkeypatch.setattr(run_ladder, "run_stage", lambda cmd, log, show: commands.append(cmd) or 1)
-    run_ladder.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
+    monkeypatch.setattr(run_all, "run_stage", lambda cmd, log, show: commands.append(cmd) or 1)
+    run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
                      "--wandb", "disabled", "--no-profiler"])
     assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
 
@@ -397,16 +398,16 @@ def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, mon
     out, behave, calls = stub_stages
     for stage in LADDERS["memory"]:
         behave(stage, "ok", fake_record(stage))
-    real_run_stage = run_ladder.run_stage
+    real_run_stage = run_all.run_stage
 
     def interrupted_second(cmd, log, show):
         if cmd[2] == "memory_1_grad_accum":
             raise KeyboardInterrupt
         return real_run_stage(cmd, log, show)
 
-    monkeypatch.setattr(run_ladder, "run_stage", interrupted_second)
+    monkeypatch.setattr(run_all, "run_stage", interrupted_second)
     args = ["--profile", "smoke", "--device", "cpu", "--only", "memory", "--out", str(out), "--wandb", "disabled"]
-    assert run_ladder.main(args) == 130
+    assert run_all.main(args) == 130
     assert calls() == ["memory_0_baseline"]  # nothing after the interrupted stage
     assert json.loads((out / "memory_1_grad_accum.json").read_text())["reason"].startswith("interrupted")
     md = (out / "results.md").read_text()
@@ -425,7 +426,7 @@ def test_interrupt_stops_the_stage_and_everything_it_started(tmp_path):
 
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        run_ladder.run_stage([sys.executable, "-c", script], tmp_path / "x.log", show)
+        run_all.run_stage([sys.executable, "-c", script], tmp_path / "x.log", show)
     assert time.monotonic() - t0 < 30
     for pid in map(int, pids.read_text().split()):
         assert not running(pid)
@@ -444,16 +445,16 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
     header gives both, and warns when the end's is >5% higher (the start's peak, the MFU basis, was low)."""
     out, behave, _ = stub_stages
     calibrations = []
-    monkeypatch.setattr(run_ladder, "calibrate_cpu_peaks",
+    monkeypatch.setattr(run_all, "calibrate_cpu_peaks",
                         lambda threads, rounds: calibrations.append((threads, rounds)) or
                         {"float32 x2 threads": 100e9, "bfloat16 x2 threads": 1e9, "float32 x1 threads": 50e9})
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
     for end, warned in ((103e9, False), (130e9, True)):
         for stage in LADDERS["speed"]:
             behave(stage, "ok", fake_record(stage))
-        monkeypatch.setattr(run_ladder, "matmul_rate", lambda dtype, seconds, rounds, end=end: end)
-        monkeypatch.setattr(run_ladder.torch, "get_num_threads", lambda: 2)
-        assert run_ladder.main(args) == 0
+        monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds, end=end: end)
+        monkeypatch.setattr(run_all.torch, "get_num_threads", lambda: 2)
+        assert run_all.main(args) == 0
         md = (out / "results.md").read_text()
         assert "float32 x2 threads: 100.0 GFLOP/s; bfloat16 x2 threads: 1.0 GFLOP/s" in md
         assert f"float32 x2 threads after the last stage: {end / 1e9:.1f}" in md

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import optimizations, protocol, train
+from gpt import protocol, train
+from gpt.optimizations import compilation
 from gpt.config import TrainConfig
 from gpt.records import record_problems
 
@@ -85,7 +86,7 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     reduce_overhead = lambda cfg, device: "reduce-overhead" if cfg.compile else None  # noqa: E731
-    monkeypatch.setattr(optimizations, "compile_mode", reduce_overhead)
+    monkeypatch.setattr(compilation, "compile_mode", reduce_overhead)
     monkeypatch.setattr(protocol, "compile_mode", reduce_overhead)
     cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
     eager = protocol.run(tiny_config(char_data, **cfg))["metrics"]["losses"]

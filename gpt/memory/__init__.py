@@ -30,8 +30,8 @@ the gradients, allocated when DDP wraps the model) are added; the CPU measuremen
 torch.compile is not simulated: a compiled stage is estimated eager (its CPU measurement runs eager under the
 tracker too; on CUDA the fused kernels of a compiled model would keep less).
 
-Real CUDA allocator snapshots (torch.cuda.memory._dump_snapshot) are read, and the simulated step written in
-their format, by gpt/memory/snapshot.py.
+Real CUDA allocator snapshots (torch.cuda.memory._dump_snapshot) are read by gpt/allocator_snapshot.py, and the
+simulated step is written in their format by gpt/memory/recorder.py.
 
 Usage: `python -m gpt.memory estimate|reference|fit|compare|snapshot --help` (gpt/memory/__main__.py).
 """
@@ -47,24 +47,18 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools import mem_tracker
 
-from gpt import chunked_loss
-from gpt.config import TrainConfig
-from gpt.data import load_prepared
-from gpt.errors import UserError
-from gpt.memory.snapshot import StepRecorder
-from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt import optimizations
-from gpt.optimizations import MixedPrecision, mixed_precision
+from gpt.allocator_snapshot import MiB, cuda_block_bytes
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.memory.recorder import StepRecorder
+from gpt.optimizations import parallel, precision
+from gpt.optimizations.optimization import SimulationPlan
+from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt.train import build_model, train_step
 
-MiB = 2**20
-CUDA_ALLOCATION_UNIT = 512  # bytes; CUDACachingAllocator rounds each request up to a multiple of this
-TARGETS = ("cuda", "cpu")
+TARGET_DEVICES = ("cuda", "cpu")  # whose memory an estimate predicts
 SIM_DEVICE = torch.device("cpu")  # where the fake tensors live, whatever the target
-
-
-class CannotSimulate(UserError):
-    """This stage cannot be simulated with what this machine has (the chunked loss without PyTorch's op)."""
 
 
 @dataclass
@@ -87,14 +81,15 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
     adapt(raw, model, optimizer), if given, may modify what build_model returned before training starts
     (gpt/memory/planner.py uses it to emulate the reference's code). record: also keep every allocation and
     free of the simulated step, with its Python stack, as a CUDA memory snapshot (Estimate.snapshot)."""
-    if target not in TARGETS:
-        raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGETS)})")
-    sim, notes = _simulated(cfg, target)
+    if target not in TARGET_DEVICES:
+        raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGET_DEVICES)})")
+    plan = simulation_plan(cfg, target)
+    sim, notes = plan.cfg, plan.notes
     recorder = StepRecorder() if record else None
-    tracker = _PeakTracker(recorder, offload=cfg.fsdp_cpu_offload)
+    tracker = _PeakTracker(recorder, offload=plan.state_on_host)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        if sim.distributed:
+        if parallel.is_distributed(sim):
             stack.enter_context(_fake_process_group(sim.world_size))
         stack.enter_context(FakeTensorMode())
         if target == "cuda":
@@ -102,10 +97,7 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         raw, model, optimizer = build_model(sim, vocab_size, SIM_DEVICE)
         if adapt:
             adapt(raw, model, optimizer)
-        # The CPU's autocast dtype depends on this CPU's measured matmul rates; a CUDA estimate takes 16 bits
-        # (fp16 on CUDA, the same sizes as the bf16 simulated here) whenever the stage autocasts.
-        amp = (mixed_precision(sim, SIM_DEVICE) if target == "cpu"
-               else MixedPrecision(torch.bfloat16 if sim.amp else torch.float32, SIM_DEVICE.type, None))
+        amp = precision.simulated_precision(sim, target, SIM_DEVICE)
 
         def step():
             # Fake token batches: the data pipeline only ever puts these two small tensors on the device.
@@ -121,23 +113,9 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         if recorder:
             recorder.stop()
     breakdown = memory_breakdown(tracker)
-    if cfg.fsdp_cpu_offload:
-        # Not in the simulation (nothing moves between devices there): before its all-gather a unit's fp32
-        # shard is copied to the GPU, and after its reduce-scatter its gradient shard waits there for the copy
-        # back. One of each for the largest unit, wherever the peak is.
-        unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)
-        copies = 2 * _cuda_bytes(unit * 4 // sim.world_size) / MiB
-        _add_other(breakdown, notes, copies, "CPU offload: a unit's parameter and gradient shards in transit on the GPU")
-    if cfg.batch_gather and target == "cuda":
-        # Not in the simulation (it makes its batches in place): the whole token array, int32, on the GPU.
-        tokens = _cuda_bytes(4 * load_prepared(cfg.data_dir).meta["train_tokens"]) / MiB
-        _add_other(breakdown, notes, tokens, "batch_gather: the token array on the GPU")
-    if cfg.distributed == "ddp" and target == "cuda":
-        # One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
-        # wraps the model to the end of the run, so it adds to the peak wherever the peak is.
-        buckets = _cuda_bytes(sum(p.numel() * p.element_size() for p in raw.parameters())) / MiB
-        _add_other(breakdown, notes, buckets, "DDP: gradient buckets", " to the simulated rank")
-    host = round(tracker.host_peak / MiB, 2) if cfg.fsdp_cpu_offload else None
+    for mib, what, where in optimizations.unseen_memory(cfg, raw, target):
+        _add_other(breakdown, notes, mib, what, where)
+    host = round(tracker.host_peak / MiB, 2) if plan.state_on_host else None
     return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
                     world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes,
                     snapshot=recorder.snapshot() if recorder else None, host_mib=host)
@@ -150,34 +128,13 @@ def _add_other(breakdown: dict, notes: list[str], mib: float, what: str, where: 
     notes.append(f"{what} ({mib:,.1f} MiB, in 'other') added{where}")
 
 
-def _simulated(cfg: TrainConfig, target: str) -> tuple[TrainConfig, list[str]]:
-    """The configuration the simulation runs: eager, in-process data, on the CPU, one step of samples."""
-    sim = dataclasses.replace(cfg, compile=False, num_workers=0, pin_memory=False, batch_gather=False,
-                              device="cpu", samples=cfg.batch_size * cfg.world_size)
-    notes = []
-    if cfg.compile:
-        notes.append("torch.compile is not simulated: estimated eager")
-    if cfg.amp and target == "cuda":
-        notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
-    if cfg.distributed == "ddp":
-        sim.distributed = None  # one rank: same per-rank batch, no reducer (see the module docstring)
-    if cfg.loss == "chunked":
-        # Triton kernels cannot run on fake tensors: the chunked loss is simulated with PyTorch's own op,
-        # whichever implementation the stage uses (liger also keeps the head's fp32 weight gradient from
-        # forward to backward, which PyTorch's does not).
-        if not chunked_loss.installed("torch"):
-            raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which "
-                                 f"needs PyTorch 2.12 or newer (this is {torch.__version__})")
-        sim.loss_impl = "torch"
-    if cfg.fsdp_cpu_offload:
-        if target != "cuda":
-            raise UserError("FSDP CPU offload moves state from a GPU to host memory: estimate it with --target cuda")
-        # Simulated without the policy (on fake CPU tensors everything is host memory anyway); the tracker
-        # then counts the offloaded state (sharded parameters, their gradients, AdamW's state and step) apart.
-        sim.fsdp_cpu_offload = False
-        notes.append("CPU offload: sharded parameters, their gradients and the optimizer state are counted in "
-                     "host memory (host_mib), not in the GPU's peak")
-    return sim.validate(), notes
+def simulation_plan(cfg: TrainConfig, target: str) -> SimulationPlan:
+    """What the simulation runs: the stage's settings on the CPU, one step of samples, each optimization rewritten
+    as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's chunked loss, ...)."""
+    sim = dataclasses.replace(cfg, device="cpu", samples=cfg.batch_size * cfg.world_size)
+    plan = optimizations.plan_simulation(SimulationPlan(sim, target))
+    plan.cfg.validate()
+    return plan
 
 
 _PARAM, _GRAD, _OPT = mem_tracker._MemRefType.PARAM, mem_tracker._MemRefType.GRAD, mem_tracker._MemRefType.OPT
@@ -186,7 +143,7 @@ _PARAM, _GRAD, _OPT = mem_tracker._MemRefType.PARAM, mem_tracker._MemRefType.GRA
 class _PeakTracker(TimelineMemTracker):
     """TimelineMemTracker whose peak, under FSDP CPU offload, is of what stays on the GPU (it also keeps the
     host's peak). With a recorder, it also reports every storage that appears, grows, shrinks or goes
-    (gpt/memory/snapshot.py)."""
+    (gpt/memory/recorder.py)."""
 
     def __init__(self, recorder: StepRecorder | None = None, offload: bool = False):
         super().__init__()
@@ -237,13 +194,9 @@ class _PeakTracker(TimelineMemTracker):
 # ---- CUDA's rules, applied to the simulation on fake CPU tensors ------------------------------------------
 
 
-def _cuda_bytes(nbytes: int) -> int:
-    return -(-nbytes // CUDA_ALLOCATION_UNIT) * CUDA_ALLOCATION_UNIT
-
-
 def _cuda_allocation(winfo) -> int:
     """Stands in for MemTracker's per-storage byte count, which rounds only for tensors on a CUDA device."""
-    return _cuda_bytes(winfo.size * winfo.element_size)
+    return cuda_block_bytes(winfo.size * winfo.element_size)
 
 
 _cpu_dropout = F.dropout
@@ -284,7 +237,7 @@ def _cuda_rules():
     with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
           mock.patch.object(F, "dropout", _cuda_dropout),
           mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
-          mock.patch.object(optimizations, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU"))):
+          mock.patch.object(parallel, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU"))):
         yield
 
 
@@ -302,8 +255,8 @@ def _fake_process_group(world_size: int):
     try:
         # A device mesh is built from a tensor of rank ids, which FakeTensorMode would make fake (and
         # unreadable). Build the stage's mesh here, outside fake mode, on the simulation's device.
-        mesh = optimizations.device_mesh(SIM_DEVICE)
-        with mock.patch.object(optimizations, "device_mesh", return_value=mesh):
+        mesh = parallel.device_mesh(SIM_DEVICE)
+        with mock.patch.object(parallel, "device_mesh", return_value=mesh):
             yield
     finally:
         dist.destroy_process_group()

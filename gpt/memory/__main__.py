@@ -12,11 +12,14 @@ import os
 import sys
 from pathlib import Path
 
+from gpt import allocator_snapshot
+from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
-from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDERS, stage_config
-from gpt.memory import TARGETS, CannotSimulate, estimate, snapshot
+from gpt.errors import CannotSimulate, UserError, exit_on_user_error
+from gpt.ladder import LADDERS, lineage, load_stage, stage_config
+from gpt.memory import TARGET_DEVICES, estimate
 from gpt.memory.planner import (
+    NOTES,
     REFERENCE_VOCAB,
     SHAPE_RULE,
     SNAPSHOT_DIR,
@@ -28,15 +31,15 @@ from gpt.memory.planner import (
     fit_settings,
     largest_fit,
     reference_ladder,
-    reference_notes,
+    reference_figures,
     reference_snapshots,
     snapshot_breakdown,
     vocabulary_of,
 )
+from gpt.optimizations.parallel import is_distributed, with_processes
+from gpt.peak_memory import MEMORY_PARTS
 from gpt.profiles import PROFILES
 from gpt.records import write_record
-
-BREAKDOWN = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,7 +119,7 @@ def _common(parser, json_help: str, jobs: bool = False):
     if jobs:
         parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
                             help="estimates run at once, one process each (default: the cores, at most 4)")
-    parser.add_argument("--target", default="cuda", choices=TARGETS,
+    parser.add_argument("--target", default="cuda", choices=TARGET_DEVICES,
                         help="device whose memory is predicted (default cuda); the simulation always runs "
                              "on fake CPU tensors")
     parser.add_argument("--json", help=json_help)
@@ -135,15 +138,18 @@ def estimate_config(args):
     """The stage's config from its profile and the overrides, and the vocabulary size."""
     base = stage_config(args.stage, args.profile)  # UserError on an unknown stage or profile
     world = args.world_size
-    if world is not None and not base.distributed and world != 1:
+    if world is not None and not is_distributed(base) and world != 1:
         raise UserError(f"{args.stage} runs one process; --world-size applies to the DDP/FSDP stages")
-    if world is not None and base.distributed and world < 2:
+    if world is not None and is_distributed(base) and world < 2:
         raise UserError(f"--world-size must be at least 2 for {args.stage}, got {world}")
     world = world or base.world_size
     batch = args.batch_size or base.batch_size
     cfg = stage_config(args.stage, args.profile, preset=args.preset, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, batch_size=args.batch_size, block_size=args.block_size,
-                       nproc=world if base.distributed else None, samples=max(batch, 1) * world)
+                       samples=max(batch, 1) * world * base.world_size)  # divisible before and after
+    cfg = with_processes(cfg, world)
+    cfg.samples = cfg.batch_size * cfg.world_size
+    cfg.validate()
     vocab = args.vocab_size
     if vocab is None:
         if args.profile == "reference":
@@ -169,10 +175,11 @@ def cmd_estimate(args) -> int:
     m = est.model
     print(f"  model: {cfg.preset} shape, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads: "
           f"{est.params:,} parameters, vocab {vocab}, block {cfg.block_size}, "
-          f"batch {cfg.batch_size}{micro}, {cfg.attention} attention, dropout {cfg.dropout}"
+          f"batch {cfg.batch_size}{micro}, dropout {cfg.dropout}"
           f"{', reference code emulated' if args.reference_code else ''}")
+    print(f"  changes: {'; '.join(load_stage(name).CHANGE for name in lineage(args.stage))}")
     print(f"predicted peak: {_mib(est.peak_mib)} MiB")
-    for key in BREAKDOWN:
+    for key in MEMORY_PARTS:
         print(f"  {key.replace('_', ' '):<16} {_mib(est.breakdown_mib[key]):>12} MiB")
     if est.host_mib is not None:
         print(f"  host memory for the offloaded state: {_mib(est.host_mib)} MiB per process")
@@ -180,7 +187,7 @@ def cmd_estimate(args) -> int:
         print(f"  note: {note}")
     print(f"(estimated in {est.seconds:.1f} s on fake tensors: no memory was allocated)")
     if args.snapshot_out:
-        path = snapshot.write(args.snapshot_out, est.snapshot)
+        path = allocator_snapshot.write(args.snapshot_out, est.snapshot)
         print(f"wrote the simulated step to {path}: open it at https://pytorch.org/memory_viz, or read it with "
               f"`python -m gpt.memory snapshot {path}`")
     if args.json:
@@ -218,15 +225,16 @@ def cmd_reference(args) -> int:
             traced = f"{peak:,.0f} (estimate {_pct(row['reference'].peak_mib, peak)})"
         print(f"  {row['stage']:<24}{cells}{row['documented_mib']:>12,}{traced:>26}")
     print("\nBreakdown of the 'reference' column at its peak, MiB (estimate / traced step where there is one):")
-    keys = list(snapshot.CATEGORIES) + ["rounding"]
+    keys = list(STACK_CATEGORIES) + ["rounding"]
     print(f"  {'stage':<24}" + "".join(f"{k[:15]:>18}" for k in keys))
     for row in rows:
         est = snapshot_breakdown(row["reference"].breakdown_mib)
         traced = row["snapshot"].peak_mib_by_category if row.get("snapshot") else None
         print(f"  {row['stage']:<24}" + "".join(
             f"{(f'{est[k]:,.0f} / {traced[k]:,.0f}' if traced else f'{est[k]:,.0f}'):>18}" for k in keys))
-    notes = reference_notes(rows, args.vocab_size)
-    print("\nNotes:\n" + "\n".join(f"- {n}" for n in notes))
+    figures = reference_figures(rows)
+    print(f"\nWhat the estimates and snapshots say about the documented peaks (explained in {NOTES}):")
+    print("\n".join(f"- {label}: {value}" for label, value in figures))
     if args.json:
         stages = []
         for row in rows:
@@ -244,7 +252,8 @@ def cmd_reference(args) -> int:
                     estimate_snapshot_categories_mib=snapshot_breakdown(est.breakdown_mib),
                     snapshot_start_mib=round(traced.start_mib, 2), snapshot_params=traced.params)
         write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
-                                       "variant": VARIANTS["reference"][0], "stages": stages, "notes": notes})
+                                       "variant": VARIANTS["reference"][0], "stages": stages,
+                                       "figures": [{"figure": label, "value": value} for label, value in figures]})
     return 0
 
 
@@ -343,7 +352,7 @@ def cmd_compare(args) -> int:
 
 def cmd_snapshot(args) -> int:
     path = Path(args.pickle)
-    r = snapshot.analyse(snapshot.load(path), args.device)
+    r = allocator_snapshot.analyse(allocator_snapshot.load(path), args.device)
     print(f"{path.name}: device {r.device}, {r.allocations:,} allocations in {r.trace_ms:,.1f} ms of trace "
           f"({r.events:,} events)")
     print(f"At the start of the trace: {r.start_mib:,.1f} MiB allocated")

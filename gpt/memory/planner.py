@@ -15,10 +15,11 @@ model and training step (gpt/model.py and gpt/train.py stay as they are):
 - Embedding lookups: minGPT's GPT.forward keeps its token and position embeddings (tok_emb, pos_emb) as local
   variables until it returns, where this project adds them inline and frees them at once: one batch x block x
   n_embd tensor more at the peak. Its H100 snapshots show them alive there.
-The snapshots (gpt/memory/snapshot.py) check all three: what was alive at their peaks, by category, is compared
-with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an untied
+The snapshots (read by gpt/allocator_snapshot.py) check all three: what was alive at their peaks, by category, is
+compared with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an untied
 lm_head (65 x 1280 more parameters, gradients and moments), float causal masks (bool here), the cuBLAS
-workspaces, the allocator's blocks larger than their requests.
+workspaces, the allocator's blocks larger than their requests. What the figures of `reference_figures` mean, and
+what they rule in and out about the documented peaks, is gpt/memory/README.md.
 """
 import math
 import multiprocessing
@@ -28,15 +29,17 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from gpt import allocator_snapshot
+from gpt.allocator_snapshot import STACK_CATEGORIES, MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
-from gpt.errors import UserError
+from gpt.errors import CannotSimulate, UserError
 from gpt.ladder import LADDERS, load_stage, stage_config
-from gpt.memory import CannotSimulate, MiB, estimate, snapshot
+from gpt.memory import estimate
 from gpt.model import GPT, MLP, GPTConfig
+from gpt.optimizations.parallel import with_processes
 
 REFERENCE_VOCAB = 65  # character-level tiny Shakespeare
-GPT2_VOCAB = 50257
 # The reference's own allocator snapshots of one training step after its warm-up (H100), committed in its repo
 # (ailzhang/EfficientPyTorch, chapter_10_mingpt/memory_profiles/). This project keeps them in
 # shared/reference/snapshots beside the checkout (or beside a directory above it: git worktrees), not in it.
@@ -44,6 +47,7 @@ SNAPSHOTS = {"memory_0_baseline": "0_VRAM_Original.pickle",
              "memory_1_grad_accum": "1_VRAM_Gradient_Accumulation.pickle"}
 SNAPSHOT_DIR = next((d for d in (p / "shared" / "reference" / "snapshots" for p in REPO_ROOT.parents) if d.is_dir()),
                     None)
+NOTES = "gpt/memory/README.md"  # what reference_figures mean, figure by figure
 # The documented claim for an 80 GB H100: largest model before and after the memory ladder.
 DOCUMENTED_FIT = {"before": 1_795_000_000, "after": 9_183_000_000}
 
@@ -93,10 +97,11 @@ VARIANTS = {
 }
 
 
-def reference_config(stage: str, **overrides) -> TrainConfig:
+def reference_config(stage: str, processes: int | None = None, **overrides) -> TrainConfig:
     """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention,
-    dropout 0.1). samples is set to one step: it only matters for timing, and must divide by the batch."""
-    cfg = stage_config(stage, "reference", **overrides)
+    dropout 0.1), on `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only
+    matters for timing, and must divide by the batch."""
+    cfg = with_processes(stage_config(stage, "reference", **overrides), processes)
     cfg.samples = cfg.batch_size * cfg.world_size
     return cfg.validate()
 
@@ -143,7 +148,7 @@ def reference_snapshots(directory=None) -> dict:
     for stage, name in SNAPSHOTS.items():
         path = Path(directory) / name if directory else None
         if path and path.is_file():
-            found[stage] = (path, snapshot.analyse(snapshot.load(path)))
+            found[stage] = (path, allocator_snapshot.analyse(allocator_snapshot.load(path)))
     return found
 
 
@@ -170,63 +175,38 @@ def reference_ladder(target: str = "cuda", variants=tuple(VARIANTS), vocab_size:
 def snapshot_breakdown(est_breakdown: dict) -> dict:
     """An estimate's breakdown in the snapshot's categories (buffers are 'other' there; rounding is not modelled)."""
     b = est_breakdown
-    return {**{k: b[k] for k in snapshot.CATEGORIES[:5]}, "other": b["buffers"] + b["other"], "rounding": 0.0}
+    return {**{k: b[k] for k in STACK_CATEGORIES[:5]}, "other": b["buffers"] + b["other"], "rounding": 0.0}
 
 
-def reference_notes(rows: list[dict], vocab_size: int) -> list[str]:
-    """What the estimates and the snapshots say about the documented peaks, computed from them."""
+def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
+    """What the estimates and the reference's snapshots say about the documented peaks, as (figure, value) pairs,
+    computed from them. gpt/memory/README.md explains each figure, under the same name."""
     by = {r["stage"]: r for r in rows}
-    s0, s4 = by["memory_0_baseline"], by["memory_4_fsdp"]
-    gelu = s0["newgelu"].peak_mib - s0["project"].peak_mib
-    grads = s0["reference"].breakdown_mib["gradients"]
+    s0, s2 = by["memory_0_baseline"], by["memory_2_checkpointing"]["reference"].breakdown_mib
     cfg = reference_config("memory_0_baseline")
-    embed = _cuda_mib(cfg.batch_size * cfg.block_size * s0["reference"].model.n_embd * 4)  # tok_emb
-    embed += _cuda_mib(cfg.block_size * s0["reference"].model.n_embd * 4)  # pos_emb
-    notes = [
-        "Estimates run this project's model and training step under FakeTensorMode on fake CPU tensors, with "
-        "CUDA's rules applied (allocations rounded up to 512 bytes; dropout keeps a 1-byte mask as CUDA's "
-        "kernel does). 'reference' also emulates the three differences of the reference's code that matter for "
-        "memory (gpt/memory/planner.py); its column is the one compared.",
-        f"NewGELU: minGPT's Python-op GELU keeps three more 4*n_embd-wide tensors per layer for backward than "
-        f"F.gelu (tanh's output, 0.5*x and 1+tanh; both keep their input and output): +{gelu:,.0f} MiB at "
-        f"memory_0 (batch 32, 36 layers).",
-        f"Gradient lifetime: minGPT zeroes gradients right before backward, so the previous step's gradients "
-        f"are still allocated at the end of the forward pass, the peak without checkpointing: +{grads:,.0f} MiB "
-        f"at memory_0.",
-        f"Embedding lookups: minGPT's forward keeps tok_emb and pos_emb (local variables, batch x block x n_embd "
-        f"and block x n_embd floats) alive until it returns: +{embed:,.1f} MiB at every peak in a forward pass.",
+    n_embd = s0["reference"].model.n_embd
+    embed = _cuda_mib(cfg.batch_size * cfg.block_size * n_embd * 4) + _cuda_mib(cfg.block_size * n_embd * 4)
+    figures = [
+        ("NewGELU: its extra saved tensors at memory_0's peak",
+         f"+{s0['newgelu'].peak_mib - s0['project'].peak_mib:,.0f} MiB"),
+        ("Gradient lifetime: the previous step's gradients at memory_0's peak",
+         f"+{s0['reference'].breakdown_mib['gradients']:,.0f} MiB"),
+        ("Embedding locals: tok_emb and pos_emb at every forward-pass peak", f"+{embed:,.1f} MiB"),
+        ("AdamW's foreach temporaries at memory_2's peak (MemTracker: optimizer state)",
+         f"{s2['optimizer_state'] - 2 * s2['parameters']:,.0f} MiB"),
     ]
-    s2 = by["memory_2_checkpointing"]["reference"].breakdown_mib
-    notes.append(
-        f"MemTracker counts everything allocated inside optimizer.step() as optimizer state: at memory_2's peak "
-        f"(the AdamW step) that is the two moments plus {s2['optimizer_state'] - 2 * s2['parameters']:,.0f} MiB "
-        f"of foreach temporaries (a square root of every second moment at once); memory_3's for-loop AdamW "
-        f"needs one tensor's worth, so its peak moves back to the forward pass.")
     traced = [r for r in rows if r.get("snapshot")]
     if traced:
-        notes += _snapshot_notes(rows, traced)
+        figures += _snapshot_figures(rows, traced)
     else:
         single = [r["documented_mib"] - r["reference"].peak_mib for r in rows if r["stage"] != "memory_4_fsdp"]
-        notes.append(
-            f"On one GPU (memory_0..3) the documented peaks exceed the 'reference' estimates by {min(single):,.0f} "
-            f"to {max(single):,.0f} MiB. The documented figures include the reference's warm-up; its allocator "
-            f"snapshots of one later step (`--snapshots DIR`: {', '.join(SNAPSHOTS.values())}, from "
-            f"ailzhang/EfficientPyTorch chapter_10_mingpt/memory_profiles/) tell the planner's error apart.")
-    one, full = 4 * _params_at(n_layer=2) - 4 * _params_at(n_layer=1), 4 * s4["reference"].params
-    one, full = one / MiB, full / MiB
-    doc4, est4 = s4["documented_mib"], s4["reference"].peak_mib
-    notes.append(
-        f"memory_4 (FSDP, 2 processes): the reference's FSDP settings were never committed. This project "
-        f"shards every block (FSDP2), so only one block's parameters ({one:,.0f} MiB) are gathered at a time. "
-        f"FSDP wrapping the model as a single unit (no auto-wrap policy) would gather all {full:,.0f} MiB for "
-        f"the forward and the backward: +{full - one:,.0f} MiB, {est4 + full - one:,.0f} MiB in all "
-        f"({100 * ((est4 + full - one) / doc4 - 1):+.1f}% vs the documented {doc4:,}); a hypothesis, not a "
-        f"simulation.")
-    return notes
+        figures.append(("Documented peaks above the 'reference' estimates, memory_0..3 (no snapshots given)",
+                        f"{min(single):,.0f} to {max(single):,.0f} MiB"))
+    return figures + _fsdp_unit_figures(by["memory_4_fsdp"])
 
 
-def _snapshot_notes(rows: list[dict], traced: list[dict]) -> list[str]:
-    """The snapshots against the estimates (category by category), the vocabulary, the documented figures."""
+def _snapshot_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, str]]:
+    """The reference's snapshots against the estimates (category by category), the vocabulary, the warm-up."""
     def pct(a, b):
         return 100 * (a / b - 1)
 
@@ -234,70 +214,63 @@ def _snapshot_notes(rows: list[dict], traced: list[dict]) -> list[str]:
         return max(abs(pct(snapshot_breakdown(r["reference"].breakdown_mib)[k], r["snapshot"].peak_mib_by_category[k]))
                    for r in traced for k in keys)
 
-    names = [r["stage"][:8] for r in traced]  # memory_0, memory_1
-    files = ", ".join(f"{n}: {r['snapshot_file']}" for n, r in zip(names, traced))
-    peaks = " and ".join(f"{r['snapshot'].peak_mib:,.0f}" for r in traced)
-    errors = " and ".join(f"{pct(r['reference'].peak_mib, r['snapshot'].peak_mib):+.1f}%" for r in traced)
+    def each(fmt):
+        return "; ".join(f"{r['stage'][:8]}: {fmt(r)}" for r in traced)
+
     first = traced[0]["snapshot"]
-    notes = [
-        f"The reference's own allocator snapshots (H100; {files}) trace one training step each, after its warm-up. "
-        f"Their peaks, {peaks} MiB, check the planner: the 'reference' estimates are {errors} off. By category "
-        f"(table): parameters, gradients and optimizer state within {worst(snapshot.CATEGORIES[:3]):.2f}% "
-        f"(minGPT's untied head adds 65 x 1280 values to each), activations within {worst(['activations']):.2f}%. "
-        f"Not modelled: 'other', {first.peak_mib_by_category['other']:,.1f} MiB allocated before the step that no "
-        f"gradient matches in size (two 32 MiB blocks: cuBLAS's workspaces on Hopper, one per thread that runs "
-        f"matmuls, the forward's and the autograd engine's; minGPT's float causal masks, bool here), and "
-        f"'rounding', {first.peak_mib_by_category['rounding']:,.0f} MiB or more of allocator blocks larger than "
-        f"their requests (a 25 MiB MLP weight or moment in a 26 MiB block: a fresh segment's 1 MiB remainder is "
-        f"not split off).",
-    ]
+    start, by_category = first.start_mib_by_category, first.peak_mib_by_category
     tied, untied = vocabulary_of(first.params)
-    start = first.start_mib_by_category
-    notes.append(
-        f"Vocabulary: at the start of the traced step the allocator holds {first.start_mib:,.0f} MiB: the previous "
-        f"step's gradients ({start['gradients']:,.1f} MiB, freed by zero_grad), as much again in parameters and "
-        f"twice that in AdamW moments (matched by size), {start['other'] + start['rounding']:,.0f} MiB else. The "
-        f"gradients hold {first.params:,} fp32 values: GPT-2-large's shape with {untied:g} tokens and minGPT's "
-        f"untied head (with a tied head, {tied:g}). The reference trained on its 65 characters, not on GPT-2's "
-        f"{GPT2_VOCAB:,} tokens (that hypothesis is dropped); the '774M' of its notes is GPT-2 large's published "
-        f"size.")
     gaps = [r["documented_mib"] - r["snapshot"].peak_mib for r in traced]
     blocks = [r["snapshot"].reallocated_large_blocks for r in traced]
-    exceed = " and ".join(f"{n} by {g:,.0f} MiB ({pct(r['documented_mib'], r['snapshot'].peak_mib):+.1f}%)"
-                          for n, g, r in zip(names, gaps, traced))
-    counts = " and ".join(f"{b:,}" for b in blocks)
-    rounding = (f"at most {counts} MiB, less than the gaps" if all(b < g for b, g in zip(blocks, gaps))
-                else "possibly as much as the gaps")
-    before_optimizer = first.peak_mib_by_category["gradients"] + first.peak_mib_by_category["optimizer_state"]
     cfg = reference_config("memory_0_baseline")
-    logits = cfg.batch_size * cfg.block_size * REFERENCE_VOCAB * 4 / MiB
-    notes.append(
-        f"Documented vs traced: the documented figures are torch.cuda.max_memory_allocated since the process "
-        f"started, printed after 10 warm-up steps and never reset; the snapshots record the step after. The "
-        f"documented figures exceed the traced peaks, {exceed}. Ruled out: (1) the traced step itself: replayed "
-        f"through the caching allocator's rules, every allocation lands where the GPU put it and the replay ends "
-        f"with the snapshot's blocks, so its peak is exact; (2) allocator rounding during the warm-up: a block "
-        f"keeps at most 1 MiB beyond its request (a larger remainder is split off) and {counts} blocks over 1 MiB "
-        f"that every step allocates anew are alive at the peaks, so {rounding}; (3) a larger model: the vocabulary "
-        f"above; (4) the warm-up's first step: before its optimizer step it holds neither AdamW's moments nor "
-        f"earlier gradients ({before_optimizer:,.0f} MiB less at {names[0]}'s peak); (5) minGPT's loop keeping "
-        f"the previous step's logits through the next forward within one run() call (the traced step starts a new "
-        f"call): {logits:.1f} MiB at 65 tokens. Warm-up steps 2 to 10 run the code the traces show. Unexplained: "
-        f"the gaps differ between the stages, so they are no fixed cost, and what made them happened before "
-        f"recording began.")
+    figures = [
+        ("Snapshots: the traced step's peak, and the 'reference' estimate's error",
+         each(lambda r: f"{r['snapshot'].peak_mib:,.0f} MiB ({r['snapshot_file']}), estimate "
+                        f"{pct(r['reference'].peak_mib, r['snapshot'].peak_mib):+.1f}%")),
+        ("Snapshots: the largest error by category, parameters / gradients / optimizer state",
+         f"{worst(STACK_CATEGORIES[:3]):.2f}%"),
+        ("Snapshots: the largest error by category, activations", f"{worst(['activations']):.2f}%"),
+        ("Not modelled at memory_0's traced peak: 'other' and 'rounding'",
+         f"{by_category['other']:,.1f} and {by_category['rounding']:,.0f} MiB"),
+        ("Start of the traced step: allocated; the previous step's gradients; neither state nor gradients",
+         f"{first.start_mib:,.0f}; {start['gradients']:,.1f}; {start['other'] + start['rounding']:,.0f} MiB"),
+        ("Vocabulary: fp32 values in the traced gradients, and the vocabulary they make at GPT-2-large's shape",
+         f"{first.params:,}: {untied:g} tokens with an untied head ({tied:g} tied)"),
+        ("Documented minus traced peak", each(lambda r: f"{r['documented_mib'] - r['snapshot'].peak_mib:,.0f} MiB "
+                                                        f"({pct(r['documented_mib'], r['snapshot'].peak_mib):+.1f}%)")),
+        ("Blocks over 1 MiB allocated anew every step, alive at the traced peak (at most 1 MiB of remainder each)",
+         " and ".join(f"{b:,}" for b in blocks) + (" (fewer MiB than the gaps)" if all(b < g for b, g in
+                                                                                     zip(blocks, gaps)) else "")),
+        ("The warm-up's first step: memory_0's traced peak without AdamW's moments and earlier gradients",
+         f"{by_category['gradients'] + by_category['optimizer_state']:,.0f} MiB less"),
+        ("minGPT's loop keeping the previous step's logits",
+         f"{cfg.batch_size * cfg.block_size * REFERENCE_VOCAB * 4 / MiB:.1f} MiB"),
+    ]
     untraced = [r for r in rows if not r.get("snapshot") and r["stage"] != "memory_4_fsdp"]
     if untraced:
         over = [pct(r["documented_mib"], r["snapshot"].peak_mib) for r in traced]
         short = [-pct(r["reference"].peak_mib, r["documented_mib"]) for r in untraced]
-        notes.append(
-            f"{', '.join(r['stage'][:8] for r in untraced)} have no snapshot: their estimates can only be compared "
-            f"with documented figures, which for the traced stages lie {min(over):+.1f}% to {max(over):+.1f}% above "
-            f"a traced step; the estimates fall {min(short):.1f}% to {max(short):.1f}% short of them.")
-    return notes
+        figures.append((f"Without a snapshot ({', '.join(r['stage'][:8] for r in untraced)}): documented above a "
+                        f"traced step for the traced stages; the estimates below the documented figures",
+                        f"{min(over):+.1f}% to {max(over):+.1f}%; {min(short):.1f}% to {max(short):.1f}% short"))
+    return figures
+
+
+def _fsdp_unit_figures(row: dict) -> list[tuple[str, str]]:
+    """memory_4: what FSDP gathers per unit here (one block) and as a single unit (the whole model)."""
+    one = (4 * _params_at(n_layer=2) - 4 * _params_at(n_layer=1)) / MiB
+    full = 4 * row["reference"].params / MiB
+    doc, est = row["documented_mib"], row["reference"].peak_mib
+    return [
+        ("memory_4: parameters gathered at a time, one block (FSDP2 per block, here) / the whole model (one unit)",
+         f"{one:,.0f} / {full:,.0f} MiB"),
+        ("memory_4 if FSDP wrapped the model as one unit (a hypothesis, not a simulation)",
+         f"{est + full - one:,.0f} MiB ({100 * ((est + full - one) / doc - 1):+.1f}% vs the documented {doc:,})"),
+    ]
 
 
 def _cuda_mib(nbytes: int) -> float:
-    return snapshot.rounded(nbytes) / MiB
+    return cuda_block_bytes(nbytes) / MiB
 
 
 def vocabulary_of(params: int) -> tuple[float, float]:
@@ -356,7 +329,7 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
 
     def peaks(*depths: int) -> list[float]:
         todo = [n for n in dict.fromkeys(depths) if n not in known]
-        specs = [(reference_config(stage, n_layer=n, **({"nproc": world_size} if world_size > 1 else {})),
+        specs = [(reference_config(stage, world_size, n_layer=n),
                   REFERENCE_VOCAB, target, variant) for n in todo]
         for n, est in zip(todo, runner.map(specs)):
             known[n] = est
@@ -421,9 +394,8 @@ def documented_shapes(rows: list[dict]) -> list[str]:
     if before and after and before["documented_params"]:
         notes.append(
             f"Ratio after/before here: {after['params'] / before['params']:.1f}x (documented "
-            f"{DOCUMENTED_FIT['after'] / DOCUMENTED_FIT['before']:.1f}x). The documented 'before' most likely "
-            f"used the memory_0 settings on one GPU and 'after' the ladder's last stage, memory_3's settings with "
-            f"FSDP on 2 GPUs: the only multi-GPU setting the notes ran.")
+            f"{DOCUMENTED_FIT['after'] / DOCUMENTED_FIT['before']:.1f}x; the settings the documented figures most "
+            f"likely used: gpt/memory/README.md).")
     return notes
 
 

@@ -1,4 +1,4 @@
-"""Where the time goes (gpt/profiling.py): the interval arithmetic and both attributions (CPU, CUDA) on
+"""Where the time goes (gpt/step_profiler.py): the interval arithmetic and both attributions (CPU, CUDA) on
 synthetic trace events whose breakdown is known by hand, then real profiled runs: the profiled steps come
 after the timed ones and never change them, the trace opens and holds the phases, DDP's all-reduce shows up
 as communication. The CUDA run itself is checked by a `gpu` test (skipped without a GPU)."""
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from gpt import profiling, protocol, train
-from gpt.profiling import attribute, breakdown, intersect, length, subtract, union
+from gpt import protocol, step_profiler, train
+from gpt.step_profiler import attribute, breakdown, intersect, length, subtract, union
 from gpt.records import record_problems
 
 from conftest import REPO
@@ -56,12 +56,12 @@ def span(name, ts, dur, tid=1, cat="user_annotation", pid=7, **args):
 
 
 def phases(**ranges):
-    return [span(profiling.PREFIX + name, s, e - s) for name, (s, e) in ranges.items()]
+    return [span(step_profiler.PREFIX + name, s, e - s) for name, (s, e) in ranges.items()]
 
 
 def test_cpu_breakdown_by_phase_with_exposed_communication():
     events = [
-        span(profiling.STEP, 0, 100),
+        span(step_profiler.STEP, 0, 100),
         *phases(data=(0, 10), copy=(10, 12), forward=(12, 40), backward=(40, 80), optimizer=(80, 95)),
         span("aten::mm", 14, 24, cat="cpu_op"),  # forward: an operator, then Python around it (still forward)
         span("autograd::engine::evaluate_function: MmBackward0", 40, 20, cat="cpu_op"),
@@ -81,7 +81,7 @@ def test_cpu_breakdown_by_phase_with_exposed_communication():
 def test_cuda_breakdown_by_what_the_gpu_was_doing():
     gpu = dict(pid=0, tid=7)  # device 0, stream 7
     events = [
-        span(profiling.STEP, 0, 100),
+        span(step_profiler.STEP, 0, 100),
         *phases(data=(0, 10), copy=(10, 12), forward=(12, 30), backward=(30, 60), optimizer=(60, 70)),
         span("cudaMemcpyAsync", 10.5, 0.5, cat="cuda_runtime", correlation=1),
         span("Memcpy HtoD (Pageable -> Device)", 11, 1, cat="gpu_memcpy", correlation=1, **gpu),
@@ -97,7 +97,7 @@ def test_cuda_breakdown_by_what_the_gpu_was_doing():
         span("multi_tensor_apply_kernel", 90, 5, cat="kernel", correlation=6, **gpu),
         span("mystery_kernel", 96, 1, cat="kernel", correlation=99, **gpu),  # launch not in the trace
         # Kineto repeats the host's ranges on the GPU's timeline: they are not the host's, nor GPU work
-        span(profiling.STEP, 5, 100, cat="gpu_user_annotation", **gpu),
+        span(step_profiler.STEP, 5, 100, cat="gpu_user_annotation", **gpu),
         span("ladder/forward", 15, 30, cat="gpu_user_annotation", **gpu),
     ]
     b = breakdown(events)
@@ -114,9 +114,9 @@ def test_a_trace_without_profiled_steps_is_an_error():
 
 
 def test_phase_labels_exist_only_while_a_profiler_runs():
-    assert profiling.region("forward") is profiling.region("backward")  # the shared no-op: no cost
+    assert step_profiler.region("forward") is step_profiler.region("backward")  # the shared no-op: no cost
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        assert isinstance(profiling.region("forward"), torch.profiler.record_function)
+        assert isinstance(step_profiler.region("forward"), torch.profiler.record_function)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,9 +150,9 @@ def test_profiled_steps_come_after_the_timed_ones_and_never_change_them(char_dat
     assert sum(shares.values()) == pytest.approx(100) and "gpu_idle" not in shares
     assert all(shares[c] > 0 for c in ("data", "forward", "backward", "optimizer"))
     assert m["profiler"]["steps"] == 2 and m["profiler"]["trace"] == trace.name and m["profiler"]["rank"] == 0
-    events = profiling.read_trace(trace)  # gzipped Chrome trace JSON, as Perfetto opens it
+    events = step_profiler.read_trace(trace)  # gzipped Chrome trace JSON, as Perfetto opens it
     names = [e.get("name") for e in events]
-    assert names.count(profiling.STEP) == 2 and names.count("ladder/forward") == 2
+    assert names.count(step_profiler.STEP) == 2 and names.count("ladder/forward") == 2
     assert 0 <= m["copy_pct"] < m["data_wait_pct"] + 1  # on the CPU the "copy" is a no-op .to("cpu")
     record = {**profiled, "stage": "t", "ladder": "speed", "profile": "test", "parent": None}
     assert record_problems(record) == []
@@ -172,7 +172,7 @@ def test_ddp_all_reduce_is_communication_and_rank_0_writes_the_trace(char_data, 
     assert shares["communication"] > 0 and sum(shares.values()) == pytest.approx(100)
     assert record["metrics"]["profiler"]["rank"] == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["speed_6_ddp.json", "speed_6_ddp.trace.json.gz"]
-    events = profiling.read_trace(tmp_path / "out" / "speed_6_ddp.trace.json.gz")
+    events = step_profiler.read_trace(tmp_path / "out" / "speed_6_ddp.trace.json.gz")
     assert any(str(e.get("name")).startswith("gloo:all_reduce") for e in events)
     assert "where the time goes (2 profiled steps)" in r.stdout
 
@@ -207,6 +207,6 @@ def test_cuda_breakdown_sees_kernels_and_gpu_idle(char_data, tmp_path, compile_)
     assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0
     assert 0 <= m["profiler"]["gpu_idle_pct"] < 100
     assert m["profiler"]["gpu_idle_pct"] >= shares["gpu_idle"] - 1e-6  # all idle time vs the unexplained part
-    events = profiling.read_trace(tmp_path / "t.trace.json.gz")
+    events = step_profiler.read_trace(tmp_path / "t.trace.json.gz")
     assert any(e.get("cat") == "kernel" for e in events)
     assert m["copy_pct"] > 0

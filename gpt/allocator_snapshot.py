@@ -1,6 +1,8 @@
-"""CUDA allocator snapshots (`torch.cuda.memory._dump_snapshot`): the recorded step's peak and what made it, read
-safely; and the planner's simulated step written in the same format, to open beside a real one at
-https://pytorch.org/memory_viz.
+"""CUDA allocator snapshots (`torch.cuda.memory._snapshot()`, the pickle https://pytorch.org/memory_viz opens): the one
+reader and the one writer of the format, and the caching allocator's block-size rule, for the measuring code (a
+stage's memory step on CUDA, gpt/peak_memory.py) and the memory planner (the reference's snapshots, its own
+simulated step: gpt/memory) alike. `analyse` replays a recorded step: its allocated bytes over time, its peak and
+what was alive then, by category.
 
 The format (PyTorch's) is a pickled dict of plain data. `segments`: what the caching allocator holds when the
 snapshot is taken, each with its `blocks` (address order, tiling the segment: `address`, `size`, `requested_size`,
@@ -19,8 +21,11 @@ replay must end with the snapshot's own blocks; if not (or if segments came and 
 rounded to 512 bytes stand in for blocks (`blocks_replayed` False). At the start of the trace the allocator held
 the blocks active at the end, less those the trace allocated, plus those it freed that were allocated before.
 
-Categories (the planner's), decided by the stacks. The rule was read off the reference's H100 traces and is
-MemTracker's, which makes the planner's breakdown (gpt/memory/__init__.py):
+Categories. A stage's own memory step knows its tensors (`StepLabels`: which blocks held parameters, buffers,
+optimizer state and gradients, and the span of each forward pass): a block is what it held, else an activation if
+a forward pass made it, a temporary if the step made it elsewhere, 'other' if it was there before. A snapshot
+from elsewhere (the reference's) has only its stacks, and the categories are decided by them. The rule was read off
+the reference's H100 traces and is MemTracker's, which makes the planner's breakdown (gpt/memory/__init__.py):
   allocated during the trace, by the frames of the allocation:
     - a frame in torch/optim/ (inside optimizer.step): optimizer state; as in MemTracker, the step's own
       temporaries count here too (AdamW's foreach square roots);
@@ -39,22 +44,30 @@ MemTracker's, which makes the planner's breakdown (gpt/memory/__init__.py):
 """
 import bisect
 import pickle
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.errors import UserError
+from gpt.files import write_atomically
 
 MiB = 2**20
 UNIT = 512  # the caching allocator rounds every request up to a multiple of this (kMinBlockSize)
 SMALL = 2**20  # kSmallSize: requests up to it use the small pool; a large block keeps a remainder up to it
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+# What a block is taken for when only its stacks tell (a snapshot from elsewhere); 'rounding' is added beside them.
+STACK_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 PICKLE_PROTOCOL = 4  # what _dump_snapshot writes (Python's default protocol up to 3.13)
 
 
-def rounded(nbytes: int) -> int:
-    return max(UNIT, -(-nbytes // UNIT) * UNIT)
+def cuda_block_bytes(nbytes: int) -> int:
+    """The caching allocator's block for a request of `nbytes`: rounded up to a multiple of 512 bytes (no block
+    for nothing). Blocks can be larger still: a cached block is not split for a remainder under 1 MiB."""
+    return -(-nbytes // UNIT) * UNIT
+
+
+def write(path, snapshot: dict) -> Path:
+    """Write a snapshot (a real step's, or the planner's simulated one) as _dump_snapshot does, atomically."""
+    return write_atomically(path, pickle.dumps(snapshot, protocol=PICKLE_PROTOCOL))
 
 
 # ---- reading ------------------------------------------------------------------------------------------------
@@ -104,6 +117,16 @@ class _Block:
 
 
 @dataclass
+class StepLabels:
+    """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks). `tensors`: (position,
+    storage address, category) of each tensor it saw, a position being the number of allocations since recording
+    began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in order."""
+    tensors: list
+    forward: list
+    categories: tuple
+
+
+@dataclass
 class StepReport:
     device: int
     allocations: int  # alloc events in the trace
@@ -117,19 +140,22 @@ class StepReport:
     peak_ms: float  # after the first event
     peak_where: str  # the pass and the code that allocated at the peak
     peak_mib_by_category: dict  # requests rounded to 512 bytes, plus 'rounding': the rest of the blocks
+    peak_block_mib_by_category: dict  # whole blocks (what max_memory_allocated counts), adding up to peak_mib
     reallocated_large_blocks: int  # live at the peak, > 1 MiB, allocated anew every step (see gap notes)
     blocks_replayed: bool
+    timeline: list = field(default_factory=list, repr=False)  # allocated bytes at the start and after each change
     end_mib: float = 0.0
 
     def as_dict(self) -> dict:
         def rounded2(v):
             return {k: rounded2(x) for k, x in v.items()} if isinstance(v, dict) else round(v, 2) if isinstance(
                 v, float) else v
-        return rounded2(self.__dict__)
+        return rounded2({k: v for k, v in self.__dict__.items() if k != "timeline"})
 
 
-def analyse(snapshot: dict, device: int | None = None) -> StepReport:
-    """The traced step's peak of allocated bytes, when it happens and what is alive then, by category."""
+def analyse(snapshot: dict, device: int | None = None, labels: StepLabels | None = None) -> StepReport:
+    """The traced step's allocated bytes over time, its peak, when it happens and what is alive then, by category:
+    by `labels` when the step's own code gives them, else by the allocation stacks (the module docstring)."""
     traces = snapshot["device_traces"]
     if device is None:
         device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
@@ -138,31 +164,39 @@ def analyse(snapshot: dict, device: int | None = None) -> StepReport:
                         "torch.cuda.memory._record_memory_history() before the step)")
     try:
         return _analyse(traces[device], [s for s in snapshot["segments"] if s.get("device", device) == device],
-                        device)
+                        device, labels)
     except (KeyError, TypeError, AttributeError, IndexError, StopIteration) as e:
         raise UserError(f"not a well-formed CUDA memory snapshot ({type(e).__name__}: {e})") from None
 
 
-def _analyse(trace: list, segments: list, device: int) -> StepReport:
+def _analyse(trace: list, segments: list, device: int, labels: StepLabels | None) -> StepReport:
     blocks, changes = _blocks(trace, segments)
     replayed = _replay_block_sizes(blocks, changes, trace, segments)
-    backward_ends, gradients = _categorise(blocks, trace)
+    if labels is None:
+        backward_ends, gradients = _categorise(blocks, trace)
+        categories = STACK_CATEGORIES
+    else:
+        backward_ends, gradients = _backward_ends(trace), _categorise_by_labels(blocks, changes, labels)
+        categories = labels.categories
     params = sum(b.requested for b in gradients) // 4
-    live = {c: 0 for c in CATEGORIES}
+    live, held = dict.fromkeys(categories, 0), dict.fromkeys(categories, 0)  # requests rounded | whole blocks
     total = large = 0
     for b in blocks:
         if b.start is None:
-            live[b.category] += rounded(b.requested)
+            live[b.category] += cuda_block_bytes(b.requested)
+            held[b.category] += b.size
             total += b.size
             large += _reallocated_large(b)
-    start, start_by = total, dict(live)
-    peak, peak_at, peak_by, peak_large = total, None, dict(live), large
+    start, start_by, timeline = total, dict(live), [total]
+    peak, peak_at, peak_by, peak_held, peak_large = total, None, dict(live), dict(held), large
     for i, b, sign in changes:
-        live[b.category] += sign * rounded(b.requested)
+        live[b.category] += sign * cuda_block_bytes(b.requested)
+        held[b.category] += sign * b.size
         total += sign * b.size
         large += sign * _reallocated_large(b)
+        timeline.append(total)
         if total > peak:
-            peak, peak_at, peak_by, peak_large = total, i, dict(live), large
+            peak, peak_at, peak_by, peak_held, peak_large = total, i, dict(live), dict(held), large
     peak_by["rounding"] = peak - sum(peak_by.values())
     start_by["rounding"] = start - sum(start_by.values())
     t0 = trace[0].get("time_us", 0)
@@ -173,8 +207,8 @@ def _analyse(trace: list, segments: list, device: int) -> StepReport:
         start_mib_by_category=_mib(start_by), params=params, peak_mib=peak / MiB, peak_event=at,
         events=len(trace), peak_ms=(trace[at].get("time_us", 0) - t0) / 1e3,
         peak_where=_where(trace, at, backward_ends) if peak_at is not None else "before the first event",
-        peak_mib_by_category=_mib(peak_by), reallocated_large_blocks=peak_large, blocks_replayed=replayed,
-        end_mib=total / MiB)
+        peak_mib_by_category=_mib(peak_by), peak_block_mib_by_category=_mib(peak_held),
+        reallocated_large_blocks=peak_large, blocks_replayed=replayed, timeline=timeline, end_mib=total / MiB)
 
 
 def _mib(d: dict) -> dict:
@@ -194,7 +228,7 @@ def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, 
     for i, e in enumerate(trace):
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc":
-            b = _Block(e["size"], rounded(e["size"]), addr, e.get("frames") or [], start=i)
+            b = _Block(e["size"], cuda_block_bytes(e["size"]), addr, e.get("frames") or [], start=i)
             live[addr] = b
             blocks.append(b)
             changes.append((i, b, +1))
@@ -203,7 +237,7 @@ def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, 
                 pending.add(addr)
             b = live.pop(addr, None)
             if b is None:  # allocated before the trace began
-                b = _Block(e["size"], rounded(e["size"]), addr, [], start=None)
+                b = _Block(e["size"], cuda_block_bytes(e["size"]), addr, [], start=None)
                 blocks.append(b)
             b.end, b.freed_by = i, e.get("frames") or []
             changes.append((i, b, -1))
@@ -279,7 +313,7 @@ def _replay_block_sizes(blocks: list[_Block], changes: list, trace: list, segmen
                 size[before] += b.addr - lo
                 sizes[id(unsure[before])] = size[before]
                 lo = b.addr
-            need = rounded(b.requested)
+            need = cuda_block_bytes(b.requested)
             if lo != b.addr or hi - lo < need:
                 return False  # the allocator always hands out the start of a free range
             size[b.addr] = hi - lo if keeps_remainder(seg, hi - lo - need) else need
@@ -315,11 +349,50 @@ def _kind(frames: list) -> str:
     return "backward" if _in_backward(frames) else "other"
 
 
-def _categorise(blocks: list[_Block], trace: list) -> tuple[list[int], list[_Block]]:
-    """Sets every block's category (module docstring). Returns the event index where each backward pass ends and
-    the gradients of one step: the first backward pass's, or else the previous step's that zero_grad freed."""
+def _backward_ends(trace: list) -> list[int]:
+    """The event index where each backward pass ends (the autograd engine's frames stop)."""
     backward = [_in_backward(e.get("frames") or []) for e in trace]
-    ends = [i for i in range(len(trace)) if backward[i] and (i + 1 == len(trace) or not backward[i + 1])]
+    return [i for i in range(len(trace)) if backward[i] and (i + 1 == len(trace) or not backward[i + 1])]
+
+
+def _categorise_by_labels(blocks: list[_Block], changes: list, labels: StepLabels) -> list[_Block]:
+    """Sets every block's category from what the step saw (StepLabels), replaying the trace to know which block
+    held an address when a tensor was seen there. Returns the blocks that held gradients."""
+    seen = {}
+    for position, addr, category in labels.tensors:
+        seen.setdefault(position, []).append((addr, category))
+    live = {b.addr: b for b in blocks if b.start is None}  # everything allocated before the trace is alive at its start
+    number, known = {}, {}  # id(block) -> allocation number (0: before the trace) | category seen
+
+    def observe(position: int):
+        for addr, category in seen.get(position, ()):
+            if addr in live:
+                known[id(live[addr])] = category
+
+    observe(0)
+    for _, b, sign in changes:
+        if sign > 0:
+            number[id(b)] = len(number) + 1
+            live[b.addr] = b
+            observe(number[id(b)])
+        else:
+            live.pop(b.addr, None)
+    for b in blocks:
+        if id(b) in known:
+            b.category = known[id(b)]
+        elif b.start is None:
+            b.category = "other"  # there before the step, never seen: DDP's gradient buckets, cuBLAS workspaces
+        else:
+            made_in_forward = any(start < number[id(b)] <= end for start, end in labels.forward if end is not None)
+            b.category = "activations" if made_in_forward else "temporaries"
+    return [b for b in blocks if b.category == "gradients"]
+
+
+def _categorise(blocks: list[_Block], trace: list) -> tuple[list[int], list[_Block]]:
+    """Sets every block's category from the stacks (module docstring). Returns the event index where each backward
+    pass ends and the gradients of one step: the first backward pass's, or else the previous step's that zero_grad
+    freed."""
+    ends = _backward_ends(trace)
     for b in blocks:
         if b.start is None:
             if b.end is not None:
@@ -371,133 +444,3 @@ def _frame(f: dict) -> str:
     return f"{f['name']} ({'/'.join(Path(f['filename']).parts[-2:])}:{f['line']})"
 
 
-# ---- writing: the planner's simulated step -----------------------------------------------------------------
-
-_MACHINERY = ("torch/distributed/_tools/", "gpt/peak_memory.py")  # MemTracker and its subclass: their frames and
-# everything inside them (fake tensors, this recorder) are how the step is simulated, not what it runs
-_BASE = 0x7F0000000000  # where the simulated segment starts (any aligned address)
-
-
-def python_stack(depth: int = 2) -> list[dict]:
-    """The caller's Python stack in the snapshot's frame format (innermost first), from the code that ran the
-    operator outwards: the frames of the tracking machinery and everything inside them are left out."""
-    frames, f = [], sys._getframe(depth)
-    while f is not None:
-        frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})
-        f = f.f_back
-    inside = [i for i, fr in enumerate(frames) if any(m in fr["filename"] for m in _MACHINERY)]
-    return frames[inside[-1] + 1:] if inside else frames
-
-
-class StepRecorder:
-    """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear. Storages seen
-    before start() are what the allocator held when recording began: blocks without a trace event, as in a real
-    snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when
-    the remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays
-    every block at the size recorded here. time_us counts the simulated operators, not microseconds."""
-
-    def __init__(self):
-        self.held = {}  # key -> (address, bytes requested, frames)
-        self.gaps = []  # sorted (size, address) of the free ranges below `top`
-        self.gap_at = {}  # free range start -> end
-        self.gap_to = {}  # free range end -> start
-        self.top = self.high = _BASE
-        self.events = []
-        self.recording = False
-        self.clock = 0
-
-    def start(self):
-        self.recording = True
-
-    def stop(self):
-        self.recording = False
-
-    def alloc(self, key, nbytes: int):
-        if nbytes <= 0 or key in self.held:
-            return
-        size = rounded(nbytes)
-        addr = self._place(size)
-        frames = python_stack(3) if self.recording else []
-        self.held[key] = (addr, nbytes, frames)
-        if self.recording:
-            self._event("alloc", addr, nbytes, frames)
-
-    def free(self, key):
-        if key not in self.held:
-            return
-        addr, nbytes, _ = self.held.pop(key)
-        if self.recording:
-            frames = python_stack(3)
-            self._event("free_requested", addr, nbytes, frames)
-            self._event("free_completed", addr, nbytes, frames)
-        self._release(addr, rounded(nbytes))
-
-    def _event(self, action, addr, nbytes, frames):
-        self.events.append({"action": action, "addr": addr, "size": nbytes, "stream": 0, "time_us": self.clock,
-                            "frames": frames})
-
-    def _place(self, size: int) -> int:
-        i = bisect.bisect_left(self.gaps, (size, 0))
-        exact = i < len(self.gaps) and self.gaps[i][0] == size
-        if not exact:  # else the smallest range whose remainder the allocator would split off
-            i = bisect.bisect_left(self.gaps, (size + SMALL + 1, 0))
-        if i < len(self.gaps):
-            gap, addr = self.gaps.pop(i)
-            end = self.gap_at.pop(addr)
-            del self.gap_to[end]
-            if gap > size:
-                self._add_gap(addr + size, end)
-            return addr
-        addr = self.top
-        self.top += size
-        self.high = max(self.high, self.top)
-        return addr
-
-    def _release(self, addr: int, size: int):
-        lo, hi = addr, addr + size
-        if lo in self.gap_to:  # merge with the free range before
-            lo = self.gap_to.pop(lo)
-            self.gaps.remove((self.gap_at.pop(lo) - lo, lo))
-        if hi in self.gap_at:  # and the one after
-            end = self.gap_at.pop(hi)
-            del self.gap_to[end]
-            self.gaps.remove((end - hi, hi))
-            hi = end
-        if hi == self.top:
-            self.top = lo
-        else:
-            self._add_gap(lo, hi)
-
-    def _add_gap(self, lo: int, hi: int):
-        bisect.insort(self.gaps, (hi - lo, lo))
-        self.gap_at[lo], self.gap_to[hi] = hi, lo
-
-    def snapshot(self) -> dict:
-        """The recorded step as torch.cuda.memory._snapshot() would return it: one segment (with room after the
-        highest block so that its last range splits too) and the trace of device 0."""
-        end = self.high + 2 * SMALL
-        blocks, cursor = [], _BASE
-        for addr, nbytes, frames in sorted(self.held.values()):
-            if addr > cursor:
-                blocks.append(_block(cursor, addr - cursor, 0, "inactive", []))
-            blocks.append(_block(addr, rounded(nbytes), nbytes, "active_allocated", frames))
-            cursor = addr + rounded(nbytes)
-        blocks.append(_block(cursor, end - cursor, 0, "inactive", []))
-        active = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
-        segment = {"device": 0, "address": _BASE, "total_size": end - _BASE, "allocated_size": active,
-                   "active_size": active, "requested_size": sum(b["requested_size"] for b in blocks), "stream": 0,
-                   "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
-                   "blocks": blocks}
-        return {"segments": [segment], "device_traces": [self.events]}
-
-
-def _block(addr, size, requested, state, frames) -> dict:
-    return {"address": addr, "size": size, "requested_size": requested, "state": state, "frames": frames}
-
-
-def write(path, snapshot: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
-    return path

@@ -1,8 +1,8 @@
 """The main job behind `./run_all.sh`: every stage of the four ladders, in order, each in its own process,
 then results.md.
 
-    ./run_all.sh [--profile P] [--only speed|memory] [--device auto|cpu|cuda] [--wandb MODE] [--out DIR] [--resume]
-                  [--no-profiler]
+    ./run_all.sh [--profile P] [--only speed|fast|memory|lean] [--device auto|cpu|cuda] [--wandb MODE]
+                  [--out DIR] [--resume] [--no-profiler]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
@@ -22,14 +22,17 @@ from pathlib import Path
 
 import torch
 
-from gpt import report
 from gpt.data import REPO_ROOT, prepare_if_missing
+from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, device_type, record_path, stage_config, unfinished_record
-from gpt.devices import device_name, resolve_device
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
+from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, stage_config
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, writable_dir, write_record
+from gpt.records import environment, read_record, record_path, writable_dir, write_record
+from gpt.report.document import write_report
+from gpt.report.formatting import fmt_mib, fmt_num
+from gpt.report.rows import MACHINE_FILE
+from gpt.stage import unfinished_record
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
 
@@ -104,7 +107,7 @@ def write_machine(out: Path, profile: str, device: str) -> None:
     env = environment()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     out.mkdir(parents=True, exist_ok=True)
-    write_record(out / report.MACHINE_FILE, {
+    write_record(out / MACHINE_FILE, {
         "cpu_count": os.cpu_count(), "gpus": gpus, "python": env["python"], "torch": env["torch"],
         "platform": env["platform"], "git_commit": env["git_commit"], "profile": profile, "device": device,
         "started": env["time"], "load_average": round(os.getloadavg()[0], 2)})
@@ -130,7 +133,7 @@ def remeasure_cpu_peak(out: Path, rounds: int) -> None:
 
 
 def _update_machine(out: Path, **fields) -> None:
-    path = out / report.MACHINE_FILE
+    path = out / MACHINE_FILE
     write_record(path, {**(read_record(path) or {}), **fields})
 
 
@@ -199,8 +202,8 @@ def outcome(record: dict) -> str:
     if record.get("status") != "ok":
         return f"{record.get('status')}: {record.get('reason', '')}"
     m = record["metrics"]
-    return (f"ok  {report.fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
-            f"{m['tokens_per_s']:,.0f} tokens/s, peak {report.fmt_mib(m['peak_memory_mib'])} MiB")
+    return (f"ok  {fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
+            f"{m['tokens_per_s']:,.0f} tokens/s, peak {fmt_mib(m['peak_memory_mib'])} MiB")
 
 
 def clock(seconds: float) -> str:
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The default run is the project's report (results.md and plots/ at the top of the repo); a run
     # with --out keeps its report beside its records.
-    results = report.write_report(out, None if args.out else REPO_ROOT / "results.md")
+    results = write_report(out, None if args.out else REPO_ROOT / "results.md")
     print(f"== report: {results} (plots in {results.parent / 'plots'})")
     if args.wandb == "offline":
         wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT) / "wandb"

@@ -32,7 +32,7 @@ import torch
 from gpt.devices import synchronize
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
-CATEGORIES = (*PHASES, "communication", "gpu_idle", "other")  # display order
+TIME_CATEGORIES = (*PHASES, "communication", "gpu_idle", "other")  # display order
 LABELS = {"data": "data wait", "gpu_idle": "GPU idle"}  # everything else is shown under its own name
 PREFIX = "ladder/"
 STEP = PREFIX + "step"  # one profiled step: the breakdown's window
@@ -225,7 +225,7 @@ def breakdown(events: list[dict]) -> dict:
     compiled = [e for e in on_main if str(e.get("name", "")).startswith(COMPILED_REGION)
                 and length(intersect(windows, [_span(e)])) > 0]
     return {
-        "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in CATEGORIES
+        "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in TIME_CATEGORIES
                        if c != "gpu_idle" or device},
         "steps": len(steps),
         "compiled_regions_per_step": len(compiled) / len(steps),

@@ -24,12 +24,18 @@ keeps PyTorch's own first (no extra package), then liger, then cce. `python -m g
 available at a stage's shape; its figures decide the order.
 """
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from gpt.errors import UserError
+from gpt.errors import CannotSimulate, UserError
+from gpt.optimizations.optimization import Optimization, SimulationPlan
 
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+LOSSES = ("full", "chunked")  # the whole logits, then cross-entropy | chunk by chunk of rows
 IMPLEMENTATIONS = ("torch", "liger", "cce")  # also the order of preference of "auto"
 PACKAGES = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}  # what to pip install for each
 MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
@@ -124,3 +130,46 @@ def loss_chunking(device_type: str):
         return torch.nn.LinearCrossEntropyOptions()
     return torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
                                               acc_policy="accurate")
+
+
+def implementation_of(model_config) -> str | None:
+    """The implementation a model computes its loss with (the record's choices.loss_impl), None for the full loss."""
+    return model_config.loss_impl if model_config.loss == "chunked" else None
+
+
+# ---- fast_6 and lean_2 -------------------------------------------------------------------------------------
+
+
+def _check(cfg: "TrainConfig") -> None:
+    if cfg.loss not in LOSSES:
+        raise UserError(f"unknown loss {cfg.loss!r} (choose full or chunked)")
+    if cfg.loss_impl != "auto":
+        check_impl(cfg.loss_impl)
+
+
+def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
+    return why_unavailable(cfg.loss_impl, device_type) if cfg.loss == "chunked" else None
+
+
+def _model_settings(cfg: "TrainConfig", device_type: str) -> dict:
+    impl = resolve(cfg.loss_impl, device_type) if cfg.loss == "chunked" else cfg.loss_impl
+    return {"loss": cfg.loss, "loss_impl": impl}
+
+
+def _simulated_with_torch(plan: SimulationPlan) -> None:
+    """Triton kernels cannot run on fake tensors: the chunked loss is simulated with PyTorch's own op, whichever
+    implementation the stage uses (liger also keeps the head's fp32 weight gradient from forward to backward,
+    which PyTorch's does not)."""
+    if plan.cfg.loss != "chunked":
+        return
+    if not installed("torch"):
+        raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which "
+                             f"needs PyTorch 2.12 or newer (this is {torch.__version__})")
+    plan.cfg.loss_impl = "torch"
+
+
+CHUNKED_LOSS = Optimization(
+    name="chunked linear + cross-entropy", fields=("loss", "loss_impl"),
+    code="gpt/optimizations/chunked_loss.py:chunked_cross_entropy (called by gpt/model.py:GPT.forward)",
+    time_targets=("forward", "backward"), memory_targets=("activations", "temporaries"), checks=_check,
+    cannot_run=_cannot_run, model=_model_settings, simulate=_simulated_with_torch)

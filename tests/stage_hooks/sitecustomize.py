@@ -1,6 +1,7 @@
-"""Test-only instrumentation of a real stage run. gpt/ladder.py runs this file first in every process of a
-stage (the launcher and each torchrun rank) when GPT_LADDER_TEST_HOOKS names it, so that the tests run the
-very command a user types. Settings, by environment variable (torchrun's ranks inherit them):
+"""Test-only instrumentation of a real stage run, outside the project's code. Python imports a `sitecustomize`
+module at start-up from its path: the tests put this directory on PYTHONPATH, so every process of a stage (the
+launcher and each torchrun rank, which inherit the environment) runs this file first, and the tests run the very
+command a user types. It does nothing unless one of these is set:
 
     HOOK_FAULT=raise|kill:<rank>:<steps>:<file>
         after <steps> training steps, rank <rank> fails in its next one: it raises, or SIGKILLs itself
@@ -14,12 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+HOOKS = ("HOOK_FAULT", "HOOK_DROPOUT", "HOOK_SAVE_PARAMS")
+if any(os.environ.get(h) for h in HOOKS):
+    import torch
 
-from gpt import ladder, protocol, train
+    from gpt import protocol, stage, train
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dist_worker import full_params  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from dist_worker import full_params
 
 
 def this_rank() -> int:
@@ -43,14 +46,14 @@ if os.environ.get("HOOK_FAULT"):
     train.train_step = faulty_train_step
 
 if os.environ.get("HOOK_DROPOUT"):
-    real_stage_config = ladder.stage_config
+    real_stage_config = stage.stage_config
 
     def stage_config_with_dropout(*args, **kwargs):
         cfg = real_stage_config(*args, **kwargs)
         cfg.dropout = float(os.environ["HOOK_DROPOUT"])
         return cfg
 
-    ladder.stage_config = stage_config_with_dropout
+    stage.stage_config = stage_config_with_dropout
 
 if os.environ.get("HOOK_SAVE_PARAMS"):
     real_build_model, real_measure, built = train.build_model, protocol.measure, []

@@ -1,0 +1,41 @@
+"""AdamW's implementations: the per-parameter for-loop (memory_3: foreach=False) and the fused kernel (fast_5).
+
+`make_optimizer` builds the stage's AdamW; the reference's multi-tensor (foreach) path is the default.
+"""
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from gpt.optimizations.optimization import Optimization
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+
+def make_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.AdamW:
+    """AdamW as the reference: weight decay on the weights of Linear layers (the tied embedding is the
+    lm_head's weight, so it is one of them), none on biases, LayerNorm and position embeddings.
+
+    foreach=True updates all parameters with a few multi-tensor kernels, which needs temporaries the
+    size of all parameters at once; foreach=False loops over parameters, so its temporaries are one
+    parameter's size. CUDA defaults to foreach and the CPU to the loop, so it is always passed."""
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if id(p) in decay_ids], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if id(p) not in decay_ids], "weight_decay": 0.0},
+    ]
+    # fused=True: one kernel per parameter group updates every parameter, reading each tensor once.
+    impl = {"fused": True} if cfg.optimizer_fused else {"foreach": cfg.optimizer_foreach}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **impl)
+
+
+FOREACH_OFF = Optimization(
+    name="AdamW foreach=False", fields=("optimizer_foreach",), code="gpt/optimizations/adamw.py:make_optimizer",
+    time_targets=("optimizer",),
+    memory_targets=("optimizer_state",))  # MemTracker counts what optimizer.step allocates as optimizer state
+
+FUSED_ADAMW = Optimization(
+    name="fused AdamW", fields=("optimizer_fused",), code="gpt/optimizations/adamw.py:make_optimizer",
+    time_targets=("optimizer",))

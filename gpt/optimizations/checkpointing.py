@@ -1,0 +1,41 @@
+"""Activation checkpointing (memory_2): each transformer block keeps only its input in the forward pass and
+recomputes the rest during backward.
+"""
+from typing import TYPE_CHECKING
+
+import torch.nn as nn
+
+from gpt.optimizations.optimization import Optimization
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+
+def checkpoint_blocks(model: nn.Module, cfg: "TrainConfig") -> nn.Module:
+    """Activation checkpointing: keep only each transformer block's input during the forward pass and
+    recompute the block's inside during backward. Trades about one extra forward for the activations of
+    every block. The RNG state is saved and restored, so dropout masks (and gradients) are unchanged.
+
+    early_stop=False: the recomputation runs the whole block (one residual add more) instead of stopping as
+    soon as the last saved tensor is back. PyTorch stops it by raising an exception from inside that op (here
+    the MLP's dropout); on torch 2.11 with CUDA, when the allocator records its history with Python stacks (the
+    memory step), that exception is lost on its way out of the op and becomes "SystemError: <built-in method
+    dropout> returned NULL without setting an exception" (pytorch/pytorch#179536, pytorch/tutorials#3774).
+    Without early stop no exception crosses an op; the saved tensors, and so the gradients, are the same."""
+    if not cfg.activation_checkpointing:
+        return model
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    blocks = model.transformer.h
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, early_stop=False)
+    return model
+
+
+ACTIVATION_CHECKPOINTING = Optimization(
+    name="activation checkpointing", fields=("activation_checkpointing",),
+    code="gpt/optimizations/checkpointing.py:checkpoint_blocks", time_targets=("backward",),
+    memory_targets=("activations",))

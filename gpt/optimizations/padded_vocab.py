@@ -1,0 +1,29 @@
+"""The vocabulary padded to a multiple of 64 (fast_4: 50257 -> 50304 rows), so the output layer's matmuls get
+shapes the kernels tile evenly.
+
+The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the embedding and the output head, and
+GPT.vocab_mask gives the padding rows a -inf logit bias, so they have probability 0: the loss and the real rows'
+gradients are unchanged, and the padding rows stay 0 (MFU counts the real vocabulary only).
+"""
+from typing import TYPE_CHECKING
+
+from gpt.errors import UserError
+from gpt.optimizations.optimization import Optimization
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+
+def _check(cfg: "TrainConfig") -> None:
+    if cfg.vocab_multiple < 1:
+        raise UserError(f"vocab_multiple must be >= 1, got {cfg.vocab_multiple}")
+
+
+def _model_settings(cfg: "TrainConfig", device_type: str) -> dict:
+    return {"vocab_multiple": cfg.vocab_multiple}
+
+
+PADDED_VOCAB = Optimization(
+    name="padded vocabulary", fields=("vocab_multiple",),
+    code="gpt/model.py:GPTConfig.padded_vocab_size, GPT.__init__ (its vocab_mask buffer)",
+    time_targets=("forward", "backward"), checks=_check, model=_model_settings)

@@ -1,0 +1,204 @@
+"""More than one process: DDP (speed_6) and FSDP2 (memory_4), and FSDP's precision and offloading policies (lean_1:
+bf16 compute with fp32 reduction, lean_3: CPU offload).
+
+`parallelize` wraps the model; gpt/distributed.py launches the processes (torchrun), joins and leaves their group.
+"""
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from gpt import distributed
+from gpt.allocator_snapshot import MiB, cuda_block_bytes
+from gpt.errors import UserError
+from gpt.optimizations.optimization import Optimization, SimulationPlan
+from gpt.optimizations.precision import cpu_bf16_is_faster
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+MODES = (None, "ddp", "fsdp")
+
+
+def is_distributed(cfg: "TrainConfig") -> bool:
+    """Whether the stage runs in a process group (DDP or FSDP)."""
+    return cfg.distributed is not None
+
+
+def launches(cfg: "TrainConfig") -> bool:
+    """Whether this process must start the stage's processes (torchrun) rather than be one of them."""
+    return is_distributed(cfg) and not distributed.under_torchrun()
+
+
+def with_processes(cfg: "TrainConfig", n: int | None) -> "TrainConfig":
+    """`cfg` on `n` processes (a DDP/FSDP stage; a single-process stage, or n None, is left as it is)."""
+    if n is not None and is_distributed(cfg):
+        cfg.nproc = n
+    return cfg
+
+
+def backend(cfg: "TrainConfig", device: torch.device) -> str | None:
+    """The process group's backend (the record's choices.distributed_backend), None for one process."""
+    return distributed.backend_for(device) if is_distributed(cfg) else None
+
+
+def parallelize(model: nn.Module, cfg: "TrainConfig", device: torch.device) -> nn.Module:
+    """DDP: every rank holds the whole model and trains on its own part of the batch; gradients are
+    averaged across ranks (all-reduce, in buckets that overlap with backward).
+
+    FSDP (FSDP2, `fully_shard`): every rank holds 1/W of each parameter, gradient and optimizer state.
+    Each block is its own unit: its parameters are all-gathered just before its forward (and again
+    before its backward) and freed after; gradients are reduce-scattered. The root call covers what is
+    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here: the blocks free
+    their gathered parameters after forward (reshard_after_forward=True, ZeRO-3); the root keeps FSDP2's
+    default, which keeps it unsharded from forward to backward, where it is needed first (resharding it
+    would add an all-gather per step); precision and offloading in fsdp_policies. The mesh is built on the
+    stage's device: without one, fully_shard builds it on the machine's accelerator, and a CPU stage would move
+    to cuda:0."""
+    if not is_distributed(cfg):
+        return model
+    if cfg.distributed == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    mesh, policies = device_mesh(device), fsdp_policies(cfg, device)
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, **policies)
+    fully_shard(model, mesh=mesh, **policies)
+    return model
+
+
+def device_mesh(device: torch.device):
+    """All ranks of the process group in one dimension, on `device`'s type."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))
+
+
+def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
+    """FSDP2's precision and offloading settings (the "lean" ladder).
+
+    fsdp_mixed_precision: each unit's parameters are all-gathered as bf16 copies and the unit computes in
+    bf16 (half the bytes for gathered parameters and saved activations); the sharded fp32 parameters stay
+    the master weights the optimizer updates, and gradients are reduce-scattered in fp32, so summing the
+    ranks' contributions loses nothing to bf16. A CPU follows cpu_bf16_is_faster: one without bf16
+    instructions would run the stage ~100x slower, so it keeps fp32 and the stage has no effect there.
+    fsdp_cpu_offload: the sharded parameters, their gradients and AdamW's state live in pinned host memory;
+    each unit's shard is copied to the GPU just before its all-gather, gradients go back to the host, and
+    the optimizer step runs on the CPU. The GPU then holds little more than one unit's gathered parameters
+    and the activations."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    policies = {}
+    if cfg.fsdp_mixed_precision and (device.type != "cpu" or cpu_bf16_is_faster()[0]):
+        policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cfg.fsdp_cpu_offload:
+        policies["offload_policy"] = CPUOffloadPolicy()
+    return policies
+
+
+# ---- speed_6 (DDP) and memory_4 (FSDP) ----------------------------------------------------------------------
+
+
+def _check_mode(cfg: "TrainConfig") -> None:
+    if cfg.distributed not in MODES:
+        raise UserError(f"unknown distributed mode {cfg.distributed!r} (choose ddp or fsdp)")
+
+
+def _cannot_launch(cfg: "TrainConfig", device_type: str) -> str | None:
+    return distributed.why_cannot_run(cfg.nproc, device_type) if launches(cfg) else None
+
+
+def _one_ddp_rank(plan: SimulationPlan) -> None:
+    if plan.cfg.distributed == "ddp":
+        plan.cfg.distributed = None  # one rank: same per-rank batch, no reducer (gpt/memory/__init__.py says why)
+
+
+def _ddp_buckets(cfg: "TrainConfig", raw, target: str):
+    """One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
+    wraps the model to the end of the run, so it adds to the peak wherever the peak is."""
+    if cfg.distributed != "ddp" or target != "cuda":
+        return None
+    buckets = cuda_block_bytes(sum(p.numel() * p.element_size() for p in raw.parameters())) / MiB
+    return buckets, "DDP: gradient buckets", " to the simulated rank"
+
+
+def _no_speedup(record: dict, parent: dict) -> str | None:
+    dev, pdev = record["device"], parent["device"]
+    if dev["type"] != "cpu":
+        return None
+    return (f"on a CPU the {dev['count']} processes share the cores one process used before "
+            f"({dev['threads_per_process']} thread(s) each vs {pdev['threads_per_process']}), so there "
+            "is no extra compute to gain, and gradients must still be all-reduced")
+
+
+DATA_PARALLEL = Optimization(
+    name="DDP / FSDP", fields=("distributed", "nproc"), code="gpt/optimizations/parallel.py:parallelize",
+    time_targets=("forward", "backward", "communication"),
+    memory_targets=("parameters", "gradients", "optimizer_state"),  # FSDP shards them; DDP keeps every one whole
+    checks=_check_mode, cannot_run=_cannot_launch, simulate=_one_ddp_rank, unseen_memory=_ddp_buckets,
+    no_speedup=_no_speedup)
+
+
+# ---- lean_1: FSDP mixed precision ---------------------------------------------------------------------------
+
+
+def _check_fsdp_setting(cfg: "TrainConfig") -> None:
+    if (cfg.fsdp_mixed_precision or cfg.fsdp_cpu_offload) and cfg.distributed != "fsdp":
+        raise UserError("fsdp_mixed_precision and fsdp_cpu_offload are FSDP settings: they need distributed='fsdp'")
+
+
+def _bf16_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    if "mp_policy" not in fsdp_policies(cfg, device):
+        return f"kept fp32 parameters for compute: bf16 is not faster here ({cpu_bf16_is_faster()[1]})"
+    return None
+
+
+FSDP_MIXED_PRECISION = Optimization(
+    name="FSDP mixed precision (bf16 compute, fp32 reduction)", fields=("fsdp_mixed_precision",),
+    code="gpt/optimizations/parallel.py:fsdp_policies", time_targets=("forward", "backward", "communication"),
+    memory_targets=("parameters", "activations"),  # bf16 gathered parameters, bf16 saved activations
+    checks=_check_fsdp_setting, no_effect=_bf16_no_effect)
+
+
+# ---- lean_3: CPU offload ------------------------------------------------------------------------------------
+
+
+def _cannot_offload(cfg: "TrainConfig", device_type: str) -> str | None:
+    if cfg.fsdp_cpu_offload and device_type != "cuda":
+        return ("nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
+                "in host memory")
+    return None
+
+
+def _offload_simulated(plan: SimulationPlan) -> None:
+    """Simulated without the policy (on fake CPU tensors everything is host memory anyway); the planner's tracker
+    then counts the offloaded state (sharded parameters, their gradients, AdamW's state and step) apart."""
+    if not plan.cfg.fsdp_cpu_offload:
+        return
+    if plan.target != "cuda":
+        raise UserError("FSDP CPU offload moves state from a GPU to host memory: estimate it with --target cuda")
+    plan.cfg.fsdp_cpu_offload, plan.state_on_host = False, True
+    plan.notes.append("CPU offload: sharded parameters, their gradients and the optimizer state are counted in "
+                      "host memory (host_mib), not in the GPU's peak")
+
+
+def _shards_in_transit(cfg: "TrainConfig", raw, target: str):
+    """Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient
+    shard waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation,
+    where nothing moves between devices, does not see them)."""
+    if not cfg.fsdp_cpu_offload:
+        return None
+    unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)
+    copies = 2 * cuda_block_bytes(unit * 4 // cfg.world_size) / MiB
+    return copies, "CPU offload: a unit's parameter and gradient shards in transit on the GPU", ""
+
+
+CPU_OFFLOAD = Optimization(
+    name="FSDP CPU offload", fields=("fsdp_cpu_offload",), code="gpt/optimizations/parallel.py:fsdp_policies",
+    time_targets=("optimizer", "copy", "communication"), memory_targets=("parameters", "gradients", "optimizer_state"),
+    checks=_check_fsdp_setting, cannot_run=_cannot_offload, simulate=_offload_simulated,
+    unseen_memory=_shards_in_transit)

@@ -1,0 +1,145 @@
+"""Precision: autocast (speed_5: fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster), bf16 autocast
+without a GradScaler (fast_2), and TF32 tensor cores for the fp32 matmuls autocast leaves (fast_2).
+
+`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `cpu_bf16_is_faster` is the CPU's
+one measured rule for bf16, which FSDP's mixed precision (gpt/optimizations/parallel.py) follows too.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from gpt.errors import UserError
+from gpt.optimizations.optimization import Optimization, SimulationPlan
+from gpt.report.formatting import steady_steps
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+
+@dataclass
+class MixedPrecision:
+    dtype: torch.dtype  # the dtype matmuls compute in
+    device_type: str
+    scaler: torch.amp.GradScaler | None  # only for fp16
+    why: str = ""  # how the dtype was chosen, for the record
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
+    """Autocast runs matmuls in 16-bit and keeps reductions (softmax, layer norm, the loss) in fp32.
+
+    CUDA: fp16 with a GradScaler, as the reference (fp16 has a 5-bit exponent, so small gradients would
+    underflow without scaling the loss); with amp_bf16, bf16, which has fp32's exponent range and needs no
+    scaler (and so no host sync to check for infs every step). A GPU without bf16 keeps fp16.
+    CPU: bf16 (no scaler) if this CPU multiplies bf16 matrices faster than fp32 ones, measured (a CPU with
+    AMX or AVX512-BF16 units: several times faster; one without: emulated and slower), else fp32. CPU fp16
+    kernels are slower than both on the machines this was built on, so the CPU never uses fp16."""
+    if not cfg.amp:
+        return MixedPrecision(torch.float32, device.type, None, "amp off")
+    if device.type == "cuda":
+        if cfg.amp_bf16 and torch.cuda.is_bf16_supported():
+            return MixedPrecision(torch.bfloat16, "cuda", None, "bf16 autocast, no loss scaling")
+        why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16)" if cfg.amp_bf16 else "")
+        return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"), why)
+    faster, rates = cpu_bf16_is_faster()
+    if faster:
+        return MixedPrecision(torch.bfloat16, "cpu", None, f"bf16 autocast ({rates})")
+    return MixedPrecision(torch.float32, "cpu", None, f"kept fp32: bf16 is not faster here ({rates})")
+
+
+def simulated_precision(cfg: "TrainConfig", target: str, sim_device: torch.device) -> MixedPrecision:
+    """What the memory planner computes in. The CPU's autocast dtype depends on this CPU's measured matmul rates;
+    a CUDA estimate takes 16 bits (fp16 on CUDA, the same sizes as the bf16 simulated) whenever the stage
+    autocasts."""
+    if target == "cpu":
+        return mixed_precision(cfg, sim_device)
+    return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type, None)
+
+
+def cpu_bf16_is_faster() -> tuple[bool, str]:
+    """The CPU's one rule for computing in bf16 (autocast, FSDP's mixed precision): only where this CPU
+    multiplies bf16 matrices faster than fp32 ones, measured. Seen on the machines this was built on:
+    2.2x and 7x faster (AVX512-BF16, AMX), half as fast (AVX512-BF16 without AMX) and ~100x slower
+    (AVX2 only: no bf16 instructions). Returns (faster, the two rates for the record)."""
+    from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
+
+    bf16, fp32 = (measure_cpu_matmul_flops(dt) / 1e9 for dt in (torch.bfloat16, torch.float32))
+    return bf16 > fp32, f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s"
+
+
+def matmul_precision(cfg: "TrainConfig", device: torch.device) -> str:
+    """TF32 (CUDA, Ampere and newer): fp32 matmuls that autocast leaves in fp32 run on tensor cores with a
+    10-bit mantissa, several times faster. Set for the whole process (it is global state), both ways, so a
+    run never inherits an earlier run's setting. Returns what fp32 matmuls use."""
+    if device.type != "cuda":
+        return "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    return "tf32" if cfg.tf32 and has_tf32(device) else "fp32"
+
+
+def has_tf32(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and newer
+
+
+# ---- speed_5: autocast -------------------------------------------------------------------------------------
+
+
+def _amp_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    amp = mixed_precision(cfg, device)
+    return amp.why if amp.dtype == torch.float32 else None
+
+
+def _amp_simulated(plan: SimulationPlan) -> None:
+    if plan.cfg.amp and plan.target == "cuda":
+        plan.notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
+
+
+def _amp_no_speedup(record: dict, parent: dict) -> str:
+    return (f"autocast to {record['choices']['amp_dtype']} on {record['device']['name']} did not pay for its casts "
+            f"at this size ({steady_steps(record, parent)})")
+
+
+AMP = Optimization(
+    name="mixed precision (autocast)", fields=("amp",), code="gpt/optimizations/precision.py:mixed_precision",
+    time_targets=("forward", "backward"), no_effect=_amp_no_effect, simulate=_amp_simulated,
+    no_speedup=_amp_no_speedup)
+
+
+# ---- fast_2: bf16 without a GradScaler, and TF32 -----------------------------------------------------------
+
+
+def _check_bf16(cfg: "TrainConfig") -> None:
+    if cfg.amp_bf16 and not cfg.amp:
+        raise UserError("amp_bf16 chooses the autocast dtype: it needs amp on")
+
+
+def _bf16_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    amp = mixed_precision(cfg, device)
+    if device.type == "cpu":
+        return f"the CPU's autocast never uses fp16 or a GradScaler (here: {amp.why})"
+    return amp.why if amp.scaler else None
+
+
+BF16 = Optimization(
+    name="bf16 autocast without a GradScaler", fields=("amp_bf16",),
+    code="gpt/optimizations/precision.py:mixed_precision",
+    time_targets=("forward", "backward", "optimizer"),  # the scaler's unscale, inf check and host sync
+    checks=_check_bf16, no_effect=_bf16_no_effect)
+
+
+def _tf32_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    if not has_tf32(device):
+        return "TF32 is a tensor-core format of NVIDIA GPUs from Ampere on: fp32 matmuls here are unchanged"
+    return None
+
+
+TF32 = Optimization(
+    name="TF32 matmuls", fields=("tf32",), code="gpt/optimizations/precision.py:matmul_precision",
+    time_targets=("forward", "backward"), no_effect=_tf32_no_effect)

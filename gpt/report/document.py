@@ -1,0 +1,60 @@
+"""results.md from the JSON records of a ladder run: the header, each ladder's table, findings and plots, where the
+time goes, and the memory planner's section (gpt/memory/report_section.py) when its outputs are there.
+
+Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
+partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
+PNGs in `plots/` beside results.md.
+"""
+from pathlib import Path
+
+from gpt.errors import UserError
+from gpt.files import write_atomically
+from gpt.ladder import LADDER_GOAL
+from gpt.memory.report_section import planner_section
+from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
+from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
+from gpt.report.rows import Rung, ladders_of, load_records
+from gpt.report.tables import header, ladder_intro, memory_table, speed_table
+from gpt.report.where_time_goes import time_lines, time_section
+
+PLOTS = "plots"  # the plots' folder beside results.md, as its links name it
+
+
+def write_report(runs: Path, out: Path | None = None) -> Path:
+    """Regenerate results.md (default: inside `runs`) and its plots/ from the records in `runs`."""
+    runs = Path(runs)
+    out = Path(out) if out else runs / "results.md"
+    records = load_records(runs)
+    if not records:
+        raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
+    plots = out.parent / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    lines = header(runs, records)
+    ladders = ladders_of(records)
+    for name, rungs in ladders.items():
+        lines += ladder_section(name, rungs, plots)
+    if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
+        lines += time_section(runs, ladders, PLOTS)
+    planner = planner_section(runs, plots, PLOTS)
+    if planner:
+        lines += [""] + planner
+    write_atomically(out, "\n".join(lines) + "\n")
+    return out
+
+
+def ladder_section(name: str, rungs: list[Rung], plots: Path) -> list[str]:
+    """One ladder: its table, findings, where the time goes stage by stage, and its plots."""
+    done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
+    title = f"{name.capitalize()} ladder"
+    lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
+    lines += speed_table(rungs) if time_goal else memory_table(rungs)
+    findings = speed_findings(rungs) if time_goal else memory_findings(rungs)
+    lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, not time_goal)]
+    lines += time_lines(rungs, time_goal)
+    if not done:
+        return lines
+    (plot_speed if time_goal else plot_memory)(rungs, plots / f"{name}.png", title)
+    lines += ["", f"![{name} ladder]({PLOTS}/{name}.png)"]
+    if not time_goal and plot_timelines(rungs, plots / f"{name}_timeline.png"):
+        lines += ["", f"![memory over one step]({PLOTS}/{name}_timeline.png)"]
+    return lines

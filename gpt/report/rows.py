@@ -1,0 +1,118 @@
+"""The report's rows: the records of a run directory, each stage as a `Rung` of its ladder beside its parent,
+its baseline and what its stage script documents."""
+import functools
+from pathlib import Path
+
+from gpt.data import REPO_ROOT
+from gpt.ladder import LADDERS, lineage, load_stage, parent_of
+from gpt.records import peak_memory_pair, read_record, record_path
+from gpt.peak_memory import MEMORY_PARTS
+from gpt.report.formatting import fmt_pct
+
+MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_all.py): the machine the ladder ran on
+# The parts of a memory breakdown the report shows one by one; 'other' then holds buffers and the rest.
+SHOWN_MEMORY_PARTS = tuple(p for p in MEMORY_PARTS if p not in ("buffers", "other"))
+
+
+def load_records(runs: Path) -> dict[str, dict]:
+    """Stage name -> record, for the stages of every ladder that have a record in `runs`."""
+    found = {}
+    for stage in (s for stages in LADDERS.values() for s in stages):
+        record = read_record(record_path(runs, stage))
+        if record is not None:
+            found[stage] = record
+    return found
+
+
+def ok(record: dict | None) -> bool:
+    return bool(record) and record.get("status") == "ok"
+
+
+def pct(new: float | None, old: float | None) -> float | None:
+    """Relative change in percent, None when either side is missing."""
+    if new is None or not old:
+        return None
+    return 100 * (new / old - 1)
+
+
+def comparable(a: dict | None, b: dict | None) -> bool:
+    """Two finished records measured under the same profile on the same kind of device."""
+    return ok(a) and ok(b) and a["profile"] == b["profile"] and a["device"]["type"] == b["device"]["type"]
+
+
+class Rung:
+    """One stage of a ladder as the report sees it: the record (or None), its parent (for the first stage of
+    a ladder beyond the book: the stage it continues from), the baseline of its lineage (speed_0 or
+    memory_0), and what the stage script documents."""
+
+    def __init__(self, stage: str, records: dict[str, dict], script):
+        parent, first = parent_of(stage), lineage(stage)[0]
+        self.stage, self.change, self.reference = stage, script(stage).CHANGE, script(stage).REFERENCE
+        self.record = records.get(stage)
+        self.parent_stage, self.baseline_stage = parent, (first if parent else None)
+        self.parent = records.get(parent) if parent else None
+        self.baseline = records.get(first) if parent else None
+        self.parent_reference = script(parent).REFERENCE if parent else None
+        self.baseline_reference = script(first).REFERENCE if parent else None
+
+    @property
+    def ok(self) -> bool:
+        return ok(self.record)
+
+    def m(self, key: str):
+        return self.record["metrics"].get(key) if self.ok else None
+
+    def vs(self, other: dict | None, key: str) -> float | None:
+        """Change of metric `key` against another record, if the two are comparable. Peak memory is compared
+        only as measured alike (see memory_basis)."""
+        if not comparable(self.record, other):
+            return None
+        if key == "peak_memory_mib":
+            return pct(*peak_memory_pair(self.record, other)[:2])
+        return pct(self.m(key), other["metrics"].get(key))
+
+    def memory_basis(self, other: dict | None) -> str | None:
+        """None when this stage's peak memory and `other`'s were measured by the same method; else 'reserved'
+        (the change compares both stages' max_memory_reserved) or 'none' (no figure in common: no change)."""
+        if not comparable(self.record, other):
+            return None
+        basis = peak_memory_pair(self.record, other)[2]
+        return None if basis == "same" else basis
+
+    def memory_vs(self, other: dict | None) -> str:
+        """The 'vs' cell of peak memory; marked with † when it compares max_memory_reserved (see method_notes)."""
+        return fmt_pct(self.vs(other, "peak_memory_mib")) + (" †" if self.memory_basis(other) == "reserved" else "")
+
+    def ref_vs(self, key: str, other: dict | None) -> float | None:
+        return pct(self.reference.get(key), (other or {}).get(key))
+
+    def status_text(self) -> str:
+        if self.record is None:
+            return "not run"
+        status = self.record.get("status", "?")
+        label = {"oom": "OOM"}.get(status, status)
+        reason = self.record.get("reason")
+        return f"**{label}**: {reason}" if reason else f"**{label}**"
+
+
+def ladders_of(records: dict[str, dict]) -> dict[str, list[Rung]]:
+    """The ladders that have at least one record, each as its full list of rungs (missing stages too)."""
+    ladders, script = {}, functools.cache(load_stage)  # a stage script's CHANGE and REFERENCE
+    for name, stages in LADDERS.items():
+        if any(s in records for s in stages):
+            ladders[name] = [Rung(s, records, script) for s in stages]
+    return ladders
+
+
+def samples_label(rungs: list[Rung]) -> str:
+    """'N' of 'seconds per N samples': the ladder's samples per repeat, if all its runs agree."""
+    counts = {r.m("samples_per_repeat") for r in rungs if r.ok}
+    return f"{counts.pop():,}" if len(counts) == 1 else "N"
+
+
+def display(path: Path) -> str:
+    """A path relative to the repo when inside it (reports are read on other machines)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

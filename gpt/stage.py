@@ -1,0 +1,212 @@
+"""What `python stages/<stage>.py` runs: the command line every stage script shares, the run (launching the
+processes of a DDP/FSDP stage), its record, written whatever happens, and the summary it prints.
+"""
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from gpt import distributed, optimizations
+from gpt.config import TrainConfig
+from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
+from gpt.devices import device_type, resolve_device
+from gpt.errors import UserError, exit_on_user_error
+from gpt.ladder import ladder_of, load_stage, parent_of, stage_config
+from gpt.optimizations import chunked_loss, parallel
+from gpt.profiles import PROFILES, default_profile
+from gpt.records import (environment, failure_of, peak_memory_pair, ran_eager, read_record, record_path,
+                         snapshot_path, trace_path, writable_dir, write_record)
+
+EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
+
+
+def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
+    module = load_stage(stage)
+    p = argparse.ArgumentParser(
+        prog=f"python stages/{stage}.py",
+        description=(module.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--profile", help=f"settings profile: {', '.join(PROFILES)} "
+                   "(default: reference with CUDA, cpu without)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    p.add_argument("--out", help="directory for the JSON record (default: runs/<profile>-<device>)")
+    p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
+                   help="Weights & Biases mode (offline needs no account or network)")
+    p.add_argument("--samples", type=int, help="N, samples per timed repeat (all ranks together)")
+    p.add_argument("--repeats", type=int, help="timed repeats of N samples")
+    p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
+    p.add_argument("--preset", help="model preset (gpt-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl)")
+    p.add_argument("--n-layer", type=int, help="override the preset's number of layers")
+    p.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
+    p.add_argument("--block-size", type=int, help="sequence length (at most the model's 1024 positions)")
+    p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
+    p.add_argument("--dropout", type=float, help="dropout probability (the profiles use the reference's 0.1)")
+    p.add_argument("--loss-impl", choices=["auto", *chunked_loss.IMPLEMENTATIONS],
+                   help="who computes the chunked loss (loss='chunked' stages): auto picks the first available "
+                   "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)")
+    p.add_argument("--no-profiler", action="store_true",
+                   help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz")
+    return p.parse_args(argv)
+
+
+def stage_meta(stage: str, profile: str) -> dict:
+    """The keys that place a record in its ladder."""
+    return {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
+
+
+def unfinished_record(stage: str, profile: str, status: str, reason: str, cfg: TrainConfig | None) -> dict:
+    """The record of a stage that did not finish (skipped here, a rank or the process died)."""
+    record = {**stage_meta(stage, profile), "status": status, "reason": reason, "env": environment()}
+    if cfg is not None:
+        record["config"] = cfg.to_dict()
+    return record
+
+
+def stage_main(script: str, argv: list[str] | None = None) -> None:
+    """Entry point of `python stages/<stage>.py`: run, write the record, print a summary."""
+    raise SystemExit(_stage_main(Path(script).stem, sys.argv[1:] if argv is None else argv, script))
+
+
+@exit_on_user_error
+def _stage_main(stage: str, argv: list[str], script: str) -> int:
+    args = parse_args(stage, argv)
+    dev = device_type(args.device)
+    profile = args.profile or default_profile(dev)
+    data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
+    cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
+                       warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
+                       batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
+                       dropout=args.dropout, loss_impl=args.loss_impl,
+                       device=args.device, profile_steps=0 if args.no_profiler else None)
+    out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
+    if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
+        parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])).validate()
+    path = record_path(out, stage)
+    meta = stage_meta(stage, profile)
+
+    launching = parallel.launches(cfg)
+    reason = optimizations.why_cannot_run(cfg, dev)
+    if reason:
+        if int(os.environ.get("RANK", 0)) == 0:
+            write_record(path, unfinished_record(stage, profile, "skipped", reason, cfg))
+        print(f"error: {stage} cannot run here: {reason} (recorded as skipped)", file=sys.stderr)
+        return EXIT_SKIPPED
+    if not args.data_dir:
+        prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
+    if launching:
+        load_prepared(cfg.data_dir)  # missing data: one line here, not one per rank
+        path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
+        failed = distributed.launch(cfg.world_size, [script, *argv])
+        record = read_record(path)
+        if failed:  # the ranks' record names the first failure, unless a rank died unable to write it
+            killed = distributed.killed_from_outside(failed)
+            if killed or record is None or record.get("status") == "ok":
+                record = unfinished_record(stage, profile, "failed", killed or distributed.how_ended(failed), cfg)
+                write_record(path, record)
+        if record:
+            print_summary(record, out)
+        return 1 if failed else 0
+
+    record = _run_and_record(cfg, meta, path, args.wandb)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print_summary(record, out)
+    return 0 if record["status"] == "ok" else 1
+
+
+def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
+    """'no effect on <device>: <why>' when every optimization this stage changes is inert on the device it ran on
+    (their no_effect, gpt/optimizations), else None. The stage still runs: its time shows the noise."""
+    parent = parent_of(stage)
+    if parent is None:
+        return None
+    changed = optimizations.changed(stage_config(parent, profile).to_dict(), stage_config(stage, profile).to_dict())
+    return optimizations.why_no_effect(changed, cfg, resolve_device(cfg.device))
+
+
+def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict:
+    """Train and write the record, including for a run that failed (OOM, crash). Rank 0 writes it, and so
+    does the rank that failed first: torchrun may stop rank 0 before it can."""
+    import torch
+
+    from gpt import protocol
+
+    rank = int(os.environ.get("RANK", 0))
+    writes = rank == 0
+    trace = trace_path(path.parent, meta["stage"])
+    if rank == 0:
+        trace.unlink(missing_ok=True)  # a trace from an earlier run must not pass for this one's
+    try:
+        record = {**meta, **protocol.run(cfg, label=meta["stage"], trace_path=trace,
+                                      memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
+        record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
+    except UserError:
+        raise
+    except Exception as e:  # recorded so the ladder goes on, then shown in full
+        own = e.__cause__ if isinstance(e, distributed.RankFailed) else e
+        if not isinstance(own, torch.OutOfMemoryError):
+            traceback.print_exception(own)
+        if isinstance(e, distributed.RankFailed):  # the group's first failure, maybe another rank's
+            first = e.first
+            record = {**meta, "status": first["status"], "reason": f"rank {first['rank']}: {first['reason']}"}
+            writes = writes or first["rank"] == rank
+        else:
+            record = {**meta, **failure_of(e)}
+    if not writes:
+        return record
+    record.setdefault("config", cfg.to_dict())
+    record.setdefault("env", environment())
+    write_record(path, record)
+    if record["status"] == "ok" and wandb_mode != "disabled":
+        from gpt.wandb_log import log_run
+
+        log_run(record, mode=wandb_mode, files=[trace] if trace.exists() else [])
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the human summary at the end of a stage
+
+
+def print_summary(record: dict, out: Path) -> None:
+    stage = record["stage"]
+    if record["status"] != "ok":
+        print(f"\n{stage}: {record['status']}: {record.get('reason', '')}")
+        return
+    m, ch = record["metrics"], record["choices"]
+    cfg = record["config"]
+    print(f"\n== {stage} ({record['profile']} profile, {record['device']['name']} x{record['device']['count']})")
+    print(f"  {m['seconds_mean']:.2f} s +- {m['seconds_std']:.2f} per {m['samples_per_repeat']} samples "
+          f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
+    if m.get("compile_s") is not None:
+        cache = f", {m['compile_cache']} compile cache" if m.get("compile_cache") else ""
+        print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step{cache})")
+    mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
+    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
+          f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
+          f"copy {m['copy_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    if m.get("time_breakdown_pct"):
+        from gpt.step_profiler import label
+
+        shares = sorted(m["time_breakdown_pct"].items(), key=lambda kv: -kv[1])
+        print(f"  where the time goes ({m['profiler']['steps']} profiled steps): "
+              + ", ".join(f"{label(k)} {v:.0f}%" for k, v in shares if v >= 0.5)
+              + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else ""))
+    print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
+          f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
+    if ran_eager(record):
+        print("  warning: torch.compile was on, but the profiled step ran no compiled graph: the model ran eager",
+              file=sys.stderr)
+    parent = record.get("parent")
+    prev = read_record(record_path(out, parent)) if parent else None
+    if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:
+        dt = 100 * (m["seconds_mean"] / prev["metrics"]["seconds_mean"] - 1)
+        new, old, basis = peak_memory_pair(record, prev)
+        dm = "not comparable (measured by different methods)" if basis == "none" else \
+            f"{100 * (new / old - 1):+.1f}%" + (" (max_memory_reserved of both)" if basis == "reserved" else "")
+        print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm}")
+    print(f"  record: {record_path(out, stage)}")
+    if m.get("memory_snapshot"):
+        print(f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
+              "https://pytorch.org/memory_viz)")
