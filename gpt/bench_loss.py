@@ -10,18 +10,14 @@ synchronisations; the table gives the median and the spread (min - max) in ms, a
 call above what was allocated before it (CUDA). Inputs are random (never zeros), drawn once per variant.
 """
 import argparse
-import statistics
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
 
 from gpt.optimizations import chunked_loss
 from gpt.errors import UserError, exit_on_user_error
-from gpt.devices import resolve_device, synchronize
+from gpt.devices import resolve_device
 
-MiB = 2**20
 
 
 def parse_args(argv):
@@ -42,10 +38,7 @@ def parse_args(argv):
 
 def variants(device_type: str) -> dict:
     """name -> fn(x, weight, targets, vocab, bias): the full loss, and each chunked implementation that runs here."""
-    def full(x, weight, targets, vocab, bias):
-        return F.cross_entropy(F.linear(x, weight, bias).float(), targets)
-
-    found = {"full": full}
+    found = {"full": chunked_loss.full_cross_entropy}
     for name in chunked_loss.IMPLEMENTATIONS:
         if chunked_loss.available(name, device_type):
             found[f"chunked ({name})"] = (lambda impl: lambda x, w, t, v, b:
@@ -58,38 +51,8 @@ def padded(vocab: int) -> int:
 
 
 def time_variant(fn, args, device: torch.device) -> dict:
-    padded_vocab = padded(args.vocab)
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(args.rows, args.dim, device=device, generator=g).requires_grad_()
-    weight = (0.02 * torch.randn(padded_vocab, args.dim, device=device, generator=g)).requires_grad_()
-    bias = torch.zeros(padded_vocab, device=device)
-    bias[args.vocab:] = float("-inf")
-    targets = torch.randint(args.vocab, (args.rows,), device=device, generator=g)
-    dtype = getattr(torch, args.dtype)
-
-    def call():
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = fn(x, weight, targets, args.vocab, bias)
-        loss.backward()
-        x.grad = weight.grad = None
-
-    for _ in range(args.warmup):
-        call()
-    synchronize(device)
-    peak = None
-    if device.type == "cuda":
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        call()
-        synchronize(device)
-        peak = (torch.cuda.max_memory_allocated(device) - base) / MiB
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        call()
-        synchronize(device)
-        times.append(1e3 * (time.perf_counter() - t0))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "peak_mib": peak}
+    return chunked_loss.time_head_and_loss(fn, args.rows, args.dim, args.vocab, padded(args.vocab),
+                                           getattr(torch, args.dtype), device, args.warmup, args.repeats)
 
 
 @exit_on_user_error

@@ -4,12 +4,21 @@ A stage script changes exactly one group of these fields. Each field belongs to 
 everything the project knows about it in its home module in gpt/optimizations/ (`optimizations.owner(field)`),
 which also checks its values.
 """
+import math
 from dataclasses import asdict, dataclass, fields
 
 from gpt import optimizations
 from gpt.errors import UserError
 
 MAX_CONTEXT = 1024  # positions of every GPT-2 model (n_positions); a longer block has no position embedding
+# The four GPT-2 sizes, plus a tiny model (minGPT's "gpt-mini") for CPU runs and tests (gpt/model.py builds them).
+PRESETS = {
+    "gpt-mini": dict(n_layer=6, n_head=6, n_embd=192),
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}
 
 
 @dataclass
@@ -35,11 +44,23 @@ class TrainConfig:
     measure_memory: bool = True  # one instrumented step: gpt/protocol.py:memory_step says which
     profile_steps: int = 2  # steps profiled after timing: time breakdown + trace (gpt/step_profiler.py); 0 = off
 
+    # --- training to a loss (gpt/time_to_loss.py): from scratch to a token budget, evaluated on held-out text ---
+    train_tokens: int = 0  # the budget; 0: the timed protocol above instead
+    eval_every_tokens: int = 0  # evaluate every this many training tokens (and before the first step and at the end)
+    eval_windows: int = 200  # held-out windows of the val split, the same for every stage and run (gpt/evaluation.py)
+    target_loss: float | None = None  # the validation loss whose crossing is timed (run_all: speed_0's, see README)
+
     # --- optimizer: AdamW as the reference (two parameter groups) ---
     lr: float = 5e-4
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # learning-rate schedule (nanoGPT's): linear warm-up over lr_warmup_tokens, then cosine decay to min_lr at
+    # lr_decay_tokens; lr_decay_tokens 0 keeps lr constant (the timed protocol's setting). In tokens, not steps, so
+    # that stages with different batches follow one schedule.
+    lr_warmup_tokens: int = 0
+    lr_decay_tokens: int = 0
+    min_lr: float = 0.0
 
     # --- the optimizations: one field per ladder step ---
     batch_size: int = 32  # samples per optimizer step and rank (micro_batch * grad_accum_steps)
@@ -64,8 +85,11 @@ class TrainConfig:
     fsdp_mixed_precision: bool = False  # FSDP: bf16 parameters for compute, fp32 gradient reduction
     fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
 
-    # --- where it runs ---
+    # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"
+    # What the run optimizes: "time" (the speed and fast ladders: a kernel measured slower on this device at this
+    # shape is not used, e.g. SDPA on some CPUs) or "memory" (the memory and lean ladders: a memory saving is kept)
+    goal: str = "time"
 
     @property
     def micro_batch_size(self) -> int:
@@ -87,9 +111,43 @@ class TrainConfig:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
+        if self.goal not in ("time", "memory"):
+            raise UserError(f"unknown goal {self.goal!r} (choose time or memory)")
         check_dropout(self.dropout)
+        self._check_training_to_a_loss()
         optimizations.check(self)  # each optimization checks its own fields
         return self
+
+    def _check_training_to_a_loss(self) -> None:
+        if self.train_tokens < 0:
+            raise UserError(f"the token budget must be positive, got {self.train_tokens}")
+        if self.train_tokens and self.train_tokens < self.tokens_per_step:
+            raise UserError(f"a budget of {self.train_tokens} tokens is less than one step "
+                            f"({self.tokens_per_step} tokens: batch x block x processes)")
+        if self.train_tokens and self.eval_every_tokens < 1:
+            raise UserError(f"the evaluation interval must be at least 1 token, got {self.eval_every_tokens}")
+        if self.eval_windows < 1:
+            raise UserError(f"eval_windows must be >= 1, got {self.eval_windows}")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise UserError(f"the target loss must be a finite number, got {self.target_loss}")
+        if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:
+            raise UserError("the schedule needs lr_warmup_tokens, lr_decay_tokens >= 0 and 0 <= min_lr <= lr")
+        if self.lr_decay_tokens and self.lr_decay_tokens <= self.lr_warmup_tokens:
+            raise UserError(f"lr_decay_tokens ({self.lr_decay_tokens}) must exceed lr_warmup_tokens "
+                            f"({self.lr_warmup_tokens}): the cosine decay follows the warm-up")
+
+    @property
+    def model_shape(self) -> dict:
+        """n_layer, n_head and n_embd of the model: the preset's, with this config's overrides."""
+        if self.preset not in PRESETS:
+            raise UserError(f"unknown model preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        return {**PRESETS[self.preset], **{k: getattr(self, k) for k in PRESETS[self.preset]
+                                           if getattr(self, k) is not None}}
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on, all processes together."""
+        return self.batch_size * self.block_size * self.world_size
 
     @property
     def world_size(self) -> int:

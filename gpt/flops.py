@@ -2,16 +2,13 @@
 thread count, dtype and torch version, and cached on disk), and model FLOPs utilisation against either
 (README: "How the figures are measured", MFU).
 """
-import json
-import os
 import re
 import time
-from pathlib import Path
 
 import torch
 
+from gpt import machine_cache
 from gpt.devices import cpu_model
-from gpt.files import write_atomically
 
 
 # Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
@@ -53,14 +50,7 @@ def gpu_board(name: str) -> str | None:
     return GPU_NAMES.get(" ".join(words))
 
 
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-ladder" / "cpu_peak_flops.json"
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(_CACHE.read_text())
-    except (OSError, ValueError):
-        return {}
+PEAKS_CACHE = "cpu_peak_flops"  # gpt/machine_cache.py's file of measured matmul peaks
 
 
 def peak_label(dtype: torch.dtype, threads: int) -> str:
@@ -101,17 +91,7 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
     a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
     key = f"{cpu_model()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}|n={n}"
-    cache = _read_cache()
-    if key in cache and not fresh:
-        return cache[key]
-    best = matmul_rate(dtype, n, seconds, rounds)
-    cache = _read_cache()  # another process may have written meanwhile
-    cache[key] = best
-    try:
-        write_atomically(_CACHE, json.dumps(cache, indent=1))
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-    return best
+    return machine_cache.remembered(PEAKS_CACHE, key, lambda: matmul_rate(dtype, n, seconds, rounds), fresh)
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:

@@ -57,7 +57,9 @@ LADDERS = {
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).
 STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp"}
 
-# What each ladder lowers: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones.
+# What each ladder lowers: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones,
+# and their stages run with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run
+# keeps a memory saving).
 LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory"}
 
 def ladder_of(stage: str) -> str:
@@ -98,11 +100,21 @@ def load_stage(stage: str):
     return module
 
 
-def stage_config(stage: str, profile: str, **overrides) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides."""
-    settings = profile_settings(profile, base_ladder(ladder_of(stage)))
+# The ladders whose stages also train to a loss (gpt/time_to_loss.py); the memory and lean ladders keep their
+# parent's trajectory (their equivalence tests), so their time to loss is their time per token.
+TRAINED_TO_A_LOSS = ("speed", "fast")
+
+
+def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides) -> TrainConfig:
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides. to_a_loss: the
+    profile's settings for training to a loss (a stage of the speed or fast ladder) instead of the timed ones."""
+    ladder = ladder_of(stage)
+    if to_a_loss and ladder not in TRAINED_TO_A_LOSS:
+        raise UserError(f"{stage} is not trained to a loss: the {ladder} ladder keeps its parent's trajectory (tests/"
+                        "test_ladder_equivalence.py), so its time to loss is its time per token")
+    settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
-    cfg = TrainConfig(**settings)
+    cfg = TrainConfig(**settings, goal=LADDER_GOAL[ladder])
     for name in lineage(stage):
         load_stage(name).change(cfg)
     for key, value in overrides.items():

@@ -15,17 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.optimizations.chunked_loss import LOSSES, check_impl, chunked_cross_entropy
-from gpt.config import check_dropout
+from gpt.optimizations.fused_attention import explicit_attention, fused_attention
+from gpt.config import PRESETS, check_dropout
 from gpt.errors import UserError
 
-# The four GPT-2 sizes, plus a tiny model (minGPT's "gpt-mini") for CPU runs and tests.
-PRESETS = {
-    "gpt-mini": dict(n_layer=6, n_head=6, n_embd=192),
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-}
 
 ATTENTIONS = ("naive", "sdpa")
 
@@ -102,14 +95,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.attention == "naive":
             # Materialises the B x H x T x T score tensor: the memory cost the fused kernel avoids.
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
-            att = self.attn_dropout(F.softmax(att, dim=-1))
-            y = att @ v
+            y = explicit_attention(q, k, v, self.mask[:T, :T], self.attn_dropout)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-            )
+            y = fused_attention(q, k, v, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # concatenate the heads again
         return self.resid_dropout(self.c_proj(y))
 

@@ -17,11 +17,24 @@
   its time to the stage.
 - smoke: tiny shapes, seconds per stage; for tests.
 
+Each profile also has "time_to_loss": the speed ladder's baseline settings when the speed and fast stages train from
+scratch to a token budget (gpt/time_to_loss.py); `_to_a_loss` says how they are derived.
+
 Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
 """
 from gpt.errors import UserError
 
 _REFERENCE_TRAINING = dict(dropout=0.1, attention="naive", seed=3407)
+# Training to a loss (the speed and fast ladders from scratch, README "Time to loss"): nanoGPT's shakespeare_char
+# optimizer settings (AdamW lr 1e-3, beta2 0.99, warm-up 100 steps, cosine decay to lr/10 at the budget's end),
+# in tokens of the baseline's batch so every stage follows one schedule. The budget is the decay's end.
+def _to_a_loss(batch: int, block: int, steps: int, evals: int = 10, warmup_steps: int = 100, **shape) -> dict:
+    tokens = steps * batch * block
+    return dict(**shape, data_dir="data/shakespeare_char", dataset="raw_text", block_size=block, batch_size=batch,
+                samples=batch * 16, repeats=1, warmup_iters=0, seed=3407, attention="naive",
+                train_tokens=tokens, eval_every_tokens=tokens // evals, lr=1e-3, betas=(0.9, 0.99), min_lr=1e-4,
+                lr_warmup_tokens=warmup_steps * batch * block, lr_decay_tokens=tokens)
+
 
 PROFILES = {
     "reference": {
@@ -31,6 +44,8 @@ PROFILES = {
         "memory": dict(preset="gpt2-large", data_dir="data/shakespeare_char", dataset="tokens",
                        block_size=128, batch_size=32, samples=1024, repeats=5, warmup_iters=10,
                        **_REFERENCE_TRAINING),
+        # the speed ladder's shape (GPT-mini, block 128, batch 32) on ~10M tokens: not measured on a GPU yet
+        "time_to_loss": _to_a_loss(batch=32, block=128, steps=2500, preset="gpt-mini", dropout=0.1, eval_windows=512),
     },
     "cpu": {
         "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
@@ -40,6 +55,9 @@ PROFILES = {
                        dataset="tokens", block_size=128, batch_size=12, samples=24, repeats=2, warmup_iters=1,
                        profile_steps=1,
                        **_REFERENCE_TRAINING),
+        # nanoGPT's CPU recipe for shakespeare_char: 4 layers of 128, 4 heads, block 64, batch 12, dropout 0
+        "time_to_loss": _to_a_loss(batch=12, block=64, steps=2000, preset="gpt-mini", n_layer=4, n_head=4,
+                                   n_embd=128, dropout=0.0, eval_windows=200),
     },
     "smoke": {
         "speed": dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, data_dir="data/shakespeare_char",
@@ -48,6 +66,8 @@ PROFILES = {
         "memory": dict(preset="gpt2-large", n_layer=4, n_head=4, n_embd=64, data_dir="data/shakespeare_char",
                        dataset="tokens", block_size=32, batch_size=8, samples=16, repeats=2, warmup_iters=1,
                        **_REFERENCE_TRAINING),
+        "time_to_loss": _to_a_loss(batch=4, block=32, steps=150, evals=5, warmup_steps=10, preset="gpt-mini",
+                                   n_layer=2, n_head=2, n_embd=32, dropout=0.0, eval_windows=32),
     },
 }
 

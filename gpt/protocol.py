@@ -90,6 +90,7 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     per stage than an extra one after timing."""
     cfg, device = trainer.cfg, trainer.device
     trainer.model.train()
+    forget_compilations()
     synchronize(device)
     t0 = time.perf_counter()
     warm = WarmUp(seconds=0.0)
@@ -106,6 +107,19 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     synchronize(device)
     warm.seconds = time.perf_counter() - t0
     return warm
+
+
+_CACHE_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("inductor", "fxgraph_cache_hit"),
+                   ("aot_autograd", "autograd_cache_miss"), ("inductor", "fxgraph_cache_miss"))
+
+
+def forget_compilations() -> None:
+    """Start compile_cache_state's count afresh: what compiled before the model's first step (a benchmark of the
+    attention kernels, gpt/optimizations/fused_attention.py) is not the model's compilation."""
+    from torch._dynamo.utils import counters
+
+    for group, name in _CACHE_COUNTERS:
+        counters[group].pop(name, None)
 
 
 def compile_cache_state() -> str | None:
@@ -143,13 +157,10 @@ def timed_repeats(trainer: train.Trainer) -> Timed:
     for _ in range(cfg.repeats):
         if cfg.world_size > 1:
             dist.barrier()  # start together, so a repeat measures the ranks' joint work
-        clock, rep_losses = StepClock(device), []
+        clock = StepClock(device)
         synchronize(device)
         t0 = time.perf_counter()
-        for _ in range(cfg.steps_per_repeat):
-            clock.mark()
-            rep_losses.append(trainer.step(feed))
-        clock.mark()
+        rep_losses = trainer.run(cfg.steps_per_repeat, feed, mark=clock.mark)
         synchronize(device)
         repeat_s.append(time.perf_counter() - t0)
         step_s += clock.durations()
@@ -207,6 +218,14 @@ def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.
 
 def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
     """The run's JSON record (README: The JSON record); the ladder adds the stage's place in its ladder."""
+    return {**run_facts(trainer, label),
+            "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(timed, memory),
+                        **flops_metrics(trainer, timed), **loss_metrics(trainer.cfg, warm, timed)}}
+
+
+def run_facts(trainer: train.Trainer, label: str) -> dict:
+    """What every record of a finished run holds besides its metrics: the settings, the model, the device, the
+    choices made on it and the provenance (the timed protocol's records and those of training to a loss)."""
     raw, cfg, device = trainer.raw, trainer.cfg, trainer.device
     return {
         "schema": SCHEMA_VERSION,
@@ -218,8 +237,6 @@ def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profi
                    "threads_per_process": torch.get_num_threads()},
         "choices": choices(trainer),
         "env": environment(),
-        "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(timed, memory),
-                    **flops_metrics(trainer, timed), **loss_metrics(cfg, warm, timed)},
     }
 
 

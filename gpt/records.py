@@ -101,6 +101,11 @@ METRIC_KEYS = {
     "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
     "mfu_fastest_pct", "loss_first", "loss_final", "losses",
 }
+# A stage trained to a loss (record["mode"] == "time_to_loss", gpt/time_to_loss.py) has these metrics instead.
+LOSS_METRIC_KEYS = {
+    "curve", "steps", "tokens", "train_seconds", "startup_s", "first_step_s", "compile_cache", "eval_seconds",
+    "evaluations", "tokens_per_s", "val_loss_initial", "val_loss_final", "train_loss_final", "target_loss", "target",
+}
 STATUSES = {"ok", "oom", "failed", "skipped"}
 
 
@@ -113,6 +118,8 @@ def record_problems(record: dict) -> list[str]:
     if status == "ok":
         problems += [f"missing key {k!r}" for k in sorted(OK_KEYS - set(record))]
         metrics = record.get("metrics", {})
+        if record.get("mode") == "time_to_loss":
+            return problems + [f"missing metric {k!r}" for k in sorted(LOSS_METRIC_KEYS - set(metrics))]
         problems += [f"missing metric {k!r}" for k in sorted(METRIC_KEYS - set(metrics))]
         if not metrics.get("seconds_mean", 0) > 0:
             problems.append("seconds_mean must be positive")
@@ -157,8 +164,16 @@ def _memory_method(record: dict) -> str | None:
 # ---- where a stage's files go in its run directory -----------------------------------------------------------
 
 
-def record_path(out: Path, stage: str) -> Path:
-    return Path(out) / f"{stage}.json"
+TIME_TO_LOSS_DIR = "time_to_loss"  # a run directory's records of stages trained to a loss (gpt/time_to_loss.py)
+
+
+def record_path(out: Path, stage: str, seed: int | None = None) -> Path:
+    """A stage's record; with `seed`, the record of a run with another seed than its profile's."""
+    return Path(out) / (f"{stage}.json" if seed is None else f"{stage}.seed{seed}.json")
+
+
+def time_to_loss_dir(out: Path) -> Path:
+    return Path(out) / TIME_TO_LOSS_DIR
 
 
 def snapshot_path(out: Path, stage: str) -> Path:

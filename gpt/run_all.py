@@ -1,8 +1,8 @@
-"""The main job behind `./run_all.sh`: every stage of the four ladders, in order, each in its own process,
-then results.md.
+"""The main job behind `./run_all.sh`: every stage of the four ladders, in order, each in its own process, then
+the speed and fast stages trained to a loss (the fifth section, records in <out>/time_to_loss/), then results.md.
 
-    ./run_all.sh [--profile P] [--only speed|fast|memory|lean] [--device auto|cpu|cuda] [--wandb MODE]
-                  [--out DIR] [--resume] [--no-profiler]
+    ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss] [--device auto|cpu|cuda]
+                  [--wandb MODE] [--out DIR] [--resume] [--no-profiler]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
@@ -17,24 +17,29 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 import torch
 
+from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
-from gpt.ladder import LADDERS, STAGES_DIR, base_ladder, stage_config
+from gpt.ladder import LADDERS, STAGES_DIR, TRAINED_TO_A_LOSS, base_ladder, stage_config
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, record_path, writable_dir, write_record
+from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
 from gpt.report.document import write_report
 from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
+from gpt.time_to_loss import BASELINE_SEEDS, TARGET_AT, target_from
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
+TIME_TO_LOSS = "time_to_loss"  # the fifth section: the speed and fast stages trained to a loss
+SECTIONS = [*LADDERS, TIME_TO_LOSS]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: reference with "
                    "CUDA, cpu without; smoke: tiny shapes, a few minutes in all)")
-    p.add_argument("--only", choices=list(LADDERS), help="run one ladder only")
+    p.add_argument("--only", choices=SECTIONS, help="run one ladder only, or only the training to a loss")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
                    help="Weights & Biases mode for every stage (offline needs no account or network)")
@@ -62,9 +67,10 @@ def needs_run(record: dict | None, profile: str, device: str) -> bool:
     return measured_on not in (device, "auto")
 
 
-def prepare_data(profile: str, ladders: list[str]) -> None:
+def prepare_data(profile: str, sections: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
-    dirs = {REPO_ROOT / profile_settings(profile, base_ladder(ladder))["data_dir"] for ladder in ladders}
+    dirs = {REPO_ROOT / profile_settings(profile, s if s == TIME_TO_LOSS else base_ladder(s))["data_dir"]
+            for s in sections}
     for data_dir in sorted(dirs):
         prepare_if_missing(data_dir)
 
@@ -188,13 +194,48 @@ def run_stage(cmd: list[str], log: Path, show) -> int:
             raise
 
 
-def failed_record(stage: str, profile: str, device: str, reason: str) -> dict:
+@dataclass
+class Job:
+    """One stage run of run_all: its command's extra arguments, where its record and its log go."""
+    stage: str
+    record: Path
+    log: Path
+    extra: list[str] = field(default_factory=list)  # after the stage's common arguments
+    seed: int | None = None  # a run to a loss with another seed than the profile's
+
+    @property
+    def to_a_loss(self) -> bool:
+        return "--time-to-loss" in self.extra
+
+    @property
+    def name(self) -> str:
+        return self.stage + (f" seed {self.seed}" if self.seed is not None else "")
+
+
+def ladder_jobs(stages: list[str], out: Path) -> list[Job]:
+    return [Job(stage, record_path(out, stage), out / f"{stage}.log") for stage in stages]
+
+
+def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None) -> list[Job]:
+    """Stages trained to a loss (records and logs in <out>/time_to_loss/), each with each of `seeds`."""
+    folder = writable_dir(time_to_loss_dir(out))
+    return [Job(stage, record_path(folder, stage, seed),
+                folder / (f"{stage}.log" if seed is None else f"{stage}.seed{seed}.log"),
+                ["--time-to-loss"] + (["--seed", str(seed)] if seed is not None else [])
+                + (["--target-loss", repr(target)] if target is not None else []), seed)
+            for stage in stages for seed in seeds]
+
+
+def failed_record(job: Job, profile: str, device: str, reason: str) -> dict:
     """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter)."""
     try:
-        cfg = stage_config(stage, profile, device=device)
+        cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
     except UserError:
         cfg = None
-    return unfinished_record(stage, profile, "failed", reason, cfg)
+    record = unfinished_record(job.stage, profile, "failed", reason, cfg)
+    if job.to_a_loss:
+        record.update(mode="time_to_loss", seed=cfg.seed if cfg else job.seed)
+    return record
 
 
 def outcome(record: dict) -> str:
@@ -202,6 +243,12 @@ def outcome(record: dict) -> str:
     if record.get("status") != "ok":
         return f"{record.get('status')}: {record.get('reason', '')}"
     m = record["metrics"]
+    if record.get("mode") == TIME_TO_LOSS:
+        target = m.get("target")
+        return (f"ok  val loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f} in {m['tokens']:,} tokens, "
+                f"{fmt_num(m['train_seconds'])} s, {m['tokens_per_s']:,.0f} tokens/s"
+                + ("" if m.get("target_loss") is None else
+                   f", target reached at {fmt_num(target['seconds'])} s" if target else ", target not reached"))
     return (f"ok  {fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
             f"{m['tokens_per_s']:,.0f} tokens/s, peak {fmt_mib(m['peak_memory_mib'])} MiB")
 
@@ -213,14 +260,25 @@ def clock(seconds: float) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def run_stages(stages: list[str], args, profile: str, device: str, out: Path) -> tuple[int, bool]:
-    """Run the stages in order with a progress line each; returns (failed stages, interrupted)."""
+class Progress:
+    """The numbering of the stage lines across the sections ([i/N]), and the run's total clock."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def prefix(self, job: Job) -> str:
+        self.done += 1
+        return f"[{self.done:>2}/{self.total}] {job.name:<24}"
+
+
+def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
+    """Run the jobs in order with a progress line each; returns (failed stages, interrupted)."""
     tty = sys.stdout.isatty()
     cr = "\r" if tty else ""  # on a terminal the final line overwrites the ticking one
-    start, failures = time.monotonic(), 0
-    for i, stage in enumerate(stages, 1):
-        path, log = record_path(out, stage), out / f"{stage}.log"
-        prefix = f"[{i:>2}/{len(stages)}] {stage:<24}"
+    start, failures = progress.start, 0
+    for job in jobs:
+        stage, path, log = job.stage, job.record, job.log
+        prefix = progress.prefix(job)
         if args.resume and not needs_run(read_record(path), profile, device):
             print(f"{prefix} kept: {outcome(read_record(path))}")
             continue
@@ -234,7 +292,8 @@ def run_stages(stages: list[str], args, profile: str, device: str, out: Path) ->
         before = path.stat().st_mtime_ns if path.exists() else None
         t0, rc, interrupted = time.monotonic(), None, False
         try:
-            cmd = stage_command(stage, profile, device, args.wandb, out) + ["--no-profiler"] * args.no_profiler
+            cmd = (stage_command(stage, profile, device, args.wandb, out) + ["--no-profiler"] * args.no_profiler
+                   + job.extra)
             rc = run_stage(cmd, log, show)
         except KeyboardInterrupt:
             interrupted = True
@@ -248,7 +307,7 @@ def run_stages(stages: list[str], args, profile: str, device: str, out: Path) ->
                 reason = f"killed by {signal.Signals(-rc).name}"
             else:
                 reason = f"exit code {rc} without a record: {_last_line(log)}"
-            record = failed_record(stage, profile, device, reason)
+            record = failed_record(job, profile, device, reason)
             write_record(path, record)
         failures += record.get("status") == "failed"
         print(f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
@@ -280,6 +339,27 @@ def run_memory_planner(out: Path) -> None:
             print(f"[planner] {name} failed (exit {rc}); see {log}")
 
 
+def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
+    """The fifth section: speed_0 with BASELINE_SEEDS seeds (their spread is the run-to-run spread of the final
+    validation loss), the target from its curve (time_to_loss.target_from), then every other stage of the speed
+    and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
+    baseline, *rest = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
+    seeds = [None] + [TrainConfig.seed + i for i in range(1, BASELINE_SEEDS)]
+    failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
+    if interrupted:
+        return failures, True
+    record = read_record(loss_jobs([baseline], out)[0].record)
+    target = target_from(record) if record and record.get("status") == "ok" else None
+    print(f"   target: {'none (the baseline did not finish)' if target is None else f'validation loss {target:.4f}'}"
+          f", {TARGET_AT:.0%} of the way through {baseline}'s budget", flush=True)
+    more, interrupted = run_stages(loss_jobs(rest, out, target=target), args, profile, device, out, progress)
+    return failures + more, interrupted
+
+
+def loss_job_count() -> int:
+    return sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + BASELINE_SEEDS - 1
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -287,14 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
     profile = args.profile or default_profile(device)
     out = (args.out or REPO_ROOT / "runs" / f"{profile}-{device}").resolve()
-    ladders = [args.only] if args.only else list(LADDERS)
-    stages = [s for ladder in ladders for s in LADDERS[ladder]]
+    sections = [args.only] if args.only else SECTIONS
+    ladders = [s for s in sections if s in LADDERS]
+    jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out)
+    progress = Progress(len(jobs) + (loss_job_count() if TIME_TO_LOSS in sections else 0))
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
     lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
-    print(f"== GPT ladder: {' and '.join(ladders)}, profile {profile} on {device} "
+    print(f"== GPT ladder: {' and '.join(s.replace('_', ' ') for s in sections)}, profile {profile} on {device} "
           f"({device_name(torch.device(device))}); records and logs in {out}")
-    prepare_data(profile, ladders)
+    prepare_data(profile, sections)
     write_machine(out, profile, device)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
@@ -305,7 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         measure_cpu_peaks(out, rounds)
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
     try:
-        failures, interrupted = run_stages(stages, args, profile, device, out)
+        failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
+        if TIME_TO_LOSS in sections and not interrupted:
+            more, interrupted = run_to_a_loss(args, profile, device, out, progress)
+            failures += more
     except KeyboardInterrupt:  # between two stages
         failures, interrupted = 0, True
     finally:

@@ -16,7 +16,7 @@ from gpt.ladder import ladder_of, load_stage, parent_of, stage_config
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, default_profile
 from gpt.records import (environment, failure_of, peak_memory_pair, ran_eager, read_record, record_path,
-                         snapshot_path, trace_path, writable_dir, write_record)
+                         snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -48,7 +48,27 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
                    "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)")
     p.add_argument("--no-profiler", action="store_true",
                    help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz")
+    loss = p.add_argument_group("training to a loss (speed and fast stages: from scratch, on the profile's "
+                                "time-to-loss settings; record in <out>/time_to_loss/)")
+    loss.add_argument("--time-to-loss", action="store_true", help="train to the profile's token budget")
+    loss.add_argument("--train-tokens", type=int, help="train to this many tokens (implies --time-to-loss; the "
+                      "learning rate decays to its floor at the budget's end)")
+    loss.add_argument("--eval-every-tokens", type=int, help="evaluate every this many tokens (default: the "
+                      "profile's, or a tenth of --train-tokens)")
+    loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
+    loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
     return p.parse_args(argv)
+
+
+def to_a_loss_overrides(args) -> dict:
+    """The settings a run to a loss takes from the command line (None: the profile's); bad input is one line."""
+    if args.train_tokens is not None and args.train_tokens <= 0:
+        raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
+    if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
+        raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
+    budget = args.train_tokens
+    return {"train_tokens": budget, "lr_decay_tokens": budget, "target_loss": args.target_loss, "seed": args.seed,
+            "eval_every_tokens": args.eval_every_tokens or (budget // 10 if budget else None)}
 
 
 def stage_meta(stage: str, profile: str) -> dict:
@@ -75,16 +95,23 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     dev = device_type(args.device)
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
-    cfg = stage_config(stage, profile, samples=args.samples, repeats=args.repeats,
+    to_a_loss = args.time_to_loss or args.train_tokens is not None
+    if not to_a_loss and any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed)):
+        raise UserError("--eval-every-tokens, --target-loss and --seed set a run to a loss: add --time-to-loss")
+    cfg = stage_config(stage, profile, to_a_loss, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        dropout=args.dropout, loss_impl=args.loss_impl,
-                       device=args.device, profile_steps=0 if args.no_profiler else None)
+                       device=args.device, profile_steps=0 if args.no_profiler else None,
+                       **(to_a_loss_overrides(args) if to_a_loss else {}))
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
         parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])).validate()
-    path = record_path(out, stage)
     meta = stage_meta(stage, profile)
+    if to_a_loss:
+        meta.update(mode="time_to_loss", seed=cfg.seed)
+        out = writable_dir(time_to_loss_dir(out))
+    path = record_path(out, stage, args.seed if args.seed not in (None, TrainConfig.seed) else None)
 
     launching = parallel.launches(cfg)
     reason = optimizations.why_cannot_run(cfg, dev)
@@ -95,6 +122,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         return EXIT_SKIPPED
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
+    if to_a_loss:
+        load_prepared(cfg.data_dir)  # no val split (or no data): one line now, not a failed record after training
     if launching:
         load_prepared(cfg.data_dir)  # missing data: one line here, not one per rank
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
@@ -130,7 +159,7 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     does the rank that failed first: torchrun may stop rank 0 before it can."""
     import torch
 
-    from gpt import protocol
+    from gpt import protocol, time_to_loss
 
     rank = int(os.environ.get("RANK", 0))
     writes = rank == 0
@@ -138,8 +167,11 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
     if rank == 0:
         trace.unlink(missing_ok=True)  # a trace from an earlier run must not pass for this one's
     try:
-        record = {**meta, **protocol.run(cfg, label=meta["stage"], trace_path=trace,
-                                      memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
+        if cfg.train_tokens:
+            record = {**meta, **time_to_loss.run(cfg, label=meta["stage"])}
+        else:
+            record = {**meta, **protocol.run(cfg, label=meta["stage"], trace_path=trace,
+                                          memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except UserError:
         raise
@@ -174,6 +206,8 @@ def print_summary(record: dict, out: Path) -> None:
     if record["status"] != "ok":
         print(f"\n{stage}: {record['status']}: {record.get('reason', '')}")
         return
+    if record.get("mode") == "time_to_loss":
+        return print_loss_summary(record, out)
     m, ch = record["metrics"], record["choices"]
     cfg = record["config"]
     print(f"\n== {stage} ({record['profile']} profile, {record['device']['name']} x{record['device']['count']})")
@@ -210,3 +244,25 @@ def print_summary(record: dict, out: Path) -> None:
     if m.get("memory_snapshot"):
         print(f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
               "https://pytorch.org/memory_viz)")
+
+
+def print_loss_summary(record: dict, out: Path) -> None:
+    """The summary of a run to a loss: the curve's ends, the rate, the target, the record."""
+    m, ch = record["metrics"], record["choices"]
+    print(f"\n== {record['stage']} trained to a loss ({record['profile']} profile, seed {record['seed']}, "
+          f"{record['device']['name']} x{record['device']['count']})")
+    print(f"  {m['tokens']:,} tokens in {m['steps']:,} steps: {m['train_seconds']:.1f} s of training "
+          f"({m['tokens_per_s']:,.0f} tokens/s); not in it: start-up {m['startup_s']:.1f} s"
+          + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
+          + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s")
+    print(f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "
+          f"train loss at the end {m['train_loss_final']:.3f}")
+    target = m.get("target")
+    if m.get("target_loss") is not None:
+        reached = (f"reached after {target['tokens']:,.0f} tokens, {target['seconds']:.1f} s of training"
+                   if target else "not reached within the budget")
+        print(f"  target {m['target_loss']:.3f}: {reached}")
+    print(f"  precision {ch['amp_dtype']}, compile {ch['compile_mode'] or 'off'}, "
+          f"backend {ch['distributed_backend'] or 'single process'}")
+    seed = record.get("seed")
+    print(f"  record: {record_path(out, record['stage'], seed if seed != TrainConfig.seed else None)}")

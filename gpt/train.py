@@ -5,6 +5,7 @@ The loops that drive a Trainer are the measurement protocol's phases (gpt/protoc
 profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
 build_model and train_step on fake tensors.
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +33,9 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
     reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
     different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
+    model_cfg = GPTConfig(vocab_size=vocab_size, block_size=cfg.block_size, dropout=cfg.dropout, **cfg.model_shape,
+                          **optimizations.model_settings(cfg, device.type, vocab_size))
     torch.manual_seed(cfg.seed)
-    overrides = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd") if getattr(cfg, k) is not None}
-    model_cfg = GPTConfig.from_preset(cfg.preset, vocab_size=vocab_size, block_size=cfg.block_size,
-                                      dropout=cfg.dropout, **optimizations.model_settings(cfg, device.type),
-                                      **overrides)
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
@@ -46,6 +45,18 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     model = compile_model(model, cfg, device)
     torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
+
+
+def learning_rate(cfg: TrainConfig, tokens: int) -> float:
+    """The learning rate of the step that brings training to `tokens` tokens (nanoGPT's schedule, in tokens): a
+    linear warm-up to cfg.lr over lr_warmup_tokens, a cosine decay to min_lr at lr_decay_tokens, min_lr after.
+    lr_decay_tokens 0: cfg.lr throughout."""
+    if not cfg.lr_decay_tokens:
+        return cfg.lr
+    if tokens < cfg.lr_warmup_tokens:
+        return cfg.lr * tokens / cfg.lr_warmup_tokens
+    ratio = min(1.0, (tokens - cfg.lr_warmup_tokens) / (cfg.lr_decay_tokens - cfg.lr_warmup_tokens))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
 def _grad_sync(model, last_micro_batch: bool):
@@ -100,6 +111,12 @@ class Stepper:
         self.model, self.optimizer, self.batches = model, optimizer, batches
         self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
         self.cuda_graphs = uses_cuda_graphs(cfg, device)
+        self.steps_done = 0
+
+    @property
+    def tokens_seen(self) -> int:
+        """Training tokens so far, all processes together."""
+        return self.steps_done * self.cfg.tokens_per_step
 
     def __call__(self, feed: FeedClock | None = None) -> torch.Tensor:
         feed = feed or FeedClock(self.device)
@@ -107,9 +124,13 @@ class Stepper:
             batch = next(self.batches)
         with feed.copy():
             x, y = to_device(batch, self.device, self.cfg)
+        if self.cfg.lr_decay_tokens:  # a schedule (training to a loss); the timed protocol keeps lr constant
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(self.cfg, self.tokens_seen + self.cfg.tokens_per_step)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
         loss = train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)
+        self.steps_done += 1
         self.progress.update()
         return loss.clone() if self.cuda_graphs else loss
 
@@ -127,6 +148,19 @@ class Trainer:
     amp: MixedPrecision
     fp32_matmuls: str
     step: Stepper
+
+    def run(self, steps: int, feed: FeedClock | None = None, mark=None) -> list[torch.Tensor]:
+        """The training loop: `steps` steps on the next batches, as every run trains (the timed repeats, training to
+        a loss). Returns each step's loss on the device: no `.item()`, no synchronisation. `mark()`, if given, is
+        called before each step and after the last (a per-step clock)."""
+        losses = []
+        for _ in range(steps):
+            if mark:
+                mark()
+            losses.append(self.step(feed))
+        if mark:
+            mark()
+        return losses
 
 
 def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> Trainer:

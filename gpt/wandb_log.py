@@ -2,7 +2,9 @@
 
 Every stage of one ladder run shares a group (env GPT_LADDER_GROUP, set by run_all; else
 <profile>-<device>-<date>) in the project "gpt-ladder", so the W&B UI lines the stages up side by side.
-Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays.
+Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays. A stage
+trained to a loss (job type "time_to_loss") logs its curve: val/loss and train/loss against curve/tokens, with
+curve/step and curve/seconds beside, under the same names in every stage, so one panel overlays them all.
 
 Offline (the default) needs no account and no network: runs go to <repo>/wandb/ (or $WANDB_DIR/wandb/),
 and `wandb sync wandb/offline-run-*` uploads them later.
@@ -15,6 +17,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
+from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 
 PROJECT = "gpt-ladder"
@@ -27,7 +30,7 @@ def run_group(record: dict) -> str:
 
 def run_config(record: dict) -> dict:
     """Everything that defines the run, so W&B can filter and group stages by any setting."""
-    keys = ("stage", "ladder", "profile", "parent", "model", "choices", "device")
+    keys = ("stage", "ladder", "profile", "parent", "mode", "model", "choices", "device")
     return {**record.get("config", {}), **{k: record[k] for k in keys if k in record},
             "git_commit": record.get("env", {}).get("git_commit"), "torch": record.get("env", {}).get("torch")}
 
@@ -80,24 +83,16 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
         save_code=False,
         init_timeout=60,  # online with an unreachable server: give up instead of waiting forever
     )
-    run = wandb.init(project=PROJECT, group=run_group(record), job_type=record["ladder"], name=record["stage"],
+    to_a_loss = record.get("mode") == "time_to_loss"
+    job = "time_to_loss" if to_a_loss else record["ladder"]
+    run = wandb.init(project=PROJECT, group=run_group(record), job_type=job, name=run_name(record),
                      config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
                      reinit="finish_previous")
     try:
-        m = record.get("metrics", {})
-        # per optimizer step: loss, step time and throughput, on their own x-axis
-        run.define_metric("train/step")
-        run.define_metric("train/*", step_metric="train/step")
-        cfg, count = record["config"], record.get("device", {}).get("count", 1)
-        tokens_per_step = cfg["batch_size"] * cfg["block_size"] * count  # every process's batch
-        for i, (loss, seconds) in enumerate(zip(m.get("losses", []), m.get("step_times_s", []))):
-            run.log({"train/step": i, "train/loss": loss, "train/step_time_s": seconds,
-                     "train/tokens_per_s": tokens_per_step / seconds})
-        # memory through the instrumented step, on an x-axis of its own (allocation events)
-        run.define_metric("memory/event")
-        run.define_metric("memory/*", step_metric="memory/event")
-        for i, mib in enumerate(m.get("memory_timeline_mib") or []):
-            run.log({"memory/event": i, "memory/live_mib": mib})
+        if to_a_loss:
+            _log_curve(run, record)
+        else:
+            _log_steps(run, record)
         run.summary.update(summary(record))
         for path in files:  # a copy in the run's own directory: a rerun replacing the file cannot change it
             copy = Path(shutil.copy(path, run.dir))
@@ -105,3 +100,41 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
     finally:
         run.finish()
         wandb.teardown()  # waits until the run is on disk (finish() alone may return before that)
+
+
+def run_name(record: dict) -> str:
+    """The stage; a run to a loss with another seed than the profile's says which."""
+    seed = record.get("seed")
+    return record["stage"] + (f" (seed {seed})" if seed not in (None, TrainConfig.seed) else "")
+
+
+def _log_curve(run, record: dict) -> None:
+    """A run to a loss: train and validation loss at every evaluation, against tokens (the x-axis every stage
+    shares: stages with different batches meet at equal tokens), with the step and the training seconds logged
+    beside so the W&B panel's x-axis can switch to either. Same names in every stage: one panel overlays them."""
+    run.define_metric("curve/tokens")
+    for name in ("val/loss", "train/loss", "curve/step", "curve/seconds", "curve/lr"):
+        run.define_metric(name, step_metric="curve/tokens")
+    for point in record["metrics"]["curve"]:
+        row = {"curve/tokens": point["tokens"], "curve/step": point["step"], "curve/seconds": point["seconds"],
+               "val/loss": point["val_loss"]}
+        row.update({k: v for k, v in (("train/loss", point["train_loss"]), ("curve/lr", point["lr"])) if v is not None})
+        run.log(row)
+
+
+def _log_steps(run, record: dict) -> None:
+    """A timed run: each step's loss, time and throughput, and memory through the instrumented step."""
+    m = record.get("metrics", {})
+    # per optimizer step: loss, step time and throughput, on their own x-axis
+    run.define_metric("train/step")
+    run.define_metric("train/*", step_metric="train/step")
+    cfg, count = record["config"], record.get("device", {}).get("count", 1)
+    tokens_per_step = cfg["batch_size"] * cfg["block_size"] * count  # every process's batch
+    for i, (loss, seconds) in enumerate(zip(m.get("losses", []), m.get("step_times_s", []))):
+        run.log({"train/step": i, "train/loss": loss, "train/step_time_s": seconds,
+                 "train/tokens_per_s": tokens_per_step / seconds})
+    # memory through the instrumented step, on an x-axis of its own (allocation events)
+    run.define_metric("memory/event")
+    run.define_metric("memory/*", step_metric="memory/event")
+    for i, mib in enumerate(m.get("memory_timeline_mib") or []):
+        run.log({"memory/event": i, "memory/live_mib": mib})

@@ -19,19 +19,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_peak_cache(tmp_path_factory):
-    """The tests' CPU matmul peaks (run_all's smoke calibration measures them in a second) go to a cache of
-    their own, here and in every stage process they start, never into the user's ~/.cache."""
+def private_machine_cache(tmp_path_factory):
+    """What the tests measure of this machine (CPU matmul peaks: run_all's smoke calibration measures them in a
+    second; attention kernels) goes to a cache of its own (gpt/machine_cache.py), here and in every stage process
+    they start, never into the user's ~/.cache."""
     import os
 
-    from gpt import flops
-
     cache_home = tmp_path_factory.mktemp("xdg_cache")
-    old_env, old_cache = os.environ.get("XDG_CACHE_HOME"), flops._CACHE
+    old_env = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache_home)
-    flops._CACHE = cache_home / "gpt-ladder" / "cpu_peak_flops.json"
     yield
-    flops._CACHE = old_cache
     if old_env is None:
         os.environ.pop("XDG_CACHE_HOME", None)
     else:

@@ -69,9 +69,13 @@ def test_gpt2_token_windows_and_raw_text_windows_come_from_the_same_text(gpt2_te
 # ---- bf16 without a scaler, TF32 (fast_2): no effect on a CPU -----------------------------------------------
 
 
-def test_bf16_stage_changes_nothing_on_a_cpu(char_data):
+def test_bf16_stage_changes_nothing_on_a_cpu(char_data, monkeypatch):
     """On the CPU autocast is bf16 (or fp32) without a scaler whether amp_bf16 is on or not, and TF32 does
-    not exist: the stage runs the same code, and its record says why."""
+    not exist: the stage runs the same code, and its record says why (and the next stage's, with SDPA measured
+    faster, says nothing)."""
+    from gpt.optimizations import fused_attention
+
+    monkeypatch.setattr(fused_attention, "cpu_attention_choice", lambda cfg: ("sdpa", None))
     before, after = tiny_config(char_data, amp=True), tiny_config(char_data, amp=True, amp_bf16=True, tf32=True)
     assert mixed_precision(after, CPU) == mixed_precision(before, CPU)
     assert matmul_precision(after, CPU) == "fp32"
@@ -454,3 +458,81 @@ def test_loss_benchmark_times_the_full_loss_and_each_available_implementation(ca
     assert "64 rows x 16 -> 80 classes (padded to 128)" in out and "\nfull " in out
     assert ("chunked (torch)" in out) == chunked_loss.installed("torch")
     assert "liger, cce\n" in out.split("not available here: ")[1]  # Triton kernels: CUDA only
+
+
+def test_a_cpu_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_data, monkeypatch):
+    """fast_3's CPU rule: SDPA only where one forward and backward of it was measured faster at the stage's shape
+    and precision; otherwise the explicit attention, and the record's no_effect gives both times. The measurement
+    is kept (gpt/machine_cache.py) and leaves the random state alone; CUDA always gets SDPA."""
+    from gpt.optimizations import fused_attention
+
+    calls = []
+
+    def measured(*shape):
+        calls.append(shape)
+        return [1.0, 4.0]
+
+    monkeypatch.setattr(fused_attention, "time_attentions", measured)
+    cfg = tiny_config(char_data, attention="sdpa", block_size=24, batch_size=6, samples=60)  # a shape of its own
+    assert fused_attention.attention_used(cfg, "cpu") == ("naive", fused_attention.attention_used(cfg, "cpu")[1])
+    reason = owner("attention").no_effect(cfg, CPU)
+    assert reason.startswith("kept the explicit attention: SDPA is slower on this CPU at this shape")
+    assert "6 x 2 heads x 24 positions x 16, float32: explicit 1.00 ms, SDPA 4.00 ms" in reason
+    assert len(calls) == 1  # measured once, then read from the cache
+    assert fused_attention.attention_used(cfg, "cuda") == ("sdpa", None)
+    monkeypatch.setattr(fused_attention, "time_attentions", lambda *shape: [4.0, 1.0])
+    faster = tiny_config(char_data, attention="sdpa", block_size=20, batch_size=5, samples=60)
+    assert fused_attention.attention_used(faster, "cpu") == ("sdpa", None)
+    assert owner("attention").no_effect(faster, CPU) is None
+    assert build_model_attention(faster) == "sdpa" and build_model_attention(cfg) == "naive"
+
+
+def build_model_attention(cfg) -> str:
+    from gpt.train import build_model
+
+    return build_model(cfg, 65, CPU)[0].config.attention
+
+
+def test_the_attention_benchmark_leaves_the_random_state_alone():
+    """A stage measures the attentions while building its model, right after seeding it: the weights must be the
+    seed's, whatever the benchmark drew (it uses the random generator and dropout)."""
+    from gpt.optimizations.fused_attention import time_attentions
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    times = time_attentions(2, 2, 8, 4, torch.float32, 0.1, compiled=False)
+    assert torch.equal(torch.get_rng_state(), state) and all(t > 0 for t in times)
+
+
+def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measured_slower(char_data, monkeypatch):
+    """fast_6's CPU rule, as fast_3's: the chunked loss only where its head and loss were measured faster than the
+    full loss's at the stage's shape (at 65 characters its chunks only add work); a run for memory (the lean
+    ladder) keeps it whatever the time, since its point there is the logits it never holds."""
+    from gpt.optimizations import chunked_loss
+
+    times = iter([{"median_ms": 2.0}, {"median_ms": 5.0}])
+    monkeypatch.setattr(chunked_loss, "time_head_and_loss", lambda *a, **k: next(times))
+    monkeypatch.setattr(chunked_loss, "resolve", lambda choice, device_type: "torch")
+    cfg = tiny_config(char_data, loss="chunked", block_size=12, samples=320)  # a shape of its own
+    loss, why = chunked_loss.loss_used(cfg, "cpu", 65)
+    assert loss == "full" and why.startswith("kept the full loss: the chunked loss (torch) is slower on this CPU")
+    assert "96 rows x 32 -> 65 classes, float32: full 2.00 ms, chunked 5.00 ms" in why  # batch 8 x block 12
+    assert owner("loss").no_effect(cfg, CPU) == why  # measured once, then read from the cache
+    assert chunked_loss.loss_used(tiny_config(char_data, loss="chunked", block_size=12, samples=320, goal="memory"),
+                                  "cpu", 65) == ("chunked", None)
+    assert chunked_loss.loss_used(cfg, "cuda", 65) == ("chunked", None)
+    assert build_model_loss(cfg) == "full"
+
+
+def build_model_loss(cfg) -> str:
+    from gpt.train import build_model
+
+    return build_model(cfg, 65, CPU)[0].config.loss
+
+
+def test_a_run_for_memory_keeps_sdpa_whatever_its_time(char_data, monkeypatch):
+    from gpt.optimizations import fused_attention
+
+    monkeypatch.setattr(fused_attention, "time_attentions", lambda *shape: [1.0, 4.0])
+    cfg = tiny_config(char_data, attention="sdpa", block_size=28, batch_size=4, samples=40, goal="memory")
+    assert fused_attention.attention_used(cfg, "cpu") == ("sdpa", None)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpt import flops, peak_memory, protocol
+from gpt import flops, machine_cache, peak_memory, protocol
 from gpt.ladder import LADDERS, stage_config
 from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
 from gpt.allocator_snapshot import MiB
@@ -196,11 +196,11 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
     the same benchmark outside it (load on the machine moves it, not by 100x)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(flops, "_CACHE", tmp_path / "under_fake.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "under_fake"))
     with FakeTensorMode():
         under_fake = flops.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
     assert flops.measure_cpu_matmul_flops(torch.float32, n=1024) == under_fake  # what was cached
-    monkeypatch.setattr(flops, "_CACHE", tmp_path / "real.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "real"))
     real = flops.measure_cpu_matmul_flops(torch.float32, n=1024, seconds=0.3)
     assert real / 4 < under_fake < real * 4
 
@@ -208,12 +208,12 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
 def test_fresh_peak_measurement_replaces_a_stale_cached_figure(tmp_path, monkeypatch):
     """run_all measures the peaks afresh before its first stage: a figure cached on a busier day (or another
     VM with the same CPU name) must not survive it, while a stage run alone keeps reading the cache."""
-    monkeypatch.setattr(flops, "_CACHE", tmp_path / "peaks.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(flops, "matmul_rate", lambda dtype, n=2048, seconds=2.0, rounds=1: 7e10)
     flops.measure_cpu_matmul_flops(torch.float32)  # caches 7e10
-    cache = json.loads(flops._CACHE.read_text())
-    cache = {k: 1e9 for k in cache}  # a stale, much lower figure
-    flops._CACHE.write_text(json.dumps(cache))
+    path = machine_cache.cache_file(flops.PEAKS_CACHE)
+    cache = {k: 1e9 for k in json.loads(path.read_text())}  # a stale, much lower figure
+    path.write_text(json.dumps(cache))
     assert flops.measure_cpu_matmul_flops(torch.float32) == 1e9
     threads = torch.get_num_threads()  # the thread counts run_all calibrates: this process's, and 1 (a rank's)
     peaks = flops.calibrate_cpu_peaks([threads, 1], rounds=2)

@@ -52,7 +52,7 @@ from gpt.allocator_snapshot import MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.memory.recorder import StepRecorder
-from gpt.optimizations import parallel, precision
+from gpt.optimizations import chunked_loss, fused_attention, parallel, precision
 from gpt.optimizations.optimization import SimulationPlan
 from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt.train import build_model, train_step
@@ -83,7 +83,7 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
     free of the simulated step, with its Python stack, as a CUDA memory snapshot (Estimate.snapshot)."""
     if target not in TARGET_DEVICES:
         raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGET_DEVICES)})")
-    plan = simulation_plan(cfg, target)
+    plan = simulation_plan(cfg, target, vocab_size)
     sim, notes = plan.cfg, plan.notes
     recorder = StepRecorder() if record else None
     tracker = _PeakTracker(recorder, offload=plan.state_on_host)
@@ -128,11 +128,11 @@ def _add_other(breakdown: dict, notes: list[str], mib: float, what: str, where: 
     notes.append(f"{what} ({mib:,.1f} MiB, in 'other') added{where}")
 
 
-def simulation_plan(cfg: TrainConfig, target: str) -> SimulationPlan:
+def simulation_plan(cfg: TrainConfig, target: str, vocab_size: int) -> SimulationPlan:
     """What the simulation runs: the stage's settings on the CPU, one step of samples, each optimization rewritten
     as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's chunked loss, ...)."""
     sim = dataclasses.replace(cfg, device="cpu", samples=cfg.batch_size * cfg.world_size)
-    plan = optimizations.plan_simulation(SimulationPlan(sim, target))
+    plan = optimizations.plan_simulation(SimulationPlan(sim, target, source=cfg, vocab_size=vocab_size))
     plan.cfg.validate()
     return plan
 
@@ -232,12 +232,14 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 @contextlib.contextmanager
 def _cuda_rules():
     # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
-    # checkpointing recomputes a block during backward). The simulation runs on the CPU, whose bf16 rule
-    # must not decide what a GPU computes in: FSDP's mixed precision is bf16 on CUDA.
+    # checkpointing recomputes a block during backward). The simulation runs on the CPU, whose measured rules
+    # must not decide what a GPU computes with: FSDP's mixed precision is bf16 on CUDA, and attention is SDPA.
     with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
           mock.patch.object(F, "dropout", _cuda_dropout),
           mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
-          mock.patch.object(parallel, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU"))):
+          mock.patch.object(parallel, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU")),
+          mock.patch.object(fused_attention, "cpu_attention_choice", return_value=("sdpa", None)),
+          mock.patch.object(chunked_loss, "cpu_loss_choice", return_value=("chunked", None))):
         yield
 
 

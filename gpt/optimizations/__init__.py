@@ -79,12 +79,12 @@ def why_cannot_run(cfg, device_type: str) -> str | None:
     return next((r for r in reasons if r), None)
 
 
-def model_settings(cfg, device_type: str) -> dict:
+def model_settings(cfg, device_type: str, vocab_size: int) -> dict:
     """The GPTConfig fields the optimizations set (attention, vocabulary padding, the loss)."""
     settings = {}
     for opt in OPTIMIZATIONS:
         if opt.model:
-            settings.update(opt.model(cfg, device_type))
+            settings.update(opt.model(cfg, device_type, vocab_size))
     return settings
 
 

@@ -24,13 +24,18 @@ keeps PyTorch's own first (no extra package), then liger, then cce. `python -m g
 available at a stage's shape; its figures decide the order.
 """
 import importlib.util
+import statistics
+import time
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from gpt import machine_cache
+from gpt.devices import cpu_model, synchronize
 from gpt.errors import CannotSimulate, UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
+from gpt.optimizations.precision import mixed_precision
 
 if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
     from gpt.config import TrainConfig
@@ -41,6 +46,7 @@ PACKAGES = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}  # what to pip 
 MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 TRITON_ONLY = ("liger", "cce")  # their kernels are Triton: CUDA (or Triton's interpreter, in a test)
 
+LOSS_CACHE = "chunked_loss"  # gpt/machine_cache.py's file of measured head-and-loss times
 LOSS_CHUNK_ROWS = 256  # rows of logits per chunk on a CPU: 256 x 50304 bf16 = 25 MiB, instead of B*T x 50304
 
 
@@ -132,6 +138,84 @@ def loss_chunking(device_type: str):
                                               acc_policy="accurate")
 
 
+def full_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                       padding_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The full loss the chunked one replaces, as gpt/model.py computes it: every logit, then fp32 cross-entropy."""
+    return F.cross_entropy(F.linear(x, weight, padding_bias).float(), targets)
+
+
+def time_head_and_loss(loss_fn, rows: int, dim: int, vocab: int, padded_vocab: int, dtype: torch.dtype,
+                       device: torch.device, warmup: int = 3, repeats: int = 20) -> dict:
+    """Milliseconds of one forward and backward of the output head and the loss, `loss_fn(x, weight, targets,
+    vocab, bias)`, at a shape (median, min, max over `repeats` calls after `warmup`; CUDA: the peak MiB too), on
+    real tensors with the random state put back as it was (a stage measures this while it builds its model)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(rows, dim, device=device, generator=g).requires_grad_()
+        weight = (0.02 * torch.randn(padded_vocab, dim, device=device, generator=g)).requires_grad_()
+        bias = torch.zeros(padded_vocab, device=device)
+        bias[vocab:] = float("-inf")
+        targets = torch.randint(vocab, (rows,), device=device, generator=g)
+
+        def call():
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = loss_fn(x, weight, targets, vocab, bias)
+            loss.backward()
+            x.grad = weight.grad = None
+
+        for _ in range(warmup):
+            call()
+        synchronize(device)
+        peak = None
+        if device.type == "cuda":
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            call()
+            synchronize(device)
+            peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            synchronize(device)
+            times.append(1e3 * (time.perf_counter() - t0))
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "peak_mib": peak}
+
+
+def loss_used(cfg: "TrainConfig", device_type: str, vocab_size: int) -> tuple[str, str | None]:
+    """The loss a stage computes, and why it is not the one its config asks for (None when it is): cfg.loss, except
+    the chunked loss in a run for time (cfg.goal) on a CPU where it was measured slower than the full loss at the
+    stage's shape. A run for memory keeps it: its point there is the logits it never holds."""
+    if cfg.loss != "chunked" or cfg.goal != "time" or device_type != "cpu":
+        return cfg.loss, None
+    return cpu_loss_choice(cfg, vocab_size)
+
+
+def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | None]:
+    """On a CPU: the chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows,
+    width, (padded) vocabulary and precision, was measured faster than the full loss's; else the full loss."""
+    impl = resolve(cfg.loss_impl, "cpu")
+    rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
+    padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
+    dtype = mixed_precision(cfg, torch.device("cpu")).dtype
+    what = (f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
+            + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}")
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{impl}|{what}"
+
+    def measure():
+        chunked = lambda *a: chunked_cross_entropy(*a, impl=impl)  # noqa: E731
+        return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, torch.device("cpu"))["median_ms"]
+                for fn in (full_cross_entropy, chunked)]
+
+    full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, key, measure)
+    if chunked_ms <= full_ms:
+        return "chunked", None
+    return "full", (f"kept the full loss: the chunked loss ({impl}) is slower on this CPU at this shape ({what}: "
+                    f"full {full_ms:.2f} ms, chunked {chunked_ms:.2f} ms)")
+
+
 def implementation_of(model_config) -> str | None:
     """The implementation a model computes its loss with (the record's choices.loss_impl), None for the full loss."""
     return model_config.loss_impl if model_config.loss == "chunked" else None
@@ -151,16 +235,27 @@ def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
     return why_unavailable(cfg.loss_impl, device_type) if cfg.loss == "chunked" else None
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str) -> dict:
-    impl = resolve(cfg.loss_impl, device_type) if cfg.loss == "chunked" else cfg.loss_impl
-    return {"loss": cfg.loss, "loss_impl": impl}
+def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+    loss = loss_used(cfg, device_type, vocab_size)[0]
+    return {"loss": loss, "loss_impl": resolve(cfg.loss_impl, device_type) if loss == "chunked" else cfg.loss_impl}
+
+
+def _no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    if cfg.loss != "chunked" or cfg.goal != "time" or device.type != "cpu":
+        return None
+    from gpt.data import load_prepared  # the vocabulary: the stage's own data set, which it has just read
+
+    return loss_used(cfg, device.type, load_prepared(cfg.data_dir).vocab_size)[1]
 
 
 def _simulated_with_torch(plan: SimulationPlan) -> None:
     """Triton kernels cannot run on fake tensors: the chunked loss is simulated with PyTorch's own op, whichever
     implementation the stage uses (liger also keeps the head's fp32 weight gradient from forward to backward,
-    which PyTorch's does not)."""
+    which PyTorch's does not). A CPU estimate computes the loss the stage's run chose."""
     if plan.cfg.loss != "chunked":
+        return
+    if plan.target == "cpu" and loss_used(plan.source, "cpu", plan.vocab_size)[0] == "full":
+        plan.cfg.loss = "full"
         return
     if not installed("torch"):
         raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which "
@@ -172,4 +267,4 @@ CHUNKED_LOSS = Optimization(
     name="chunked linear + cross-entropy", fields=("loss", "loss_impl"),
     code="gpt/optimizations/chunked_loss.py:chunked_cross_entropy (called by gpt/model.py:GPT.forward)",
     time_targets=("forward", "backward"), memory_targets=("activations", "temporaries"), checks=_check,
-    cannot_run=_cannot_run, model=_model_settings, simulate=_simulated_with_torch)
+    cannot_run=_cannot_run, model=_model_settings, no_effect=_no_effect, simulate=_simulated_with_torch)

@@ -1,22 +1,128 @@
 """Fused attention (fast_3): F.scaled_dot_product_attention instead of the explicit B x H x T x T scores.
 
-The code is the model's own, gpt/model.py:CausalSelfAttention.forward, which has both paths ("naive" writes,
-masks, softmaxes and reads the score matrix; "sdpa" computes the softmax block by block and never stores it);
-gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels (flash and
-memory-efficient attention keep the output and a logsumexp, not the scores) is in gpt/memory/__init__.py:_cuda_sdpa.
+Both attentions are here, and gpt/model.py:CausalSelfAttention.forward calls the one its config names. The
+explicit one writes the score matrix, masks it, softmaxes it, applies dropout and reads it again for the product
+with v; the fused kernel (FlashAttention on recent GPUs, a fused CPU kernel) computes the softmax block by block
+and never stores it. On a GPU the fused kernel is the one to use. On a CPU it is not always faster: at the
+character-level shape of training to a loss (head size 32, 64 positions) its bf16 backward took 5x the explicit
+attention's time on the machines this was built on. So a CPU computes with SDPA only where it was measured faster
+at the stage's own shape and precision (`cpu_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps
+the explicit attention, with both times as the record's `no_effect`: the rule speed_5 follows for bf16.
+gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
+gpt/memory/__init__.py:_cuda_sdpa.
 """
+import math
+import statistics
+import time
 from typing import TYPE_CHECKING
 
-from gpt.optimizations.optimization import Optimization
+import torch
+import torch.nn.functional as F
+
+from gpt import machine_cache
+from gpt.devices import cpu_model
+from gpt.optimizations.optimization import Optimization, SimulationPlan
+from gpt.optimizations.precision import mixed_precision
 
 if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
     from gpt.config import TrainConfig
 
+ATTENTION_CACHE = "cpu_attention"  # gpt/machine_cache.py's file of measured attention times
 
-def _model_settings(cfg: "TrainConfig", device_type: str) -> dict:
-    return {"attention": cfg.attention}
+
+def explicit_attention(q, k, v, mask: torch.Tensor, dropout: torch.nn.Module) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), causally masked) v, the B x H x T x T scores materialised, as the reference model
+    computed it. `mask` is the (T, T) lower triangle of allowed positions."""
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(~mask, float("-inf"))
+    return dropout(F.softmax(att, dim=-1)) @ v
+
+
+def fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
+    """The same attention by PyTorch's fused kernel: the scores are never stored; backward recomputes them."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+
+
+def attention_used(cfg: "TrainConfig", device_type: str) -> tuple[str, str | None]:
+    """The attention a stage computes with, and why it is not the one its config asks for (None when it is): SDPA
+    except on a CPU where it was measured slower in a run for time (cfg.goal). A run for memory keeps it: it never
+    holds the scores."""
+    if cfg.attention != "sdpa" or device_type != "cpu" or cfg.goal != "time":
+        return cfg.attention, None
+    return cpu_attention_choice(cfg)
+
+
+def cpu_attention_choice(cfg: "TrainConfig") -> tuple[str, str | None]:
+    """On a CPU: SDPA where one forward and backward of it, at the stage's micro-batch, heads, positions, head size,
+    precision, dropout and compilation, was measured faster than the explicit attention's; else the explicit one."""
+    shape = cfg.model_shape
+    batch, heads, positions = cfg.micro_batch_size, shape["n_head"], cfg.block_size
+    head_size = shape["n_embd"] // heads
+    dtype = mixed_precision(cfg, torch.device("cpu")).dtype
+    what = (f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}"
+            + (", compiled" if cfg.compile else ""))
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{what}|dropout={cfg.dropout}"
+    explicit_ms, fused_ms = machine_cache.remembered(
+        ATTENTION_CACHE, key, lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout,
+                                                      cfg.compile))
+    if fused_ms <= explicit_ms:
+        return "sdpa", None
+    return "naive", (f"kept the explicit attention: SDPA is slower on this CPU at this shape (forward and backward "
+                     f"of one layer's attention, {what}: explicit {explicit_ms:.2f} ms, SDPA {fused_ms:.2f} ms)")
+
+
+def time_attentions(batch: int, heads: int, positions: int, head_size: int, dtype: torch.dtype, dropout: float,
+                    compiled: bool) -> list[float]:
+    """Milliseconds of one forward and backward of each attention (explicit, fused): the median of ~0.3 s of
+    calls after warm-up, on real tensors (also when the memory planner calls this under FakeTensorMode), with the
+    random state put back as it was (a stage measures this while it builds its model, after seeding it)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.random.fork_rng(devices=[]):
+        mask = torch.ones(positions, positions, dtype=torch.bool).tril()
+        drop = torch.nn.Dropout(dropout)
+        explicit = lambda q, k, v: explicit_attention(q, k, v, mask, drop)  # noqa: E731
+        fused = lambda q, k, v: fused_attention(q, k, v, dropout)  # noqa: E731
+        return [_time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype)
+                for fn in (explicit, fused)]
+
+
+def _time_one(fn, shape: tuple, dtype: torch.dtype, seconds: float = 0.3) -> float:
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+
+    def step():
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            y = fn(q, k, v)
+        y.float().sum().backward()
+
+    for _ in range(3):
+        step()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+    return {"attention": attention_used(cfg, device_type)[0]}
+
+
+def _no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+    return attention_used(cfg, device.type)[1]
+
+
+def _simulated_as_run(plan: SimulationPlan) -> None:
+    """A CPU estimate computes with the attention the stage's run chose, measured compiled when the stage compiles
+    (the planner itself runs eager: compiling speeds up the explicit attention only, so SDPA chosen against the
+    compiled one stays chosen against the eager one)."""
+    if plan.cfg.attention == "sdpa" and plan.target == "cpu":
+        plan.cfg.attention = attention_used(plan.source, "cpu")[0]
 
 
 FUSED_ATTENTION = Optimization(
-    name="fused attention (SDPA)", fields=("attention",), code="gpt/model.py:CausalSelfAttention.forward",
-    time_targets=("forward", "backward"), memory_targets=("activations",), model=_model_settings)
+    name="fused attention (SDPA)", fields=("attention",),
+    code="gpt/optimizations/fused_attention.py:fused_attention (called by gpt/model.py:CausalSelfAttention.forward)",
+    time_targets=("forward", "backward"), memory_targets=("activations",), model=_model_settings,
+    no_effect=_no_effect, simulate=_simulated_as_run)

@@ -28,6 +28,8 @@ class SimulationPlan:
     run on fake CPU tensors, the notes the estimate prints, and whether the training state lives in host memory."""
     cfg: "TrainConfig"  # the simulated settings; a simulate hook may change them
     target: str  # "cuda" or "cpu": whose memory is predicted
+    source: "TrainConfig"  # the stage's own settings, as it runs them
+    vocab_size: int  # of the data the stage trains on
     notes: list[str] = field(default_factory=list)
     state_on_host: bool = False  # FSDP CPU offload: parameters, gradients and optimizer state counted apart
 
@@ -43,7 +45,7 @@ class Optimization:
     checks: Callable[["TrainConfig"], None] | None = None  # raises UserError for settings it cannot take
     no_effect: Callable | None = None  # (cfg, device) -> why it changes nothing there, or None
     cannot_run: Callable | None = None  # (cfg, device_type) -> why a stage with it cannot run here, or None
-    model: Callable | None = None  # (cfg, device_type) -> the GPTConfig fields it sets
+    model: Callable | None = None  # (cfg, device_type, vocab_size) -> the GPTConfig fields it sets
     simulate: Callable[[SimulationPlan], None] | None = None  # rewrites the planner's plan (settings, notes)
     unseen_memory: Callable | None = None  # (cfg, raw model, target) -> (MiB, what, where) the simulation misses
     no_speedup: Callable | None = None  # (record, parent record) -> the measured reason it did not help, or None

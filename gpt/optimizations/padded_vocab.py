@@ -19,7 +19,7 @@ def _check(cfg: "TrainConfig") -> None:
         raise UserError(f"vocab_multiple must be >= 1, got {cfg.vocab_multiple}")
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str) -> dict:
+def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
     return {"vocab_multiple": cfg.vocab_multiple}
 
 

@@ -1,5 +1,6 @@
 """results.md from the JSON records of a ladder run: the header, each ladder's table, findings and plots, where the
-time goes, and the memory planner's section (gpt/memory/report_section.py) when its outputs are there.
+time goes, the time to loss (gpt/report/time_to_loss.py), and the memory planner's section
+(gpt/memory/report_section.py) when its outputs are there.
 
 Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
@@ -15,6 +16,7 @@ from gpt.report.findings import memory_findings, method_notes, noise_line, speed
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table
+from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
 
 PLOTS = "plots"  # the plots' folder beside results.md, as its links name it
@@ -24,17 +26,18 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     """Regenerate results.md (default: inside `runs`) and its plots/ from the records in `runs`."""
     runs = Path(runs)
     out = Path(out) if out else runs / "results.md"
-    records = load_records(runs)
-    if not records:
+    records, to_a_loss = load_records(runs), LossRuns(runs)
+    if not records and not to_a_loss.records:
         raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
     plots = out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    lines = header(runs, records)
+    lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()}, **records})
     ladders = ladders_of(records)
     for name, rungs in ladders.items():
         lines += ladder_section(name, rungs, plots)
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
+    lines += loss_section(to_a_loss, plots, PLOTS)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
         lines += [""] + planner

@@ -135,12 +135,12 @@ def speed_table(rungs: list[Rung]) -> list[str]:
             "anchor": [(f"{ANCHOR} ms/step (vs prev.)", anchor_cell)]}.get(kind, [])
     head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline", *(h for h, _ in refs),
             "tokens/s", "peak MiB", "MiB vs prev.", "MFU (own dtype / fastest)", "data wait / copy",
-            "bottleneck", "final loss"]
+            "bottleneck"]
     rows = []
     for r in rungs:
         ref = [cell(r) for _, cell in refs]
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", *ref, "", "", "", "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", *ref, "", "", "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
@@ -152,7 +152,6 @@ def speed_table(rungs: list[Rung]) -> list[str]:
             mfu_cell(r),
             feed_cell(r),
             bottleneck(r),
-            f"{r.m('loss_final'):.3f}",
         ])
     return table(head, rows)
 
@@ -163,13 +162,13 @@ def memory_table(rungs: list[Rung]) -> list[str]:
     head = ["stage", "change", "peak MiB", "vs previous", "vs baseline",
             *(["reference MiB (vs prev.)"] if documented else []), f"s / {n} samples", "time vs prev.",
             *(["reference s"] if documented else []), "tokens/s", "MFU (own dtype / fastest)", "data wait / copy",
-            "bottleneck", "final loss"]
+            "bottleneck"]
     rows = []
     for r in rungs:
         ref_mib = [reference_cell(r, "peak_mib", lambda v: f"{v:,}")] if documented else []
         ref_s = [str(r.reference.get("seconds", ""))] if documented else []
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", *ref_mib, "", "", *ref_s, "", "", "", "", ""])
+            rows.append([r.stage, r.change, r.status_text(), "", "", *ref_mib, "", "", *ref_s, "", "", "", ""])
             continue
         rows.append([
             r.stage, r.change,
@@ -183,7 +182,6 @@ def memory_table(rungs: list[Rung]) -> list[str]:
             mfu_cell(r),
             feed_cell(r),
             bottleneck(r),
-            f"{r.m('loss_final'):.3f}",
         ])
     return table(head, rows)
 

@@ -1,0 +1,38 @@
+"""What this machine measured about itself, kept between runs: the CPU's matmul peaks (gpt/flops.py) and which
+attention kernel is faster at a shape (gpt/optimizations/fused_attention.py). Every stage of a ladder then reads
+the same figure instead of timing its own on a machine whose neighbours come and go.
+
+The files live in $XDG_CACHE_HOME/gpt-ladder (~/.cache/gpt-ladder), one JSON object each, keyed by what the figure
+depends on (CPU model, threads, torch version, dtype, shape); a read-only home only costs a measurement next time.
+"""
+import json
+import os
+from pathlib import Path
+
+from gpt.files import write_atomically
+
+
+def cache_file(name: str) -> Path:
+    """Where the figures called `name` are kept (read at every call: the tests point XDG_CACHE_HOME elsewhere)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-ladder" / f"{name}.json"
+
+
+def read(name: str) -> dict:
+    try:
+        return json.loads(cache_file(name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def remembered(name: str, key: str, measure, fresh: bool = False):
+    """The figure `key` of file `name`: measured by `measure()` the first time (or when `fresh`), then kept."""
+    if not fresh and key in (cached := read(name)):
+        return cached[key]
+    value = measure()
+    cache = read(name)  # another process may have written meanwhile
+    cache[key] = value
+    try:
+        write_atomically(cache_file(name), json.dumps(cache, indent=1))
+    except OSError:
+        pass
+    return value

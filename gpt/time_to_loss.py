@@ -1,0 +1,184 @@
+"""Training to a loss: a stage trained from scratch to a token budget, with the learning-rate schedule, its
+validation loss evaluated every `eval_every_tokens` tokens (and before the first step and at the end), and the
+time to a target validation loss read from that curve (README: "Time to loss").
+
+The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
+evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
+evaluation only: no `.item()` and no synchronisation between two of them.
+
+    record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
+        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr
+    startup_s: the first step's time beyond a steady step (compilation, DataLoader workers): once per process,
+        given apart and not in `seconds`
+    target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
+"""
+import time
+
+import torch
+import torch.distributed as dist
+
+from gpt import distributed, train
+from gpt.config import TrainConfig
+from gpt.devices import resolve_device, synchronize
+from gpt.errors import UserError
+from gpt.evaluation import ValidationSet, validation_loss
+from gpt.optimizations import parallel
+from gpt.optimizations.compilation import compile_mode
+from gpt.protocol import compile_cache_state, forget_compilations, run_facts
+
+
+def run(cfg: TrainConfig, label: str = "train") -> dict:
+    """Train `cfg` to its token budget and return the run's record (every process of a DDP/FSDP run trains; rank
+    0's record is the one written)."""
+    cfg.validate()
+    if not cfg.train_tokens:
+        raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
+    device = resolve_device(cfg.device)
+    with distributed.process_group(device, enabled=parallel.is_distributed(cfg)):
+        return train_to_budget(cfg, device, label)
+
+
+class TrainingClock:
+    """Seconds of training only: it runs between two synchronisations and stops for every evaluation."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds = device, 0.0
+
+    def measure(self, work) -> float:
+        """Run `work()` on the clock; return its seconds (the device synchronised at both ends)."""
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        work()
+        synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
+        return seconds
+
+
+def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
+    """The run (this module's docstring), in one process."""
+    steps = cfg.train_tokens // cfg.tokens_per_step
+    trainer = train.prepare(cfg, device, steps, label)
+    val = ValidationSet(cfg.data_dir, cfg.block_size, cfg.eval_windows)
+    world, clock = cfg.world_size, TrainingClock(device)
+    interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))  # steps between two evaluations
+    losses: list[torch.Tensor] = []
+    curve, eval_s = [], 0.0
+
+    def evaluate():
+        nonlocal eval_s
+        t0 = time.perf_counter()
+        val_loss = validation_loss(trainer.raw, val, cfg.micro_batch_size, trainer.amp, device, trainer.rank, world)
+        eval_s += time.perf_counter() - t0
+        curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
+                      "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
+                      "lr": trainer.optimizer.param_groups[0]["lr"] if trainer.step.steps_done else None})
+        losses.clear()
+
+    evaluate()  # the untrained model: where every curve starts
+    forget_compilations()
+    first_step_s = clock.measure(lambda: losses.extend(trainer.run(1)))  # on its own: compilation, start-up
+    cache = compile_cache_state() if compile_mode(cfg, device) else None
+    while True:
+        done = trainer.step.steps_done
+        if done % interval == 0 or done == steps:
+            evaluate()
+        if done == steps:
+            break
+        todo = min(interval - done % interval, steps - done)
+        clock.measure(lambda: losses.extend(trainer.run(todo)))
+    trainer.step.progress.close()
+    return {**run_facts(trainer, label),
+            "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, steps, cache)}
+
+
+def _mean_across_ranks(losses: list[torch.Tensor], device: torch.device, world: int) -> float | None:
+    """The mean training loss of the steps since the last point, over every rank (None before the first step)."""
+    if not losses:
+        return None
+    mean = torch.stack(losses).float().mean()
+    if world > 1:
+        dist.all_reduce(mean)
+        mean /= world
+    return mean.item()
+
+
+def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, first_step_s: float, eval_s: float,
+                   steps: int, compile_cache: str | None) -> dict:
+    """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target."""
+    steady_s = (train_s - first_step_s) / (steps - 1) if steps > 1 else first_step_s
+    startup_s = max(0.0, first_step_s - steady_s)
+    for point in curve:
+        point["seconds"] = max(0.0, point["seconds"] - startup_s) if point["step"] else 0.0
+    final = curve[-1]
+    return {
+        "curve": curve,
+        "steps": steps,
+        "tokens": final["tokens"],
+        "train_seconds": train_s - startup_s,
+        "startup_s": startup_s,
+        "first_step_s": first_step_s,
+        "compile_cache": compile_cache,
+        "eval_seconds": eval_s,
+        "evaluations": len(curve),
+        "tokens_per_s": final["tokens"] / (train_s - startup_s) if train_s > startup_s else None,
+        "val_loss_initial": curve[0]["val_loss"],
+        "val_loss_final": final["val_loss"],
+        "train_loss_final": final["train_loss"],
+        "target_loss": cfg.target_loss,
+        "target": crossing(curve, cfg.target_loss) if cfg.target_loss is not None else None,
+    }
+
+
+# ---- reading a curve -----------------------------------------------------------------------------------------
+
+
+def crossing(curve: list[dict], target: float) -> dict | None:
+    """Where the validation loss first reaches `target`: the first evaluation at or below it, and the tokens and
+    training seconds there, interpolated linearly between that evaluation and the one before (None: never)."""
+    for i, point in enumerate(curve):
+        if point["val_loss"] > target:
+            continue
+        if i == 0:
+            return {"tokens": 0, "seconds": 0.0, "first_evaluation_step": 0, "rule": "reached before training"}
+        before = curve[i - 1]
+        f = (before["val_loss"] - target) / (before["val_loss"] - point["val_loss"])
+        return {"tokens": before["tokens"] + f * (point["tokens"] - before["tokens"]),
+                "seconds": before["seconds"] + f * (point["seconds"] - before["seconds"]),
+                "first_evaluation_step": point["step"],
+                "rule": "interpolated between the evaluations before and at the crossing"}
+    return None
+
+
+def val_loss_at(curve: list[dict], tokens: float) -> float:
+    """The validation loss at `tokens` tokens, interpolated linearly between the two evaluations around it."""
+    if not curve[0]["tokens"] <= tokens <= curve[-1]["tokens"]:
+        raise ValueError(f"{tokens} tokens is outside the curve ({curve[0]['tokens']} to {curve[-1]['tokens']})")
+    for before, point in zip(curve, curve[1:]):
+        if tokens <= point["tokens"]:
+            f = (tokens - before["tokens"]) / (point["tokens"] - before["tokens"])
+            return before["val_loss"] + f * (point["val_loss"] - before["val_loss"])
+    return curve[-1]["val_loss"]
+
+
+TARGET_AT = 0.8  # the target: the baseline's validation loss at this fraction of its budget
+BASELINE_SEEDS = 3  # speed_0 is trained with this many seeds (the profile's and the next ones): their spread
+
+
+def target_from(baseline: dict) -> float:
+    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of the tokens it trained on, so the
+    baseline reaches it before the end of its budget and every faster stage has room to reach it sooner."""
+    curve = baseline["metrics"]["curve"]
+    return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
+
+
+def seed_spread(finals: list[float]) -> float:
+    """The run-to-run spread of the final validation loss: the range over the baseline's seeds."""
+    return max(finals) - min(finals) if len(finals) > 1 else 0.0
+
+
+def changes_convergence(final: float, parent_final: float, spread: float) -> bool:
+    """A stage changes convergence when its final validation loss differs from its parent's by more than the
+    baseline's seeds differ among themselves."""
+    return abs(final - parent_final) > spread
+

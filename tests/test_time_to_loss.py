@@ -1,0 +1,283 @@
+"""Training to a loss (gpt/time_to_loss.py): the schedule, the held-out windows, evaluation that leaves training
+alone, the time-to-target rule, real learning on the smoke profile, the "changes convergence" mark with a negative
+control, W&B's curves, and one line for bad input. About a minute in all."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from gpt import time_to_loss, train
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.evaluation import ValidationSet
+from gpt.ladder import stage_config
+from gpt.records import record_problems
+from gpt.report.time_to_loss import LossRuns, loss_findings, loss_section
+from gpt.time_to_loss import changes_convergence, crossing, seed_spread, target_from, val_loss_at
+from gpt.train import learning_rate
+from test_ladder_equivalence import tiny_config
+
+
+def smoke_to_a_loss(char_data, stage="speed_0_baseline", **overrides) -> TrainConfig:
+    """The smoke profile's settings for training to a loss, on the tests' excerpt, on the CPU."""
+    return stage_config(stage, "smoke", True, data_dir=str(char_data), device="cpu", **overrides)
+
+
+# ---- the schedule ------------------------------------------------------------------------------------------
+
+
+def test_schedule_warms_up_linearly_then_decays_to_its_floor():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000).validate()
+    assert learning_rate(cfg, 0) == 0.0
+    assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
+    assert learning_rate(cfg, 1000) == pytest.approx(1e-3)  # the peak
+    assert learning_rate(cfg, 6000) == pytest.approx((1e-3 + 1e-4) / 2)  # half way down the cosine
+    assert learning_rate(cfg, 11000) == pytest.approx(1e-4) == learning_rate(cfg, 50000)  # the floor, and after
+    assert all(learning_rate(cfg, t) >= learning_rate(cfg, t + 100) for t in range(1000, 12000, 100))
+    constant = TrainConfig(lr=1e-3).validate()  # the timed protocol's setting: no schedule
+    assert learning_rate(constant, 0) == learning_rate(constant, 10**9) == 1e-3
+
+
+def test_the_timed_protocol_leaves_the_learning_rate_alone(char_data):
+    """lr_decay_tokens 0 (every timed profile): the optimizer's learning rate is never touched."""
+    cfg = tiny_config(char_data, warmup_iters=0)
+    trainer = train.prepare(cfg, torch.device("cpu"), 3, "test")
+    trainer.run(3)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [cfg.lr, cfg.lr]
+
+
+# ---- the held-out windows and evaluation ------------------------------------------------------------------
+
+
+def test_validation_windows_are_the_same_for_every_stage_and_run(char_data):
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    a = ValidationSet(char_data, 32, 16)
+    assert torch.equal(torch.get_rng_state(), before)  # drawing them touches no training randomness
+    torch.manual_seed(2)
+    b = ValidationSet(char_data, 32, 16)
+    assert torch.equal(a.starts, b.starts) and len(a.starts.unique()) > 1
+    baseline, last = smoke_to_a_loss(char_data), smoke_to_a_loss(char_data, "fast_6_chunked_loss")
+    assert (baseline.block_size, baseline.eval_windows) == (last.block_size, last.eval_windows)
+    assert torch.equal(a.share(0, 2), a.starts[:8]) and torch.equal(a.share(1, 2), a.starts[8:])
+
+
+def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
+    """Evaluating after every step or only at the end: the same parameters after training, dropout on (a draw
+    from the training RNG by the evaluation would move every later mask)."""
+    trainers = []
+    real = train.prepare
+    monkeypatch.setattr(train, "prepare", lambda *a, **k: trainers.append(real(*a, **k)) or trainers[-1])
+    cfg = smoke_to_a_loss(char_data, dropout=0.1, train_tokens=2048, lr_decay_tokens=2048)
+    every_step = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "eval_every_tokens": cfg.tokens_per_step}))
+    at_the_end = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "eval_every_tokens": cfg.train_tokens}))
+    assert every_step["metrics"]["evaluations"] == 2048 // cfg.tokens_per_step + 1
+    assert at_the_end["metrics"]["evaluations"] == 2
+    for p, q in zip(trainers[0].raw.parameters(), trainers[1].raw.parameters()):
+        assert torch.equal(p, q)
+    assert every_step["metrics"]["val_loss_final"] == at_the_end["metrics"]["val_loss_final"]
+
+
+# ---- reading a curve ---------------------------------------------------------------------------------------
+
+
+def curve(*points):
+    return [{"step": 10 * i, "tokens": 100 * i, "seconds": 2.0 * i, "val_loss": v} for i, v in enumerate(points)]
+
+
+def test_time_to_target_is_interpolated_between_the_evaluations_around_it():
+    c = curve(4.0, 3.0, 2.0, 1.5)
+    hit = crossing(c, 2.5)  # half way between the evaluations at 100 and 200 tokens
+    assert (hit["tokens"], hit["seconds"], hit["first_evaluation_step"]) == (150, 3.0, 20)
+    assert crossing(c, 2.0)["tokens"] == 200  # exactly at an evaluation
+    assert crossing(c, 1.0) is None  # never reached
+    assert crossing(c, 5.0)["tokens"] == 0  # reached before training
+    assert crossing(curve(4.0, 2.0, 3.0), 2.5)["tokens"] == 75  # the first crossing counts
+    assert val_loss_at(c, 250) == pytest.approx(1.75)
+    with pytest.raises(ValueError):
+        val_loss_at(c, 400)
+    assert target_from({"metrics": {"curve": curve(4.0, 3.0, 2.0, 1.5, 1.0, 0.5)}}) == pytest.approx(1.0)
+
+
+def test_changes_convergence_against_the_seed_spread():
+    spread = seed_spread([1.90, 1.95, 1.92])
+    assert spread == pytest.approx(0.05)
+    assert not changes_convergence(1.93, 1.90, spread) and changes_convergence(1.96, 1.90, spread)
+
+
+# ---- real runs on the smoke profile ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(char_data):
+    """The baseline with 3 seeds, stages that keep the mathematics (speed_3's DataLoader workers and pinned
+    memory, at the baseline's batch) and break it (the learning rate x100), trained to the smoke budget."""
+    base = smoke_to_a_loss(char_data)
+    runs = {"speed_0_baseline": time_to_loss.run(base)}
+    target = target_from(runs["speed_0_baseline"])
+    runs["seeds"] = [time_to_loss.run(smoke_to_a_loss(char_data, seed=base.seed + i)) for i in (1, 2)]
+    runs["same maths"] = time_to_loss.run(smoke_to_a_loss(char_data, "speed_3_non_blocking",
+                                                          batch_size=base.batch_size, target_loss=target))
+    runs["lr x100"] = time_to_loss.run(smoke_to_a_loss(char_data, lr=base.lr * 100, min_lr=base.min_lr * 100))
+    return runs
+
+
+def test_a_smoke_run_learns(smoke_runs):
+    m = smoke_runs["speed_0_baseline"]["metrics"]
+    assert m["val_loss_final"] < 0.8 * m["val_loss_initial"]  # ~4.4 (uniform over 65 characters) -> ~3.2
+    assert [p["tokens"] for p in m["curve"]] == sorted({p["tokens"] for p in m["curve"]})
+    assert m["curve"][0]["step"] == 0 and m["curve"][-1]["tokens"] == m["tokens"] > 0
+    assert all(p["seconds"] <= q["seconds"] for p, q in zip(m["curve"], m["curve"][1:]))
+    assert m["tokens_per_s"] > 0 and m["eval_seconds"] > 0 and m["train_loss_final"] is not None
+    record = {**smoke_runs["speed_0_baseline"], "stage": "speed_0_baseline", "ladder": "speed", "profile": "smoke",
+              "parent": None, "mode": "time_to_loss"}
+    assert record_problems(record) == []
+
+
+def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(smoke_runs):
+    finals = [r["metrics"]["val_loss_final"] for r in [smoke_runs["speed_0_baseline"], *smoke_runs["seeds"]]]
+    spread, base = seed_spread(finals), finals[0]
+    assert spread > 0  # different seeds: different models
+    assert not changes_convergence(smoke_runs["same maths"]["metrics"]["val_loss_final"], base, spread)
+    assert smoke_runs["same maths"]["metrics"]["val_loss_final"] == base  # identical training on a CPU
+    assert changes_convergence(smoke_runs["lr x100"]["metrics"]["val_loss_final"], base, spread)
+    target = smoke_runs["same maths"]["metrics"]["target"]
+    assert target["tokens"] == crossing(smoke_runs["speed_0_baseline"]["metrics"]["curve"],
+                                        target_from(smoke_runs["speed_0_baseline"]))["tokens"]
+
+
+def test_the_report_reads_the_runs(smoke_runs, tmp_path):
+    """The section from real records: the target, the seeds' spread, the mark on the broken run (in speed_1's
+    place), the plot."""
+    folder = tmp_path / "time_to_loss"
+    folder.mkdir()
+    for name, stage in (("speed_0_baseline", "speed_0_baseline"), ("lr x100", "speed_1_batch_size")):
+        (folder / f"{stage}.json").write_text(json.dumps({**smoke_runs[name], "stage": stage, "status": "ok"}))
+    for r in smoke_runs["seeds"]:
+        (folder / f"speed_0_baseline.seed{r['config']['seed']}.json").write_text(
+            json.dumps({**r, "stage": "speed_0_baseline", "status": "ok"}))
+    runs = LossRuns(tmp_path)
+    assert runs.target == pytest.approx(target_from(smoke_runs["speed_0_baseline"]))
+    assert len(runs.seeds) == 2 and runs.spread > 0
+    text = "\n".join(loss_section(runs, tmp_path, "plots"))
+    assert "**changes convergence**" in text and (tmp_path / "time_to_loss.png").exists()
+
+
+def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
+    """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
+    def record(stage, rate, steps, points):
+        c = curve(*points)
+        return {"stage": stage, "status": "ok", "config": {}, "metrics": {
+            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": c, "startup_s": 0.0}}
+    folder = tmp_path / "time_to_loss"
+    folder.mkdir()
+    for r in (record("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+              record("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9))):
+        (folder / f"{r['stage']}.json").write_text(json.dumps(r))
+    (line,) = loss_findings(LossRuns(tmp_path))
+    assert line.startswith("`speed_1_batch_size` trains +100% faster per sample than `speed_0_baseline` but does "
+                           "not reach its parent's loss within the budget: 10 optimizer steps for the budget against "
+                           "80 (8x fewer per token)")
+
+
+def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb)")
+    from gpt import wandb_log
+    from test_wandb import read_offline_run
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("GPT_LADDER_GROUP", "test-group")
+    record = {**smoke_runs["speed_0_baseline"], "stage": "speed_0_baseline", "ladder": "speed", "profile": "smoke",
+              "mode": "time_to_loss", "seed": 3407}
+    wandb_log.log_run(record, mode="offline")
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = read_offline_run(run_file)
+    (run,) = [r.run for r in records if r.HasField("run")]
+    assert (run.job_type, run.run_group, run.display_name) == ("time_to_loss", "test-group", "speed_0_baseline")
+    history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.HasField("history")]
+    points = [h for h in history if "val/loss" in h]
+    curve_ = record["metrics"]["curve"]
+    assert [h["val/loss"] for h in points] == pytest.approx([p["val_loss"] for p in curve_])
+    assert [h["curve/tokens"] for h in points] == [p["tokens"] for p in curve_]
+    assert [h["curve/seconds"] for h in points] == pytest.approx([p["seconds"] for p in curve_])
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train-tokens", "0"], "--train-tokens must be a positive number of tokens, got 0"),
+    (["--train-tokens", "-5"], "--train-tokens must be a positive number of tokens, got -5"),
+    (["--time-to-loss", "--eval-every-tokens", "0"], "--eval-every-tokens must be at least 1, got 0"),
+    (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
+    (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
+    (["--target-loss", "2.0"], "add --time-to-loss"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(REPO / "stages" / "speed_0_baseline.py"), "--profile", "smoke",
+                        "--device", "cpu", "--data-dir", str(char_data), "--out", str(out), "--wandb", "disabled",
+                        *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {r.stderr.split('error: ')[1].strip()}"]
+    assert message in r.stderr
+    assert not list(out.rglob("*.json"))
+
+
+def test_a_data_set_without_a_val_split_is_one_line(char_data, tmp_path):
+    data = tmp_path / "no_val"
+    shutil.copytree(char_data, data)
+    (data / "val.bin").unlink()
+    r = subprocess.run([sys.executable, str(REPO / "stages" / "speed_0_baseline.py"), "--profile", "smoke",
+                        "--device", "cpu", "--data-dir", str(data), "--out", str(tmp_path / "out"), "--time-to-loss",
+                        "--wandb", "disabled"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "val.bin is missing" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list((tmp_path / "out").rglob("*.json"))
+
+
+def test_memory_stages_are_not_trained_to_a_loss(char_data):
+    with pytest.raises(UserError, match="keeps its parent's trajectory"):
+        stage_config("memory_2_checkpointing", "smoke", True)
+    assert math.isclose(smoke_to_a_loss(char_data).lr_decay_tokens, smoke_to_a_loss(char_data).train_tokens)
+
+
+def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_target(tmp_path, monkeypatch):
+    """The fifth section's order: speed_0 with three seeds, the target from its curve, then the other speed and
+    fast stages with it; each job's record in <out>/time_to_loss/, each command the stage script's own."""
+    from gpt import run_all
+    from gpt.ladder import LADDERS
+
+    commands = []
+
+    def fake_stage(cmd, log, show):
+        commands.append(cmd)
+        stage, seed = Path(cmd[1]).stem, (cmd[cmd.index("--seed") + 1] if "--seed" in cmd else None)
+        record = {"stage": stage, "ladder": "speed", "profile": "smoke", "parent": None, "status": "ok",
+                  "mode": "time_to_loss", "config": {}, "device": {"type": "cpu", "name": "Test CPU", "count": 1},
+                  "metrics": {"curve": curve(4.0, 3.0, 2.5, 2.2, 2.0, 1.9), "val_loss_initial": 4.0,
+                              "val_loss_final": 1.9, "tokens": 500, "steps": 50, "train_seconds": 10.0,
+                              "tokens_per_s": 50.0, "startup_s": 0.0}}
+        folder = tmp_path / "time_to_loss"
+        (folder / (f"{stage}.json" if seed is None else f"{stage}.seed{seed}.json")).write_text(json.dumps(record))
+        return 0
+
+    monkeypatch.setattr(run_all, "run_stage", fake_stage)
+    monkeypatch.setattr(run_all, "prepare_data", lambda profile, sections: None)
+    monkeypatch.setattr(run_all, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
+    monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
+    assert run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "time_to_loss", "--out", str(tmp_path),
+                         "--wandb", "disabled"]) == 0
+    stages = [Path(c[1]).stem for c in commands]
+    others = [s for ladder in ("speed", "fast") for s in LADDERS[ladder]][1:]
+    assert stages == ["speed_0_baseline"] * 3 + others
+    assert [c[c.index("--seed") + 1] for c in commands[1:3]] == ["3408", "3409"] and "--seed" not in commands[0]
+    assert all("--time-to-loss" in c for c in commands)
+    target = float(commands[3][commands[3].index("--target-loss") + 1])
+    assert target == pytest.approx(2.0)  # 80% of 500 tokens: the evaluation at 400 tokens
+    assert "## Time to loss" in (tmp_path / "results.md").read_text()
