@@ -126,8 +126,9 @@ class TrainConfig:
                             f"({self.tokens_per_step} tokens: batch x block x processes)")
         if self.train_tokens and self.eval_every_tokens < 1:
             raise UserError(f"the evaluation interval must be at least 1 token, got {self.eval_every_tokens}")
-        if self.eval_windows < 1:
-            raise UserError(f"eval_windows must be >= 1, got {self.eval_windows}")
+        if self.eval_windows < self.world_size:
+            raise UserError(f"eval_windows ({self.eval_windows}) must be at least the number of processes "
+                            f"({self.world_size}): each evaluates its share")
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise UserError(f"the target loss must be a finite number, got {self.target_loss}")
         if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:

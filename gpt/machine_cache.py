@@ -36,3 +36,9 @@ def remembered(name: str, key: str, measure, fresh: bool = False):
     except OSError:
         pass
     return value
+
+
+def forget(name: str) -> None:
+    """Drop every figure of file `name`: the next stage that needs one measures it (run_all does so at its start,
+    so the choices of a ladder run are measured on this machine as it is today, one stage at a time)."""
+    cache_file(name).unlink(missing_ok=True)

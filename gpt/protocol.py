@@ -80,6 +80,8 @@ class WarmUp:
     first_loss: float | None = None
     compile_cache: str | None = None  # compile_cache_state after the first step
     memory: dict = field(default_factory=dict)  # the CPU's memory step, when it was the last warm-up step
+    cuda_peaks: dict | None = None  # the allocator's peaks over the warm-up steps after the first (CUDA): CUDA
+    # graphs record their pool then (cudagraph trees run a graph once unrecorded, then record it)
 
 
 def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
@@ -104,8 +106,11 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
             warm.first_step_s, warm.first_loss = time.perf_counter() - t0, loss.item()
             warm.compile_cache = compile_cache_state() if compile_mode(cfg, device) else None
             release_cuda_cache(device)
+            reset_cuda_peak(device)  # warm.cuda_peaks: the steps after compilation's own transients
     synchronize(device)
     warm.seconds = time.perf_counter() - t0
+    if cfg.warmup_iters >= 2:  # with one warm-up step the graphs are recorded in the timed repeats instead
+        warm.cuda_peaks = cuda_peaks_mib(device)
     return warm
 
 
@@ -219,7 +224,7 @@ def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.
 def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
     """The run's JSON record (README: The JSON record); the ladder adds the stage's place in its ladder."""
     return {**run_facts(trainer, label),
-            "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(timed, memory),
+            "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(warm, timed, memory),
                         **flops_metrics(trainer, timed), **loss_metrics(trainer.cfg, warm, timed)}}
 
 
@@ -285,12 +290,15 @@ def tokens_per_s(cfg: TrainConfig, timed: Timed) -> float:
     return cfg.samples * cfg.block_size / statistics.fmean(timed.repeat_s)
 
 
-def memory_metrics(timed: Timed, memory: dict) -> dict:
+def memory_metrics(warm: WarmUp, timed: Timed, memory: dict) -> dict:
     cuda_peaks = timed.cuda_peaks or {}
     return {
         "peak_memory_mib": timed.peak_mib,
         "peak_memory_allocated_mib": cuda_peaks.get("allocated"),
         "peak_memory_reserved_mib": cuda_peaks.get("reserved"),
+        # CUDA graphs allocate their pool while warm-up records them, and replays allocate nothing: this peak holds
+        # the pool, which the timed repeats' allocated peak does not (gpt/memory's compare reads it)
+        "peak_memory_warmup_allocated_mib": (warm.cuda_peaks or {}).get("allocated"),
         "memory_breakdown_mib": memory.get("breakdown_mib"),
         "memory_timeline_mib": memory.get("timeline_mib"),
         "memory_snapshot": memory.get("snapshot"),

@@ -12,6 +12,7 @@ import torch
 
 from gpt.errors import UserError
 from gpt.files import write_atomically
+from gpt.profiles import profile_settings
 
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent
@@ -96,7 +97,8 @@ OK_KEYS = {"model", "device", "choices", "metrics"}
 METRIC_KEYS = {
     "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
     "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
-    "peak_memory_mib", "peak_memory_allocated_mib", "peak_memory_reserved_mib", "memory_breakdown_mib",
+    "peak_memory_mib", "peak_memory_allocated_mib", "peak_memory_reserved_mib", "peak_memory_warmup_allocated_mib",
+    "memory_breakdown_mib",
     "memory_timeline_mib", "memory_snapshot", "flops_per_token", "copy_pct", "time_breakdown_pct", "profiler",
     "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
     "mfu_fastest_pct", "loss_first", "loss_final", "losses",
@@ -170,6 +172,11 @@ TIME_TO_LOSS_DIR = "time_to_loss"  # a run directory's records of stages trained
 def record_path(out: Path, stage: str, seed: int | None = None) -> Path:
     """A stage's record; with `seed`, the record of a run with another seed than its profile's."""
     return Path(out) / (f"{stage}.json" if seed is None else f"{stage}.seed{seed}.json")
+
+
+def other_seed(seed: int | None, profile: str) -> int | None:
+    """The seed a run to a loss is named by (its record's file, its W&B run): None for its profile's own."""
+    return None if seed is None or seed == profile_settings(profile, "time_to_loss")["seed"] else seed
 
 
 def time_to_loss_dir(out: Path) -> Path:

@@ -14,9 +14,9 @@ from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import ladder_of, load_stage, parent_of, stage_config
 from gpt.optimizations import chunked_loss, parallel
-from gpt.profiles import PROFILES, default_profile
-from gpt.records import (environment, failure_of, peak_memory_pair, ran_eager, read_record, record_path,
-                         snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
+from gpt.profiles import PROFILES, default_profile, profile_settings
+from gpt.records import (environment, failure_of, other_seed, peak_memory_pair, ran_eager, read_record,
+                         record_path, snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -54,21 +54,24 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     loss.add_argument("--train-tokens", type=int, help="train to this many tokens (implies --time-to-loss; the "
                       "learning rate decays to its floor at the budget's end)")
     loss.add_argument("--eval-every-tokens", type=int, help="evaluate every this many tokens (default: the "
-                      "profile's, or a tenth of --train-tokens)")
+                      "profile's, or a fortieth of --train-tokens)")
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
     loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
     return p.parse_args(argv)
 
 
-def to_a_loss_overrides(args) -> dict:
+def to_a_loss_overrides(args, profile_warmup: int) -> dict:
     """The settings a run to a loss takes from the command line (None: the profile's); bad input is one line."""
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
         raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
     budget = args.train_tokens
-    return {"train_tokens": budget, "lr_decay_tokens": budget, "target_loss": args.target_loss, "seed": args.seed,
-            "eval_every_tokens": args.eval_every_tokens or (budget // 10 if budget else None)}
+    overrides = {"train_tokens": budget, "lr_decay_tokens": budget, "target_loss": args.target_loss,
+                 "seed": args.seed, "eval_every_tokens": args.eval_every_tokens or (budget // 40 if budget else None)}
+    if budget:  # the profile's warm-up, within the first tenth of a budget of one's own
+        overrides["lr_warmup_tokens"] = min(profile_warmup, budget // 10)
+    return overrides
 
 
 def stage_meta(stage: str, profile: str) -> dict:
@@ -103,7 +106,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        dropout=args.dropout, loss_impl=args.loss_impl,
                        device=args.device, profile_steps=0 if args.no_profiler else None,
-                       **(to_a_loss_overrides(args) if to_a_loss else {}))
+                       **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")["lr_warmup_tokens"])
+                          if to_a_loss else {}))
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
         parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])).validate()
@@ -111,7 +115,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)
         out = writable_dir(time_to_loss_dir(out))
-    path = record_path(out, stage, args.seed if args.seed not in (None, TrainConfig.seed) else None)
+    path = record_path(out, stage, other_seed(args.seed, profile))
 
     launching = parallel.launches(cfg)
     reason = optimizations.why_cannot_run(cfg, dev)
@@ -122,10 +126,9 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         return EXIT_SKIPPED
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)  # a first run: the profile's data set is made, as run_all does
-    if to_a_loss:
-        load_prepared(cfg.data_dir)  # no val split (or no data): one line now, not a failed record after training
+    if to_a_loss or launching:
+        load_prepared(cfg.data_dir)  # missing data or val split: one line now, not one per rank or after training
     if launching:
-        load_prepared(cfg.data_dir)  # missing data: one line here, not one per rank
         path.unlink(missing_ok=True)  # the ranks write a fresh one; a stale one must not pass for it
         failed = distributed.launch(cfg.world_size, [script, *argv])
         record = read_record(path)
@@ -265,4 +268,4 @@ def print_loss_summary(record: dict, out: Path) -> None:
     print(f"  precision {ch['amp_dtype']}, compile {ch['compile_mode'] or 'off'}, "
           f"backend {ch['distributed_backend'] or 'single process'}")
     seed = record.get("seed")
-    print(f"  record: {record_path(out, record['stage'], seed if seed != TrainConfig.seed else None)}")
+    print(f"  record: {record_path(out, record['stage'], other_seed(seed, record['profile']))}")

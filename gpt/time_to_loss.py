@@ -121,7 +121,7 @@ def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, first_st
         "compile_cache": compile_cache,
         "eval_seconds": eval_s,
         "evaluations": len(curve),
-        "tokens_per_s": final["tokens"] / (train_s - startup_s) if train_s > startup_s else None,
+        "tokens_per_s": final["tokens"] / max(train_s - startup_s, 1e-9),
         "val_loss_initial": curve[0]["val_loss"],
         "val_loss_final": final["val_loss"],
         "train_loss_final": final["train_loss"],

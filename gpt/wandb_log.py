@@ -17,8 +17,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
+from gpt.records import other_seed
 
 PROJECT = "gpt-ladder"
 
@@ -104,8 +104,8 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
 
 def run_name(record: dict) -> str:
     """The stage; a run to a loss with another seed than the profile's says which."""
-    seed = record.get("seed")
-    return record["stage"] + (f" (seed {seed})" if seed not in (None, TrainConfig.seed) else "")
+    seed = other_seed(record.get("seed"), record["profile"])
+    return record["stage"] + (f" (seed {seed})" if seed is not None else "")
 
 
 def _log_curve(run, record: dict) -> None:

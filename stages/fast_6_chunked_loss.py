@@ -10,6 +10,9 @@ and gradients up to float summation order; under bf16 the op returns the loss ro
 loss moves by up to ~1%; the gradients carry bf16's rounding, as under autocast). torch.compile leaves the
 op eager (a graph break). Three libraries implement it: PyTorch's F.linear_cross_entropy (2.12 and newer),
 liger-kernel and Cut Cross-Entropy (Triton, CUDA); the record's choices.loss_impl names the one that ran.
+With a small vocabulary there is nothing for it to save: a run for time on a CPU uses it only where it was
+measured faster than the full loss at the stage's shape, else keeps the full loss and says so (the lean ladder,
+a run for memory, keeps it whatever the time).
 Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
 """
 from gpt.stage import stage_main

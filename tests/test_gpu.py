@@ -95,6 +95,14 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
     assert row(md, "speed_4_compile")[8].endswith("†")  # the "MiB vs prev." cell
     assert "their change compares the max_memory_reserved of both" in md
 
+    # the peak that holds the pool, for the planner's compare: the graphs were recorded during warm-up
+    from gpt.memory.planner import compared_peak
+
+    warm = m["peak_memory_warmup_allocated_mib"]
+    assert warm >= m["peak_memory_allocated_mib"]
+    assert warm >= 0.5 * eager["metrics"]["peak_memory_allocated_mib"]  # the pool holds a step's activations
+    assert compared_peak(graphs) == (warm, "max_memory_allocated over warm-up (graph pool in)")
+
 
 @two_gpus
 @pytest.mark.parametrize("mode, stage_settings", [

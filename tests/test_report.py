@@ -44,6 +44,7 @@ def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: floa
         "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None,
                      "compiled_regions_per_step": 1.0 if cfg["compile"] else 0.0},
         "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
+        "peak_memory_warmup_allocated_mib": None,
         "memory_snapshot": None,
         "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
                                  "optimizer_state": 0.2 * peak, "activations": 0.5 * peak,

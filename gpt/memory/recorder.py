@@ -59,6 +59,13 @@ class StepRecorder:
         if self.recording:
             self._event("alloc", addr, nbytes, frames)
 
+    def hold(self, key, nbytes: int):
+        """A block held since before recording began, above every address the step used: memory the simulation
+        does not see (cuBLAS's workspaces, DDP's buckets), as a real snapshot shows it."""
+        addr = self.high + 2 * SMALL  # a free range too large to be absorbed by the step's last block
+        self.held[key] = (addr, nbytes, [])
+        self.high = self.top = addr + cuda_block_bytes(nbytes)
+
     def free(self, key):
         if key not in self.held:
             return

@@ -91,14 +91,16 @@ def fit_part(fit: dict) -> list[str]:
 def compare_part(compare: dict) -> list[str]:
     """The estimates against the peaks this run measured."""
     lines = ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]
-    lines += table(["stage", "measured MiB", "estimate MiB", "error"], [
-        [s["stage"], fmt_mib(s["measured_mib"]), fmt_mib(s["estimate_mib"]),
+    lines += table(["stage", "measured MiB", "measured as", "estimate MiB", "error"], [
+        [s["stage"], fmt_mib(s["measured_mib"]), s.get("measured", ""), fmt_mib(s["estimate_mib"]),
          "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
         for s in compare.get("stages", [])])
     unestimated = [f"- `{s['stage']}`: {note}" for s in compare.get("stages", [])
                    if s.get("estimate_mib") is None for note in s.get("notes", [])]
     lines += [""] + unestimated if unestimated else []
     if any(s.get("target") == "cuda" for s in compare.get("stages", [])):
-        lines += ["", "On CUDA, measured is max_memory_allocated, what the planner predicts (for a stage with "
-                  "CUDA graphs the ladder's peak is the reservation)."]
+        lines += ["", "On CUDA each estimate is held against what it predicts, max_memory_allocated; for a stage with "
+                  "CUDA graphs, whose pool is allocated while warm-up records them, the allocated peak over warm-up "
+                  "(records older than that figure: the reservation, an upper bound). A compiled stage is "
+                  "estimated eager."]
     return lines

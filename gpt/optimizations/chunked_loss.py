@@ -195,19 +195,24 @@ def loss_used(cfg: "TrainConfig", device_type: str, vocab_size: int) -> tuple[st
 
 def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | None]:
     """On a CPU: the chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows,
-    width, (padded) vocabulary and precision, was measured faster than the full loss's; else the full loss."""
+    width, (padded) vocabulary and precision, compiled when the stage compiles, was measured faster than the full
+    loss's; else the full loss."""
     impl = resolve(cfg.loss_impl, "cpu")
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
     padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
     dtype = mixed_precision(cfg, torch.device("cpu")).dtype
     what = (f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
-            + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}")
+            + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}"
+            + (", compiled" if cfg.compile else ""))
     key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{impl}|{what}"
 
     def measure():
+        # As a compiled model runs them: Inductor fuses the full loss; the chunked op stays eager (the profiled
+        # fast_6 step shows it outside the compiled regions).
+        full = torch.compile(full_cross_entropy) if cfg.compile else full_cross_entropy
         chunked = lambda *a: chunked_cross_entropy(*a, impl=impl)  # noqa: E731
         return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, torch.device("cpu"))["median_ms"]
-                for fn in (full_cross_entropy, chunked)]
+                for fn in (full, chunked)]
 
     full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, key, measure)
     if chunked_ms <= full_ms:

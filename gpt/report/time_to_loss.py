@@ -9,11 +9,11 @@ from gpt.records import read_record, record_path, time_to_loss_dir
 from gpt.report.formatting import fmt_num, fmt_pct, table
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
+from gpt.report.where_time_goes import NO_GAIN_PCT
 from gpt.time_to_loss import (BASELINE_SEEDS, TARGET_AT, changes_convergence, crossing, seed_spread, target_from,
                               val_loss_at)
 
 BASELINE = LADDERS[TRAINED_TO_A_LOSS[0]][0]  # speed_0_baseline: the target and the seeds come from it
-NO_GAIN_PCT = 3.0  # a stage at most this much faster per sample than its parent "was not faster per step"
 
 
 class LossRuns:
@@ -26,8 +26,12 @@ class LossRuns:
         self.seeds = [r for r in (read_record(p) for p in sorted(folder.glob(f"{BASELINE}.seed*.json"))) if ok(r)]
         base = self.records.get(BASELINE)
         self.target = target_from(base) if ok(base) else None
-        finals = [r["metrics"]["val_loss_final"] for r in ([base] if ok(base) else []) + self.seeds]
+        baselines = ([base] if ok(base) else []) + self.seeds
+        finals = [r["metrics"]["val_loss_final"] for r in baselines]
         self.spread = seed_spread(finals) if len(finals) > 1 else None
+        # the run-to-run variation of a rate: the baseline's runs differ in seed only, not in speed
+        rates = [r["metrics"]["tokens_per_s"] for r in baselines]
+        self.rate_noise_pct = 100 * (max(rates) - min(rates)) / min(rates) if len(rates) > 1 else 0.0
 
     def final(self, stage: str) -> float | None:
         r = self.records.get(stage)
@@ -81,7 +85,8 @@ def loss_table(runs: LossRuns) -> list[str]:
         m, reached = r["metrics"], runs.to_target(stage)
         parent_s, mine_s = runs.vs_parent(stage)
         rows.append([
-            stage, change, f"{m['tokens_per_s']:,.0f}", f"{m['val_loss_final']:.3f}{spread}",
+            stage, change, f"{m['tokens_per_s']:,.0f}" + (" (no effect)" if r.get("no_effect") else ""),
+            f"{m['val_loss_final']:.3f}{spread}",
             runs.convergence(stage),
             fmt_num(reached["seconds"]) if reached else f"not reached ({m['val_loss_final']:.3f} at the end)",
             speedup(base_target and base_target["seconds"], reached and reached["seconds"]),
@@ -105,7 +110,8 @@ def loss_findings(runs: LossRuns) -> list[str]:
         rate = r["metrics"]["tokens_per_s"] / p["metrics"]["tokens_per_s"]
         parent_s, mine_s = runs.vs_parent(stage)
         to_loss = parent_s / mine_s if parent_s and mine_s else None
-        if rate < 1 + NO_GAIN_PCT / 100 or (to_loss is not None and to_loss >= 0.9 * rate):
+        noise = max(NO_GAIN_PCT, runs.rate_noise_pct)
+        if r.get("no_effect") or rate < 1 + noise / 100 or (to_loss is not None and to_loss >= 0.9 * rate):
             continue
         m, pm = r["metrics"], p["metrics"]
         why = []
@@ -177,7 +183,9 @@ def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
               "through its budget" if runs.target is not None else f"`{BASELINE}` did not finish: there is no target")
     spread = (f"`{BASELINE}` also trained with {len(runs.seeds)} more seed(s): the final validation losses of its "
               f"{len(runs.seeds) + 1} seeds span {runs.spread:.3f}, the run-to-run spread (± half of it in the "
-              "table); a stage whose final loss differs from its parent's by more is marked **changes convergence**"
+              "table); a stage whose final loss differs from its parent's by more is marked **changes convergence**. "
+              f"Their rates differ by {runs.rate_noise_pct:.0f}%: one run of a stage is no more precise than that, "
+              "and a stage marked (no effect) runs its parent's code on this device"
               if runs.spread is not None else f"the baseline's {BASELINE_SEEDS} seeds are not all recorded")
     return (f"Every stage of the speed and fast ladders trained from scratch on {cfg.get('train_tokens', 0):,} tokens "
             f"of character-level Shakespeare (block {cfg.get('block_size')}, "
