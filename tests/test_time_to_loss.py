@@ -169,21 +169,41 @@ def test_the_report_reads_the_runs(smoke_runs, tmp_path):
     assert "**changes convergence**" in text and (tmp_path / "time_to_loss.png").exists()
 
 
-def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
-    """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
-    def record(stage, rate, steps, points):
-        c = curve(*points)
-        return {"stage": stage, "status": "ok", "config": {}, "metrics": {
-            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": c, "startup_s": 0.0}}
+def write_loss_records(tmp_path, *records):
+    """(stage, tokens/s, optimizer steps, validation losses at equal intervals, name suffix) as LossRuns reads them."""
     folder = tmp_path / "time_to_loss"
     folder.mkdir()
-    for r in (record("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
-              record("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9))):
-        (folder / f"{r['stage']}.json").write_text(json.dumps(r))
-    (line,) = loss_findings(LossRuns(tmp_path))
+    for stage, rate, steps, points, *suffix in records:
+        r = {"stage": stage, "status": "ok", "config": {}, "metrics": {
+            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": curve(*points),
+            "startup_s": 0.0}}
+        (folder / f"{stage}{''.join(suffix)}.json").write_text(json.dumps(r))
+    return LossRuns(tmp_path)
+
+
+def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
+    """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
+    runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+                              ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
+    (line,) = loss_findings(runs)
     assert line.startswith("`speed_1_batch_size` trains +100% faster per sample than `speed_0_baseline` but does "
                            "not reach its parent's loss within the budget: 10 optimizer steps for the budget against "
                            "80 (8x fewer per token)")
+
+
+def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path):
+    """DDP at the same rate with half the steps per token ends beyond the seeds' spread: a line says why; a stage
+    at its parent's rate and loss (speed_5 after a same-loss speed_4) gets none."""
+    base = (4.0, 3.0, 2.5, 2.2, 2.0)
+    runs = write_loss_records(
+        tmp_path, ("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (2.01,), ".seed1"),
+        ("speed_4_compile", 300.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+        ("speed_5_amp", 300.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+        ("speed_6_ddp", 298.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2)))
+    (line,) = [f for f in loss_findings(runs) if "speed_6" in f or "speed_5" in f]
+    assert line == ("`speed_6_ddp` (-0.7% tokens/s against `speed_5_amp`) does not reach its parent's loss within the "
+                    "budget: 5 optimizer steps for the budget against 10 (2x fewer per token); its final validation "
+                    "loss is 3.200 against 2.900, beyond the seeds' spread of 0.010.")
 
 
 def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):

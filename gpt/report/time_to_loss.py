@@ -101,30 +101,36 @@ def loss_table(runs: LossRuns) -> list[str]:
 
 def loss_findings(runs: LossRuns) -> list[str]:
     """One line for every stage whose per-sample gain over its parent does not carry over to the time to its
-    parent's model, read from the two curves: fewer optimizer steps per token, or a changed final loss."""
+    parent's model, or whose final loss is beyond the seeds' spread from its parent's (marked "changes
+    convergence"), read from the two curves: fewer optimizer steps per token, or a changed final loss."""
     lines = []
     for stage in runs.stages:
         r, p = runs.records.get(stage), runs.records.get(parent_of(stage) or "")
         if not (ok(r) and ok(p)):
             continue
-        rate = r["metrics"]["tokens_per_s"] / p["metrics"]["tokens_per_s"]
+        m, pm = r["metrics"], p["metrics"]
+        rate = m["tokens_per_s"] / pm["tokens_per_s"]
         parent_s, mine_s = runs.vs_parent(stage)
         to_loss = parent_s / mine_s if parent_s and mine_s else None
-        noise = max(NO_GAIN_PCT, runs.rate_noise_pct)
-        if r.get("no_effect") or rate < 1 + noise / 100 or (to_loss is not None and to_loss >= 0.9 * rate):
+        gained = (not r.get("no_effect") and rate >= 1 + max(NO_GAIN_PCT, runs.rate_noise_pct) / 100
+                  and (to_loss is None or to_loss < 0.9 * rate))
+        changed = runs.spread is not None and changes_convergence(m["val_loss_final"], pm["val_loss_final"],
+                                                                  runs.spread)
+        if not (gained or changed):
             continue
-        m, pm = r["metrics"], p["metrics"]
         why = []
         if m["steps"] != pm["steps"]:
             why.append(f"{m['steps']:,} optimizer steps for the budget against {pm['steps']:,} "
                        f"({pm['steps'] / m['steps']:.3g}x fewer per token)")
-        if runs.spread is not None and changes_convergence(m["val_loss_final"], pm["val_loss_final"], runs.spread):
+        if changed:
             why.append(f"its final validation loss is {m['val_loss_final']:.3f} against {pm['val_loss_final']:.3f}, "
                        f"beyond the seeds' spread of {runs.spread:.3f}")
         outcome = (f"reaches its parent's loss {to_loss:.2f}x as fast" if to_loss is not None
                    else "does not reach its parent's loss within the budget")
-        lines.append(f"`{stage}` trains {fmt_pct(100 * (rate - 1))} faster per sample than `{p['stage']}` but "
-                     f"{outcome}: " + ("; ".join(why) or "its curve falls more slowly per token") + ".")
+        lead = (f"trains {fmt_pct(100 * (rate - 1))} faster per sample than `{p['stage']}` but" if gained
+                else f"({fmt_pct(100 * (rate - 1))} tokens/s against `{p['stage']}`)")
+        lines.append(f"`{stage}` {lead} {outcome}: " + ("; ".join(why) or "its curve falls more slowly per token")
+                     + ".")
     return lines
 
 
