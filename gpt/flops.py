@@ -8,7 +8,6 @@ import time
 import torch
 
 from gpt import machine_cache
-from gpt.devices import cpu_model
 
 
 # Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
@@ -90,8 +89,8 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
     per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
     a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
-    key = f"{cpu_model()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}|n={n}"
-    return machine_cache.remembered(PEAKS_CACHE, key, lambda: matmul_rate(dtype, n, seconds, rounds), fresh)
+    return machine_cache.remembered(PEAKS_CACHE, f"{dtype}|n={n}", lambda: matmul_rate(dtype, n, seconds, rounds),
+                                    fresh)
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:

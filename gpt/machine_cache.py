@@ -3,12 +3,16 @@ attention kernel is faster at a shape (gpt/optimizations/fused_attention.py). Ev
 the same figure instead of timing its own on a machine whose neighbours come and go.
 
 The files live in $XDG_CACHE_HOME/gpt-ladder (~/.cache/gpt-ladder), one JSON object each, keyed by what the figure
-depends on (CPU model, threads, torch version, dtype, shape); a read-only home only costs a measurement next time.
+depends on: this machine (CPU model, threads, torch version, added here) and what the caller names (dtype,
+shape, ...); a read-only home only costs a measurement next time.
 """
 import json
 import os
 from pathlib import Path
 
+import torch
+
+from gpt.devices import cpu_model
 from gpt.files import write_atomically
 
 
@@ -24,8 +28,10 @@ def read(name: str) -> dict:
         return {}
 
 
-def remembered(name: str, key: str, measure, fresh: bool = False):
-    """The figure `key` of file `name`: measured by `measure()` the first time (or when `fresh`), then kept."""
+def remembered(name: str, what: str, measure, fresh: bool = False):
+    """The figure `what` of file `name` on this machine: measured by `measure()` the first time (or when `fresh`),
+    then kept."""
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{what}"
     if not fresh and key in (cached := read(name)):
         return cached[key]
     value = measure()

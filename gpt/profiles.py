@@ -27,9 +27,12 @@ from gpt.errors import UserError
 _REFERENCE_TRAINING = dict(dropout=0.1, attention="naive", seed=3407)
 # Training to a loss (the speed and fast ladders from scratch, README "Time to loss"): nanoGPT's shakespeare_char
 # optimizer settings (AdamW lr 1e-3, beta2 0.99, warm-up 100 steps, cosine decay to lr/10 at the budget's end),
-# in tokens of the baseline's batch so every stage follows one schedule. The budget is the decay's end; 40
-# evaluations, so that a crossing interpolated between two of them is close to the curve.
-def _to_a_loss(batch: int, block: int, steps: int, evals: int = 40, warmup_steps: int = 100, **shape) -> dict:
+# in tokens of the baseline's batch so every stage follows one schedule. The budget is the decay's end.
+EVALUATIONS = 40  # per budget (also one given on the command line): an interpolated crossing stays near the curve
+
+
+def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, warmup_steps: int = 100,
+               **shape) -> dict:
     tokens = steps * batch * block
     return dict(**shape, data_dir="data/shakespeare_char", dataset="raw_text", block_size=block, batch_size=batch,
                 samples=batch * 16, repeats=1, warmup_iters=0, seed=3407, attention="naive",

@@ -198,12 +198,15 @@ def run_stage(cmd: list[str], log: Path, show) -> int:
 
 @dataclass
 class Job:
-    """One stage run of run_all: its command's extra arguments, where its record and its log go."""
+    """One stage run of run_all: its command's extra arguments, where its record (and beside it, its log) go."""
     stage: str
     record: Path
-    log: Path
     extra: list[str] = field(default_factory=list)  # after the stage's common arguments
     seed: int | None = None  # a run to a loss with another seed than the profile's
+
+    @property
+    def log(self) -> Path:
+        return self.record.with_suffix(".log")
 
     @property
     def to_a_loss(self) -> bool:
@@ -215,14 +218,13 @@ class Job:
 
 
 def ladder_jobs(stages: list[str], out: Path) -> list[Job]:
-    return [Job(stage, record_path(out, stage), out / f"{stage}.log") for stage in stages]
+    return [Job(stage, record_path(out, stage)) for stage in stages]
 
 
 def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None) -> list[Job]:
     """Stages trained to a loss (records and logs in <out>/time_to_loss/), each with each of `seeds`."""
     folder = writable_dir(time_to_loss_dir(out))
     return [Job(stage, record_path(folder, stage, seed),
-                folder / (f"{stage}.log" if seed is None else f"{stage}.seed{seed}.log"),
                 ["--time-to-loss"] + (["--seed", str(seed)] if seed is not None else [])
                 + (["--target-loss", repr(target)] if target is not None else []), seed)
             for stage in stages for seed in seeds]
@@ -351,7 +353,7 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
     if interrupted:
         return failures, True
-    record = read_record(loss_jobs([baseline], out)[0].record)
+    record = read_record(record_path(time_to_loss_dir(out), baseline))
     target = target_from(record) if record and record.get("status") == "ok" else None
     print(f"   target: {'none (the baseline did not finish)' if target is None else f'validation loss {target:.4f}'}"
           f", {TARGET_AT:.0%} of the way through {baseline}'s budget", flush=True)

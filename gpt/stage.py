@@ -14,7 +14,7 @@ from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import ladder_of, load_stage, parent_of, stage_config
 from gpt.optimizations import chunked_loss, parallel
-from gpt.profiles import PROFILES, default_profile, profile_settings
+from gpt.profiles import EVALUATIONS, PROFILES, default_profile, profile_settings
 from gpt.records import (environment, failure_of, other_seed, peak_memory_pair, ran_eager, read_record,
                          record_path, snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
 
@@ -68,7 +68,8 @@ def to_a_loss_overrides(args, profile_warmup: int) -> dict:
         raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
     budget = args.train_tokens
     overrides = {"train_tokens": budget, "lr_decay_tokens": budget, "target_loss": args.target_loss,
-                 "seed": args.seed, "eval_every_tokens": args.eval_every_tokens or (budget // 40 if budget else None)}
+                 "seed": args.seed,
+                 "eval_every_tokens": args.eval_every_tokens or (budget // EVALUATIONS if budget else None)}
     if budget:  # the profile's warm-up, within the first tenth of a budget of one's own
         overrides["lr_warmup_tokens"] = min(profile_warmup, budget // 10)
     return overrides

@@ -484,13 +484,14 @@ def test_a_cpu_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_
     faster = tiny_config(char_data, attention="sdpa", block_size=20, batch_size=5, samples=60)
     assert fused_attention.attention_used(faster, "cpu") == ("sdpa", None)
     assert owner("attention").no_effect(faster, CPU) is None
-    assert build_model_attention(faster) == "sdpa" and build_model_attention(cfg) == "naive"
+    assert built_model_config(faster).attention == "sdpa" and built_model_config(cfg).attention == "naive"
 
 
-def build_model_attention(cfg) -> str:
+def built_model_config(cfg):
+    """The GPTConfig of the model a stage with `cfg` builds on the CPU (vocabulary 65)."""
     from gpt.train import build_model
 
-    return build_model(cfg, 65, CPU)[0].config.attention
+    return build_model(cfg, 65, CPU)[0].config
 
 
 def test_the_attention_benchmark_leaves_the_random_state_alone():
@@ -521,13 +522,7 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
     assert chunked_loss.loss_used(tiny_config(char_data, loss="chunked", block_size=12, samples=320, goal="memory"),
                                   "cpu", 65) == ("chunked", None)
     assert chunked_loss.loss_used(cfg, "cuda", 65) == ("chunked", None)
-    assert build_model_loss(cfg) == "full"
-
-
-def build_model_loss(cfg) -> str:
-    from gpt.train import build_model
-
-    return build_model(cfg, 65, CPU)[0].config.loss
+    assert built_model_config(cfg).loss == "full"
 
 
 def test_a_run_for_memory_keeps_sdpa_whatever_its_time(char_data, monkeypatch):

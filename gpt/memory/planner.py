@@ -18,8 +18,9 @@ model and training step (gpt/model.py and gpt/train.py stay as they are):
 The snapshots (read by gpt/allocator_snapshot.py) check all three: what was alive at their peaks, by category, is
 compared with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an
 untied lm_head (65 x 1280 more parameters, gradients and moments), float causal masks (bool here), the allocator's
-blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/__init__.py). What the figures of `reference_figures` mean, and
-what they rule in and out about the documented peaks, is gpt/memory/README.md.
+blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/__init__.py).
+What the figures of `reference_figures` mean, and what they rule in and out about the documented peaks, is
+gpt/memory/README.md.
 """
 import math
 import multiprocessing

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
-from gpt.devices import cpu_model, synchronize
+from gpt.devices import synchronize
 from gpt.errors import CannotSimulate, UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
@@ -188,9 +188,11 @@ def loss_used(cfg: "TrainConfig", device_type: str, vocab_size: int) -> tuple[st
     """The loss a stage computes, and why it is not the one its config asks for (None when it is): cfg.loss, except
     the chunked loss in a run for time (cfg.goal) on a CPU where it was measured slower than the full loss at the
     stage's shape. A run for memory keeps it: its point there is the logits it never holds."""
-    if cfg.loss != "chunked" or cfg.goal != "time" or device_type != "cpu":
-        return cfg.loss, None
-    return cpu_loss_choice(cfg, vocab_size)
+    return cpu_loss_choice(cfg, vocab_size) if _chosen_by_measurement(cfg, device_type) else (cfg.loss, None)
+
+
+def _chosen_by_measurement(cfg: "TrainConfig", device_type: str) -> bool:
+    return cfg.loss == "chunked" and cfg.goal == "time" and device_type == "cpu"
 
 
 def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | None]:
@@ -204,7 +206,6 @@ def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | Non
     what = (f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
             + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}"
             + (", compiled" if cfg.compile else ""))
-    key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{impl}|{what}"
 
     def measure():
         # As a compiled model runs them: Inductor fuses the full loss; the chunked op stays eager (the profiled
@@ -214,7 +215,7 @@ def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | Non
         return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, torch.device("cpu"))["median_ms"]
                 for fn in (full, chunked)]
 
-    full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, key, measure)
+    full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, f"{impl}|{what}", measure)
     if chunked_ms <= full_ms:
         return "chunked", None
     return "full", (f"kept the full loss: the chunked loss ({impl}) is slower on this CPU at this shape ({what}: "
@@ -246,7 +247,7 @@ def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> di
 
 
 def _no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
-    if cfg.loss != "chunked" or cfg.goal != "time" or device.type != "cpu":
+    if not _chosen_by_measurement(cfg, device.type):
         return None
     from gpt.data import load_prepared  # the vocabulary: the stage's own data set, which it has just read
 

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
-from gpt.devices import cpu_model
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -61,9 +60,8 @@ def cpu_attention_choice(cfg: "TrainConfig") -> tuple[str, str | None]:
     dtype = mixed_precision(cfg, torch.device("cpu")).dtype
     what = (f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}"
             + (", compiled" if cfg.compile else ""))
-    key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{what}|dropout={cfg.dropout}"
     explicit_ms, fused_ms = machine_cache.remembered(
-        ATTENTION_CACHE, key, lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout,
+        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}", lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout,
                                                       cfg.compile))
     if fused_ms <= explicit_ms:
         return "sdpa", None
