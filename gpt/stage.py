@@ -2,6 +2,7 @@
 processes of a DDP/FSDP stage), its record, written whatever happens, and the summary it prints.
 """
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -57,11 +58,14 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
                       "profile's, or a fortieth of --train-tokens)")
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
     loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
+    loss.add_argument("--lr", type=float, help="another peak learning rate than the profile's (its floor keeps the "
+                      "profile's ratio to it), e.g. to retune a stage that changes the batch")
     return p.parse_args(argv)
 
 
-def to_a_loss_overrides(args, profile_warmup: int) -> dict:
-    """The settings a run to a loss takes from the command line (None: the profile's); bad input is one line."""
+def to_a_loss_overrides(args, profile: dict) -> dict:
+    """The settings a run to a loss takes from the command line (None: the profile's `time_to_loss` settings);
+    bad input is one line."""
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
@@ -71,7 +75,11 @@ def to_a_loss_overrides(args, profile_warmup: int) -> dict:
                  "seed": args.seed,
                  "eval_every_tokens": args.eval_every_tokens or (budget // EVALUATIONS if budget else None)}
     if budget:  # the profile's warm-up, within the first tenth of a budget of one's own
-        overrides["lr_warmup_tokens"] = min(profile_warmup, budget // 10)
+        overrides["lr_warmup_tokens"] = min(profile["lr_warmup_tokens"], budget // 10)
+    if args.lr is not None:
+        if not (math.isfinite(args.lr) and args.lr > 0):
+            raise UserError(f"--lr must be a positive number, got {args.lr}")
+        overrides.update(lr=args.lr, min_lr=args.lr * profile["min_lr"] / profile["lr"])
     return overrides
 
 
@@ -100,14 +108,14 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     to_a_loss = args.time_to_loss or args.train_tokens is not None
-    if not to_a_loss and any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed)):
-        raise UserError("--eval-every-tokens, --target-loss and --seed set a run to a loss: add --time-to-loss")
+    if not to_a_loss and any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed, args.lr)):
+        raise UserError("--eval-every-tokens, --target-loss, --seed and --lr set a run to a loss: add --time-to-loss")
     cfg = stage_config(stage, profile, to_a_loss, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
                        dropout=args.dropout, loss_impl=args.loss_impl,
                        device=args.device, profile_steps=0 if args.no_profiler else None,
-                       **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")["lr_warmup_tokens"])
+                       **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss"))
                           if to_a_loss else {}))
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides

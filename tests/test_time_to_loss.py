@@ -17,8 +17,10 @@ from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet
 from gpt.ladder import stage_config
+from gpt.profiles import profile_settings
 from gpt.records import record_problems
-from gpt.report.time_to_loss import LossRuns, loss_findings, loss_section
+from gpt.stage import parse_args, to_a_loss_overrides
+from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.time_to_loss import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.train import learning_rate
 from test_ladder_equivalence import tiny_config
@@ -87,8 +89,9 @@ def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
 # ---- reading a curve ---------------------------------------------------------------------------------------
 
 
-def curve(*points):
-    return [{"step": 10 * i, "tokens": 100 * i, "seconds": 2.0 * i, "val_loss": v} for i, v in enumerate(points)]
+def curve(*points, rate=50.0):
+    """Evaluations every 10 steps of 10 tokens, at `rate` tokens per second."""
+    return [{"step": 10 * i, "tokens": 100 * i, "seconds": 100 * i / rate, "val_loss": v} for i, v in enumerate(points)]
 
 
 def test_time_to_target_is_interpolated_between_the_evaluations_around_it():
@@ -175,7 +178,7 @@ def write_loss_records(tmp_path, *records):
     folder.mkdir()
     for stage, rate, steps, points, *suffix in records:
         r = {"stage": stage, "status": "ok", "config": {}, "metrics": {
-            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": curve(*points),
+            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": curve(*points, rate=rate),
             "startup_s": 0.0}}
         (folder / f"{stage}{''.join(suffix)}.json").write_text(json.dumps(r))
     return LossRuns(tmp_path)
@@ -204,6 +207,30 @@ def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path)
     assert line == ("`speed_6_ddp` (-0.7% tokens/s against `speed_5_amp`) does not reach its parent's loss within the "
                     "budget: 5 optimizer steps for the budget against 10 (2x fewer per token); its final validation "
                     "loss is 3.200 against 2.900, beyond the seeds' spread of 0.010.")
+
+
+def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
+    """After speed_1's batch x8 (marked) no stage reaches the baseline's target, but the stages that keep speed_1's
+    model are timed to its loss at 80% of the budget: a column and one finding (the last fast stage against speed_1
+    and against speed_5_amp, where the fast ladder starts); speed_6, which changes the model again, keeps none."""
+    base, batch96 = (4.0, 3.0, 2.5, 2.2, 2.0, 1.9), (4.0, 3.5, 3.2, 3.0, 2.9, 2.8)
+    runs = write_loss_records(
+        tmp_path, ("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (1.91,), ".seed1"),
+        ("speed_1_batch_size", 125.0, 10, batch96), ("speed_5_amp", 250.0, 10, batch96),
+        ("speed_6_ddp", 300.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2, 3.1)), ("fast_6_chunked_loss", 375.0, 10, batch96))
+    assert [runs.kept_model(s) for s in ("speed_0_baseline", "speed_1_batch_size", "speed_5_amp", "fast_6_chunked_loss")
+            ] == [None, None, "speed_1_batch_size", "speed_1_batch_size"]
+    # speed_1's loss at 80% of its 500 tokens (400: 2.9) after 400 / 125 = 3.2 s; fast_6 at 375 tokens/s: 3x sooner
+    assert runs.loss_of("speed_1_batch_size") == pytest.approx(2.9)
+    assert runs.vs("fast_6_chunked_loss", "speed_1_batch_size") == pytest.approx((3.2, 400 / 375))
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in loss_table(runs)[2:]}
+    assert rows["fast_6_chunked_loss"][9] == "3.00x vs `speed_1`" and rows["speed_5_amp"][9] == "2.00x vs `speed_1`"
+    assert rows["speed_6_ddp"][9] == rows["speed_1_batch_size"][9] == rows["speed_0_baseline"][9] == ""
+    (line,) = kept_model_findings(runs)
+    assert line == ("`speed_1_batch_size` trains another model than its parent (marked changes convergence), and the 2 "
+                    "stages after it keep that model: each is also timed to `speed_1_batch_size`'s loss at 80% of its "
+                    "budget, 2.900, which `speed_1_batch_size` reaches in 3.20 s; it is reached by "
+                    "`fast_6_chunked_loss` in 1.07 s (3.00x as fast) and by `speed_5_amp` in 1.60 s (2.00x as fast).")
 
 
 def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
@@ -239,6 +266,9 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
     (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
     (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
     (["--target-loss", "2.0"], "add --time-to-loss"),
+    (["--time-to-loss", "--lr", "0"], "--lr must be a positive number, got 0.0"),
+    (["--time-to-loss", "--lr", "nan"], "--lr must be a positive number, got nan"),
+    (["--lr", "1e-3"], "add --time-to-loss"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path):
     out = tmp_path / "out"
@@ -248,6 +278,14 @@ def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {r.stderr.split('error: ')[1].strip()}"]
     assert message in r.stderr
     assert not list(out.rglob("*.json"))
+
+
+def test_another_learning_rate_keeps_the_profiles_floor_ratio():
+    """--lr 4e-3 on the cpu profile (1e-3 decaying to 1e-4): the floor becomes 4e-4; without it, the profile's."""
+    profile = profile_settings("cpu", "time_to_loss")
+    ask = to_a_loss_overrides(parse_args("speed_1_batch_size", ["--time-to-loss", "--lr", "4e-3"]), profile)
+    assert (ask["lr"], ask["min_lr"]) == pytest.approx((4e-3, 4e-4))
+    assert "lr" not in to_a_loss_overrides(parse_args("speed_1_batch_size", ["--time-to-loss"]), profile)
 
 
 def test_a_data_set_without_a_val_split_is_one_line(char_data, tmp_path):

@@ -4,7 +4,7 @@ time per sample, its final validation loss against the baseline's seed spread, a
 per-step gain does not carry over to the model it trains."""
 from pathlib import Path
 
-from gpt.ladder import LADDERS, TRAINED_TO_A_LOSS, load_stage, parent_of
+from gpt.ladder import LADDERS, STARTS_FROM, TRAINED_TO_A_LOSS, ladder_of, load_stage, parent_of
 from gpt.records import read_record, record_path, time_to_loss_dir
 from gpt.report.formatting import fmt_num, fmt_pct, table
 from gpt.report.plots import pyplot
@@ -43,25 +43,49 @@ class LossRuns:
         return crossing(r["metrics"]["curve"], self.target) if ok(r) and self.target is not None else None
 
     def vs_parent(self, stage: str) -> tuple[float | None, float | None]:
-        """(seconds for the parent to reach its own loss at TARGET_AT of its budget, seconds for the stage to
-        reach that same loss): how much sooner this change gives the parent's model."""
-        r, p = self.records.get(stage), self.records.get(parent_of(stage) or "")
-        if not (ok(r) and ok(p)):
+        """How much sooner this change gives the parent's model: vs(stage, parent)."""
+        return self.vs(stage, parent_of(stage) or "")
+
+    def vs(self, stage: str, other: str) -> tuple[float | None, float | None]:
+        """(seconds for `other` to reach its own loss at TARGET_AT of its budget, seconds for the stage to reach
+        that same loss)."""
+        r, o = self.records.get(stage), self.records.get(other)
+        if not (ok(r) and ok(o)):
             return None, None
-        curve = p["metrics"]["curve"]
-        loss = val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
-        mine, theirs = crossing(r["metrics"]["curve"], loss), crossing(curve, loss)
+        loss = self.loss_of(other)
+        mine, theirs = crossing(r["metrics"]["curve"], loss), crossing(o["metrics"]["curve"], loss)
         return (theirs or {}).get("seconds"), (mine or {}).get("seconds")
+
+    def loss_of(self, stage: str) -> float:
+        """The loss that stands for the model a stage trains: its validation loss at TARGET_AT of its budget."""
+        curve = self.records[stage]["metrics"]["curve"]
+        return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
+
+    def changes(self, stage: str) -> bool:
+        """Whether the stage is marked "changes convergence": its final loss beyond the seeds' spread from its
+        parent's."""
+        final, parent = self.final(stage), self.final(parent_of(stage) or "")
+        return None not in (final, parent, self.spread) and changes_convergence(final, parent, self.spread)
+
+    def kept_model(self, stage: str) -> str | None:
+        """The model a stage trains when an earlier stage changed it: the nearest earlier stage marked "changes
+        convergence" (e.g. speed_1's batch x8 for every stage after it). None: the baseline's model, whose loss
+        is the target."""
+        earlier = parent_of(stage)
+        while earlier and not self.changes(earlier):
+            earlier = parent_of(earlier)
+        return earlier
+
+    def kept_models(self) -> list[str]:
+        """The stages whose model later stages keep, in ladder order."""
+        return list(dict.fromkeys(k for s in self.stages if (k := self.kept_model(s))))
 
     def convergence(self, stage: str) -> str:
         """The final validation loss against the parent's: the difference, marked when beyond the seeds' spread."""
         final, parent = self.final(stage), self.final(parent_of(stage) or "")
         if final is None or parent is None:
             return ""
-        d = final - parent
-        if self.spread is not None and changes_convergence(final, parent, self.spread):
-            return f"**changes convergence** ({d:+.3f})"
-        return f"{d:+.3f}"
+        return f"**changes convergence** ({final - parent:+.3f})" if self.changes(stage) else f"{final - parent:+.3f}"
 
 
 def speedup(base_s: float | None, mine_s: float | None) -> str:
@@ -80,7 +104,7 @@ def loss_table(runs: LossRuns) -> list[str]:
         change = "baseline (the settings above)" if stage == BASELINE else load_stage(stage).CHANGE
         if not ok(r):
             status = "not run" if r is None else f"**{r.get('status')}**: {r.get('reason', '')}"
-            rows.append([stage, change, status] + [""] * 7)
+            rows.append([stage, change, status] + [""] * 8)
             continue
         m, reached = r["metrics"], runs.to_target(stage)
         parent_s, mine_s = runs.vs_parent(stage)
@@ -92,11 +116,21 @@ def loss_table(runs: LossRuns) -> list[str]:
             speedup(base_target and base_target["seconds"], reached and reached["seconds"]),
             speedup(1 / base_rate if base_rate else None, 1 / m["tokens_per_s"]),
             speedup(parent_s, mine_s) if mine_s else ("not reached" if parent_s else ""),
+            vs_kept_model(runs, stage),
             f"{m['startup_s']:.1f}",
         ])
     return table(["stage", "change", "tokens/s", "final val loss", "vs parent's", "s to target",
                   f"speedup to target (vs {BASELINE[:7]})", "speedup per sample", "vs parent: to its loss",
-                  "start-up s (apart)"], rows)
+                  "vs the model it keeps: to its loss", "start-up s (apart)"], rows)
+
+
+def vs_kept_model(runs: LossRuns, stage: str) -> str:
+    """How much sooner the stage reaches the loss of the model it keeps than the stage that made that model."""
+    kept = runs.kept_model(stage)
+    if kept is None or runs.changes(stage):  # a stage that changes the model keeps none
+        return ""
+    theirs, mine = runs.vs(stage, kept)
+    return f"{speedup(theirs, mine)} vs `{kept[:7]}`" if mine else (f"not reached (`{kept[:7]}`'s)" if theirs else "")
 
 
 def loss_findings(runs: LossRuns) -> list[str]:
@@ -134,9 +168,34 @@ def loss_findings(runs: LossRuns) -> list[str]:
     return lines
 
 
+def kept_model_findings(runs: LossRuns) -> list[str]:
+    """One line for every stage whose model later stages keep: the loss that stands for it, and how much sooner the
+    last stage keeping it reaches that loss, beside the stage its ladder starts from (fast_6 against speed_1 and
+    speed_5_amp): the gains of the stages that keep the mathematics, as time to a model."""
+    lines = []
+    for kept in runs.kept_models():
+        keeping = [s for s in runs.stages
+                   if runs.kept_model(s) == kept and not runs.changes(s) and ok(runs.records.get(s))]
+        theirs, _ = runs.vs(kept, kept)
+        if not keeping or not theirs:
+            continue
+        last, start = keeping[-1], STARTS_FROM.get(ladder_of(keeping[-1]))
+        reached = []
+        for stage in [last] + ([start] if start in keeping else []):
+            _, mine = runs.vs(stage, kept)
+            reached.append(f"by `{stage}` in {fmt_num(mine)} s ({speedup(theirs, mine)} as fast)" if mine
+                           else f"not by `{stage}` within the budget")
+        after = f"{len(keeping)} stages after it keep" if len(keeping) > 1 else "stage after it keeps"
+        lines.append(f"`{kept}` trains another model than its parent (marked changes convergence), and the {after} "
+                     f"that model: each is also timed to `{kept}`'s loss at "
+                     f"{TARGET_AT:.0%} of its budget, {runs.loss_of(kept):.3f}, which `{kept}` reaches in "
+                     f"{fmt_num(theirs)} s; it is reached " + " and ".join(reached) + ".")
+    return lines
+
+
 def plot_curves(runs: LossRuns, path: Path) -> bool:
     """Validation loss against training seconds and against tokens, one line per stage (the baseline's other
-    seeds thin and grey), the target dashed. False: nothing to plot."""
+    seeds thin and grey), the target dashed, the loss of a model later stages keep dotted. False: nothing to plot."""
     finished = [(s, runs.records[s]) for s in runs.stages if ok(runs.records.get(s))]
     if not finished:
         return False
@@ -154,6 +213,9 @@ def plot_curves(runs: LossRuns, path: Path) -> bool:
                     lw=2 if stage == BASELINE else 1.2, label=stage.replace("_", " "))
         if runs.target is not None:
             ax.axhline(runs.target, color="black", ls="--", lw=0.8, label=f"target {runs.target:.3f}")
+        for kept in runs.kept_models():
+            ax.axhline(runs.loss_of(kept), color="black", ls=":", lw=0.8,
+                       label=f"{kept[:7]}'s model {runs.loss_of(kept):.3f}")
         ax.set_xlabel(label)
         ax.set_title(f"validation loss against {x}")
     axes[0].set_ylabel("validation loss")
@@ -172,7 +234,7 @@ def loss_section(runs: LossRuns, plots: Path, rel: str) -> list[str]:
     shown = base if ok(base) else next(iter(runs.records.values()))
     lines = ["", "## Time to loss", "", intro(runs, shown.get("config", {}), shown.get("metrics") or {}), ""]
     lines += loss_table(runs)
-    notes = loss_findings(runs) + [
+    notes = loss_findings(runs) + kept_model_findings(runs) + [
         "The memory and lean ladders are not trained here: each of their stages keeps its parent's trajectory "
         "(tests/test_ladder_equivalence.py, tests/test_beyond_equivalence.py), so its time to loss is its time per "
         "token, in the tables above. `lean_1_fsdp_bf16` computes in bf16 and so changes the numerics; it is not "
@@ -202,4 +264,7 @@ def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
             "the evaluations and the first step's start-up (compilation, DataLoader workers), given apart, are not "
             "in them. 'speedup per sample' is the stage's tokens/s over the baseline's in these runs; 'vs parent: "
             "to its loss' is how much sooner the stage reaches its parent's loss at the same point of the budget: "
-            "the model its parent trains, sooner.")
+            "the model its parent trains, sooner; 'vs the model it keeps' is the same against the nearest earlier "
+            "stage marked changes convergence, whose model the stages after it train: a stage that keeps the "
+            "mathematics should reach that model sooner by its gain per sample, even where none reaches the baseline's "
+            "target.")
