@@ -212,12 +212,13 @@ def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path)
 def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
     """After speed_1's batch x8 (marked) no stage reaches the baseline's target, but the stages that keep speed_1's
     model are timed to its loss at 80% of the budget: a column and one finding (the last fast stage against speed_1
-    and against speed_5_amp, where the fast ladder starts); speed_6, which changes the model again, keeps none."""
+    and against speed_5_amp, where the fast ladder starts, and the baseline, whose curve passes that loss too);
+    speed_6, which changes the model again, keeps none."""
     base, batch96 = (4.0, 3.0, 2.5, 2.2, 2.0, 1.9), (4.0, 3.5, 3.2, 3.0, 2.9, 2.8)
-    runs = write_loss_records(
-        tmp_path, ("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (1.91,), ".seed1"),
-        ("speed_1_batch_size", 125.0, 10, batch96), ("speed_5_amp", 250.0, 10, batch96),
-        ("speed_6_ddp", 300.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2, 3.1)), ("fast_6_chunked_loss", 375.0, 10, batch96))
+    records = [("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (1.91,), ".seed1"),
+               ("speed_1_batch_size", 125.0, 10, batch96), ("speed_5_amp", 250.0, 10, batch96),
+               ("speed_6_ddp", 300.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2, 3.1)), ("fast_6_chunked_loss", 375.0, 10, batch96)]
+    runs = write_loss_records(tmp_path, *records)
     assert [runs.kept_model(s) for s in ("speed_0_baseline", "speed_1_batch_size", "speed_5_amp", "fast_6_chunked_loss")
             ] == [None, None, "speed_1_batch_size", "speed_1_batch_size"]
     # speed_1's loss at 80% of its 500 tokens (400: 2.9) after 400 / 125 = 3.2 s; fast_6 at 375 tokens/s: 3x sooner
@@ -230,7 +231,15 @@ def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
     assert line == ("`speed_1_batch_size` trains another model than its parent (marked changes convergence), and the 2 "
                     "stages after it keep that model: each is also timed to `speed_1_batch_size`'s loss at 80% of its "
                     "budget, 2.900, which `speed_1_batch_size` reaches in 3.20 s; it is reached by "
-                    "`fast_6_chunked_loss` in 1.07 s (3.00x as fast) and by `speed_5_amp` in 1.60 s (2.00x as fast).")
+                    "`fast_6_chunked_loss` in 1.07 s (3.00x as fast) and by `speed_5_amp` in 1.60 s (2.00x as fast); "
+                    "`speed_0_baseline` reaches it in 1.20 s.")
+    # the baseline's curve passes 2.9 after 1.2 s (between 3.0 at 1 s and 2.5 at 2 s): with fast_6 no faster than
+    # speed_5, the changed model costs time to loss, and the finding says so
+    slower = tmp_path / "slower"
+    slower.mkdir()
+    runs = write_loss_records(slower, *records[:-1], ("fast_6_chunked_loss", 250.0, 10, batch96))
+    assert kept_model_findings(runs)[0].endswith("`speed_0_baseline` reaches it in 1.20 s, sooner than every stage "
+                                                 "that keeps it.")
 
 
 def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):

@@ -171,7 +171,9 @@ def loss_findings(runs: LossRuns) -> list[str]:
 def kept_model_findings(runs: LossRuns) -> list[str]:
     """One line for every stage whose model later stages keep: the loss that stands for it, and how much sooner the
     last stage keeping it reaches that loss, beside the stage its ladder starts from (fast_6 against speed_1 and
-    speed_5_amp): the gains of the stages that keep the mathematics, as time to a model."""
+    speed_5_amp), and by the baseline, whose curve passes through it too (at a small scale sooner than all of them:
+    the changed model is then a loss in time to loss): the gains of the stages that keep the mathematics, as time
+    to a model."""
     lines = []
     for kept in runs.kept_models():
         keeping = [s for s in runs.stages
@@ -186,10 +188,14 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
             reached.append(f"by `{stage}` in {fmt_num(mine)} s ({speedup(theirs, mine)} as fast)" if mine
                            else f"not by `{stage}` within the budget")
         after = f"{len(keeping)} stages after it keep" if len(keeping) > 1 else "stage after it keeps"
+        _, base_s = runs.vs(BASELINE, kept)  # the baseline's own model passes through that loss too
+        soonest = min((t for s in keeping if (t := runs.vs(s, kept)[1])), default=None)
+        baseline = ("" if not base_s else f"; `{BASELINE}` reaches it in {fmt_num(base_s)} s"
+                    + (", sooner than every stage that keeps it" if soonest is None or base_s < soonest else ""))
         lines.append(f"`{kept}` trains another model than its parent (marked changes convergence), and the {after} "
                      f"that model: each is also timed to `{kept}`'s loss at "
                      f"{TARGET_AT:.0%} of its budget, {runs.loss_of(kept):.3f}, which `{kept}` reaches in "
-                     f"{fmt_num(theirs)} s; it is reached " + " and ".join(reached) + ".")
+                     f"{fmt_num(theirs)} s; it is reached " + " and ".join(reached) + baseline + ".")
     return lines
 
 
