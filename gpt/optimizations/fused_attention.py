@@ -61,8 +61,8 @@ def cpu_attention_choice(cfg: "TrainConfig") -> tuple[str, str | None]:
     what = (f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}"
             + (", compiled" if cfg.compile else ""))
     explicit_ms, fused_ms = machine_cache.remembered(
-        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}", lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout,
-                                                      cfg.compile))
+        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}",
+        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile))
     if fused_ms <= explicit_ms:
         return "sdpa", None
     return "naive", (f"kept the explicit attention: SDPA is slower on this CPU at this shape (forward and backward "

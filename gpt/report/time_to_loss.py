@@ -148,8 +148,7 @@ def loss_findings(runs: LossRuns) -> list[str]:
         to_loss = parent_s / mine_s if parent_s and mine_s else None
         gained = (not r.get("no_effect") and rate >= 1 + max(NO_GAIN_PCT, runs.rate_noise_pct) / 100
                   and (to_loss is None or to_loss < 0.9 * rate))
-        changed = runs.spread is not None and changes_convergence(m["val_loss_final"], pm["val_loss_final"],
-                                                                  runs.spread)
+        changed = runs.changes(stage)
         if not (gained or changed):
             continue
         why = []
@@ -181,15 +180,13 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
         theirs, _ = runs.vs(kept, kept)
         if not keeping or not theirs:
             continue
+        times = {s: runs.vs(s, kept)[1] for s in keeping}  # each keeping stage's seconds to that loss
         last, start = keeping[-1], STARTS_FROM.get(ladder_of(keeping[-1]))
-        reached = []
-        for stage in [last] + ([start] if start in keeping else []):
-            _, mine = runs.vs(stage, kept)
-            reached.append(f"by `{stage}` in {fmt_num(mine)} s ({speedup(theirs, mine)} as fast)" if mine
-                           else f"not by `{stage}` within the budget")
+        reached = [f"by `{s}` in {fmt_num(times[s])} s ({speedup(theirs, times[s])} as fast)" if times[s]
+                   else f"not by `{s}` within the budget" for s in [last] + ([start] if start in keeping else [])]
         after = f"{len(keeping)} stages after it keep" if len(keeping) > 1 else "stage after it keeps"
         _, base_s = runs.vs(BASELINE, kept)  # the baseline's own model passes through that loss too
-        soonest = min((t for s in keeping if (t := runs.vs(s, kept)[1])), default=None)
+        soonest = min((t for t in times.values() if t), default=None)
         baseline = ("" if not base_s else f"; `{BASELINE}` reaches it in {fmt_num(base_s)} s"
                     + (", sooner than every stage that keeps it" if soonest is None or base_s < soonest else ""))
         lines.append(f"`{kept}` trains another model than its parent (marked changes convergence), and the {after} "
