@@ -50,17 +50,21 @@ def why_cannot_run(nproc: int, device_type: str) -> str | None:
     return None
 
 
-def backend_for(device: torch.device) -> str:
-    """NCCL talks GPU to GPU; gloo is the CPU backend."""
-    return "nccl" if device.type == "cuda" else "gloo"
+def backend_for(device: torch.device, host_collectives: bool = False) -> str:
+    """NCCL talks GPU to GPU; gloo is the CPU backend. A GPU run whose collectives also see host tensors
+    (`host_collectives`: FSDP's CPU offload, where clip_grad_norm_ all-reduces the norm of gradient shards in
+    host memory) needs gloo beside NCCL: a group made with "nccl" alone has no backend for the CPU."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
 
 
-def init(device: torch.device) -> None:
+def init(device: torch.device, backend: str) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=PROCESS_GROUP_TIMEOUT)
+        dist.init_process_group(backend, device_id=device, timeout=PROCESS_GROUP_TIMEOUT)
     else:
-        dist.init_process_group("gloo", timeout=PROCESS_GROUP_TIMEOUT)
+        dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT)
 
 
 def shutdown(ok: bool = True) -> None:
@@ -73,7 +77,7 @@ def shutdown(ok: bool = True) -> None:
     if ok:
         dist.barrier()
         dist.destroy_process_group()
-    elif dist.get_backend() == "nccl":
+    elif "nccl" in dist.get_backend_config():  # "nccl", or "cuda:nccl,cpu:gloo" (get_backend() says so whole)
         dist.distributed_c10d._abort_process_group()
     else:
         dist.destroy_process_group()
@@ -99,14 +103,14 @@ def first_failure(mine: dict) -> dict:
 
 
 @contextmanager
-def process_group(device: torch.device, enabled: bool = True):
-    """Run the body as one rank of the group. An exception leaves the group at once, after reporting it:
+def process_group(device: torch.device, backend: str | None):
+    """Run the body as one rank of a group on `backend` (backend_for's; None: one process, no group). An exception leaves the group at once, after reporting it:
     RankFailed then carries the group's first failure, which may be another rank's (the error here is
     often only the consequence, e.g. "Connection closed by peer")."""
-    if not enabled:
+    if backend is None:
         yield
         return
-    init(device)
+    init(device, backend)
     try:
         yield
     except UserError:

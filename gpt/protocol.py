@@ -44,7 +44,7 @@ def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = N
     `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
     cfg.validate()
     device = resolve_device(cfg.device)
-    with distributed.process_group(device, enabled=parallel.is_distributed(cfg)):  # a failed rank leaves at once
+    with distributed.process_group(device, parallel.backend(cfg, device)):  # a failed rank leaves at once
         return measure(cfg, device, label, memory_snapshot, trace_path)
 
 

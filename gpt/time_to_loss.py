@@ -34,7 +34,7 @@ def run(cfg: TrainConfig, label: str = "train") -> dict:
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)
-    with distributed.process_group(device, enabled=parallel.is_distributed(cfg)):
+    with distributed.process_group(device, parallel.backend(cfg, device)):
         return train_to_budget(cfg, device, label)
 
 

@@ -98,7 +98,8 @@ def main(argv=None) -> None:
     if a.cpu_bf16:
         forced = lambda: (True, "forced by the test")  # noqa: E731
         precision.cpu_bf16_is_faster = parallel.cpu_bf16_is_faster = forced  # autocast's rule and FSDP's
-    distributed.init(resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    distributed.init(device, parallel.backend(cfg, device))
     try:
         grads = []
         run = run_steps(cfg, a.steps, setup=record_grads(grads))

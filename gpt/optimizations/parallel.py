@@ -39,7 +39,7 @@ def with_processes(cfg: "TrainConfig", n: int | None) -> "TrainConfig":
 
 def backend(cfg: "TrainConfig", device: torch.device) -> str | None:
     """The process group's backend (the record's choices.distributed_backend), None for one process."""
-    return distributed.backend_for(device) if is_distributed(cfg) else None
+    return distributed.backend_for(device, host_collectives=cfg.fsdp_cpu_offload) if is_distributed(cfg) else None
 
 
 def parallelize(model: nn.Module, cfg: "TrainConfig", device: torch.device) -> nn.Module:
