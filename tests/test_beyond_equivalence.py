@@ -259,7 +259,8 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     def skip_reason(stage):
         return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
 
-    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", lambda *a, **k: None, raising=False)
+    def op(input, linear_weight, target, *, linear_bias=None, options=None): ...  # the signature called
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", op, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no liger, no cce
@@ -531,3 +532,16 @@ def test_a_run_for_memory_keeps_sdpa_whatever_its_time(char_data, monkeypatch):
     monkeypatch.setattr(fused_attention, "time_attentions", lambda *shape: [1.0, 4.0])
     cfg = tiny_config(char_data, attention="sdpa", block_size=28, batch_size=4, samples=40, goal="memory")
     assert fused_attention.attention_used(cfg, "cpu") == ("sdpa", None)
+
+
+def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(monkeypatch):
+    """F.linear_cross_entropy came into torch's history before its linear_bias= and options= (the call
+    chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back
+    to liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
+    def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older)
+    assert not chunked_loss.installed("torch")
+    reason = why_cannot_run(stage_config("fast_6_chunked_loss", "smoke", device="cpu"), "cpu")
+    assert reason.startswith("the chunked loss on a cpu needs PyTorch 2.12") and "lacks linear_bias=" in reason
+    fake_module(monkeypatch, "liger_kernel")
+    assert chunked_loss.resolve("auto", "cuda") == "liger"

@@ -23,7 +23,9 @@ Which CUDA implementation is fastest has not been measured yet on a GPU in this 
 keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
 available at a stage's shape; its figures decide the order.
 """
+import dataclasses
 import importlib.util
+import inspect
 import statistics
 import time
 from typing import TYPE_CHECKING
@@ -48,14 +50,37 @@ TRITON_ONLY = ("liger", "cce")  # their kernels are Triton: CUDA (or Triton's in
 
 LOSS_CACHE = "chunked_loss"  # gpt/machine_cache.py's file of measured head-and-loss times
 LOSS_CHUNK_ROWS = 256  # rows of logits per chunk on a CPU: 256 x 50304 bf16 = 25 MiB, instead of B*T x 50304
+OPTIONS_SET = {"batch_chunk_size", "chunking_method", "acc_policy"}  # LinearCrossEntropyOptions' fields loss_chunking sets
 
 
 def installed(name: str) -> bool:
     """Whether implementation `name` is there (PyTorch's own op, or the library)."""
     if name == "torch":
-        return hasattr(F, "linear_cross_entropy")
+        return torch_op_takes_our_call()
     check_impl(name)
     return importlib.util.find_spec(MODULES[name]) is not None
+
+
+def torch_op_takes_our_call() -> bool:
+    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes: the keywords
+    linear_bias= and options=, and torch.nn.LinearCrossEntropyOptions with the fields loss_chunking sets. The
+    function's name came into torch's history before these: asking for the name alone would let a torch with the
+    older function fail the stage with a TypeError instead of falling back to liger / cce or skipping it."""
+    op, options = getattr(F, "linear_cross_entropy", None), getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if op is None or not dataclasses.is_dataclass(options):
+        return False
+    try:
+        keywords = inspect.signature(op).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: not the Python op this module calls
+        return False
+    fields = {f.name for f in dataclasses.fields(options)}
+    return {"linear_bias", "options"} <= keywords.keys() and OPTIONS_SET <= fields
+
+
+def torch_op_needed() -> str:
+    """What PyTorch's implementation needs, said of this torch (a reason to skip, or a one-line error)."""
+    older = ", whose F.linear_cross_entropy lacks linear_bias= or options=" if hasattr(F, "linear_cross_entropy") else ""
+    return f"PyTorch 2.12 or newer (this is {torch.__version__}{older})"
 
 
 def available(name: str, device_type: str) -> bool:
@@ -70,16 +95,16 @@ def resolve(choice: str, device_type: str) -> str:
         check_impl(choice)
         if not installed(choice):
             raise UserError(f"the chunked loss {choice!r} needs " + (f"`pip install {PACKAGES[choice]}`"
-                            if choice in PACKAGES else f"PyTorch 2.12 or newer (this is {torch.__version__})"))
+                            if choice in PACKAGES else torch_op_needed()))
         return choice
     for name in IMPLEMENTATIONS:
         if available(name, device_type):
             return name
     if device_type == "cuda":
-        raise UserError(f"the chunked loss needs PyTorch 2.12 or newer (F.linear_cross_entropy; this is "
-                        f"{torch.__version__}), or liger-kernel or cut-cross-entropy: pip install liger-kernel")
-    raise UserError(f"the chunked loss on a {device_type} needs PyTorch 2.12 or newer (F.linear_cross_entropy; "
-                    f"this is {torch.__version__}); liger-kernel and cut-cross-entropy run on CUDA only")
+        raise UserError(f"the chunked loss needs {torch_op_needed()} for F.linear_cross_entropy, or liger-kernel or "
+                        "cut-cross-entropy: pip install liger-kernel")
+    raise UserError(f"the chunked loss on a {device_type} needs {torch_op_needed()} for F.linear_cross_entropy; "
+                    "liger-kernel and cut-cross-entropy run on CUDA only")
 
 
 def why_unavailable(choice: str, device_type: str) -> str | None:
@@ -264,8 +289,8 @@ def _simulated_with_torch(plan: SimulationPlan) -> None:
         plan.cfg.loss = "full"
         return
     if not installed("torch"):
-        raise CannotSimulate("the planner simulates the chunked loss with F.linear_cross_entropy, which "
-                             f"needs PyTorch 2.12 or newer (this is {torch.__version__})")
+        raise CannotSimulate(f"the planner simulates the chunked loss with F.linear_cross_entropy, which needs "
+                             f"{torch_op_needed()}")
     plan.cfg.loss_impl = "torch"
 
 
