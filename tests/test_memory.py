@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -509,3 +510,29 @@ def test_the_planner_lands_within_its_bounds_on_the_h100_records():
     errors = {s: rows[s]["error_pct"] for s in rows}
     assert {s: e for s, e in errors.items() if s in eager and abs(e) > EAGER_BOUND_PCT} == {}
     assert {s: e for s, e in errors.items() if s in graphs and abs(e) > GRAPHS_BOUND_PCT} == {}
+
+
+def test_cuda_estimate_casts_as_cuda_autocast_does(char_data):
+    """CUDA's autocast runs softmax (and layer norm, log_softmax, pow, sum, ...) in float32, the CPU's keeps a bf16
+    softmax in bf16; the planner simulates under the CPU's autocast, so its CUDA rules cast by CUDA's op lists: the
+    explicit attention's probabilities, kept for backward, take 4 bytes an element (+12.6% at fast_2_bf16's
+    reference shape). At a small naive-attention stage the estimate grows by the float32 half of those."""
+    scores = torch.randn(2, 4, 8, 8, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.softmax(scores, -1).dtype == torch.bfloat16  # the CPU's list
+        with _cuda_rules():
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+            assert probs.dtype == scores.softmax(-1).dtype == torch.float32
+            assert torch.nn.functional.linear(probs, weight).dtype == torch.bfloat16  # matmuls stay 16-bit
+            assert torch.einsum("ij,jk->ik", weight, weight).dtype == torch.bfloat16  # CUDA's 16-bit list only
+    assert torch.softmax(scores, -1).dtype == torch.bfloat16  # outside autocast: nothing cast
+
+    cfg = stage_config("fast_2_bf16", "smoke", batch_size=4, block_size=64, data_dir=str(char_data))
+    assert cfg.attention == "naive" and cfg.amp
+    with_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
+    with mock.patch("gpt.memory._CudaAutocastLists.__torch_function__",
+                    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))):
+        cpu_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
+    probabilities = cfg.model_shape["n_layer"] * 4 * cfg.model_shape["n_head"] * 64 * 64  # elements, per layer
+    assert with_lists - cpu_lists >= 2 * probabilities / MiB - 0.01  # 2 more bytes each, at least

@@ -15,10 +15,11 @@ Two targets:
 - cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
   CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
   allocator rounds every allocation up to a multiple of 512 bytes, CUDA's dropout kernel keeps a 1-byte
-  mask for backward where the CPU's keeps its 4-byte float noise, and SDPA with dropout runs CUDA's flash or
-  memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights. The
-  other ops of this model (matmuls, softmax, layer norm, GELU, cross-entropy, AdamW) keep the same tensors on
-  both devices. cuBLAS's workspaces are added (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
+  mask for backward where the CPU's keeps its 4-byte float noise, SDPA with dropout runs CUDA's flash or
+  memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights, and
+  autocast casts by CUDA's op lists (softmax in float32: the explicit attention's probabilities take 4 bytes an
+  element, where CPU autocast keeps bf16). The other ops of this model (matmuls, layer norm, GELU,
+  cross-entropy, AdamW) keep the same tensors on both devices. cuBLAS's workspaces are added (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
   blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
   the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
 
@@ -240,6 +241,39 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
                                                                   dropout_p, is_causal, scale=scale)[0]
 
 
+# Where CUDA's autocast op lists (aten/src/ATen/autocast_mode.cpp; torch.amp's docs: "CUDA Ops that can autocast
+# to float32" / "to float16") differ from the CPU's, which the simulation runs under: these ops get float32 inputs
+# on CUDA and keep 16-bit ones on the CPU (softmax is the explicit attention's T x T probabilities: 4 bytes an
+# element on CUDA), and these get 16-bit inputs on CUDA only. The other ops of both lists agree or are not used.
+CUDA_AUTOCAST_FP32_ONLY = ("softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "normalize", "pow",
+                           "exp", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sum", "cumsum",
+                           "cumprod", "norm", "softplus", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "renorm",
+                           "cosine_similarity", "dist", "pdist")
+CUDA_AUTOCAST_16BIT_ONLY = ("addmv", "addr", "mv", "einsum", "chain_matmul")
+
+
+def _callables(names) -> set:
+    """torch.X, F.X and Tensor.X for each name (the ways one op is called from Python)."""
+    return {f for n in names for home in (torch, F, torch.Tensor) if (f := getattr(home, n, None)) is not None}
+
+
+class _CudaAutocastLists(torch.overrides.TorchFunctionMode):
+    """The CPU's autocast, made to cast as CUDA's does: above autograd, like autocast itself, so the casts and the
+    tensors saved for backward are CUDA's (a float32 softmax output kept for its backward)."""
+
+    fp32, low = _callables(CUDA_AUTOCAST_FP32_ONLY), _callables(CUDA_AUTOCAST_16BIT_ONLY)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.is_autocast_enabled("cpu") and (func in self.fp32 or func in self.low):
+            to = torch.float32 if func in self.fp32 else torch.get_autocast_dtype("cpu")
+
+            def cast(a):
+                return a.to(to) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != to else a
+            args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _cuda_rules():
     # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
@@ -250,7 +284,8 @@ def _cuda_rules():
           mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
           mock.patch.object(parallel, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU")),
           mock.patch.object(fused_attention, "cpu_attention_choice", return_value=("sdpa", None)),
-          mock.patch.object(chunked_loss, "cpu_loss_choice", return_value=("chunked", None))):
+          mock.patch.object(chunked_loss, "cpu_loss_choice", return_value=("chunked", None)),
+          _CudaAutocastLists()):
         yield
 
 

@@ -56,7 +56,8 @@ def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
 def simulated_precision(cfg: "TrainConfig", target: str, sim_device: torch.device) -> MixedPrecision:
     """What the memory planner computes in. The CPU's autocast dtype depends on this CPU's measured matmul rates;
     a CUDA estimate takes 16 bits (fp16 on CUDA, the same sizes as the bf16 simulated) whenever the stage
-    autocasts."""
+    autocasts, and casts by CUDA autocast's op lists where they differ from the CPU's (gpt/memory/__init__.py:
+    _CudaAutocastLists; softmax runs in float32)."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
     return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type, None)
@@ -98,7 +99,8 @@ def _amp_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
 
 def _amp_simulated(plan: SimulationPlan) -> None:
     if plan.cfg.amp and plan.target == "cuda":
-        plan.notes.append("autocast simulated with the CPU's rules (bf16); CUDA's fp16 has the same sizes")
+        plan.notes.append("autocast simulated in bf16 with CUDA's op lists (softmax, layer norm, ... in fp32); "
+                          "CUDA's fp16 has the same sizes")
 
 
 def _amp_no_speedup(record: dict, parent: dict) -> str:
