@@ -439,7 +439,7 @@ def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
     device = torch.device("cuda")
     cfg = tiny_config(char_data, amp=True, amp_bf16=True, tf32=True, device="cuda")
     amp = mixed_precision(cfg, device)
-    if not torch.cuda.is_bf16_supported():
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
         assert amp.dtype == torch.float16 and amp.scaler is not None and "no bf16" in amp.why
         return
     assert amp.dtype == torch.bfloat16 and amp.scaler is None
@@ -545,3 +545,13 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
     assert reason.startswith("the chunked loss on a cpu needs PyTorch 2.12") and "lacks linear_bias=" in reason
     fake_module(monkeypatch, "liger_kernel")
     assert chunked_loss.resolve("auto", "cuda") == "liger"
+
+
+def test_a_gpu_with_emulated_bf16_only_keeps_fp16(char_data, monkeypatch):
+    """torch.cuda.is_bf16_supported() is true by default on pre-Ampere GPUs (T4, V100), whose bf16 is emulated and
+    slow: amp_bf16 asks without emulation, and such a GPU keeps fp16 with its GradScaler."""
+    def is_bf16_supported(including_emulation=True):  # a V100's answers
+        return including_emulation
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    amp = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
+    assert amp.dtype == torch.float16 and "this GPU has no bf16" in amp.why

@@ -43,7 +43,8 @@ def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
     if not cfg.amp:
         return MixedPrecision(torch.float32, device.type, None, "amp off")
     if device.type == "cuda":
-        if cfg.amp_bf16 and torch.cuda.is_bf16_supported():
+        # bf16 units (Ampere and newer): torch's default answer also counts emulated bf16, true on a T4 or V100
+        if cfg.amp_bf16 and torch.cuda.is_bf16_supported(including_emulation=False):
             return MixedPrecision(torch.bfloat16, "cuda", None, "bf16 autocast, no loss scaling")
         why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16)" if cfg.amp_bf16 else "")
         return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"), why)
