@@ -251,6 +251,7 @@ def choices(trainer: train.Trainer) -> dict:
     return {
         "amp_dtype": str(amp.dtype).removeprefix("torch."),
         "amp_why": amp.why,
+        "compute_dtype": str(parallel.compute_dtype(cfg, device, amp.dtype)).removeprefix("torch."),
         "grad_scaler": amp.scaler is not None,
         "fp32_matmuls": trainer.fp32_matmuls,
         "compile_mode": compile_mode(cfg, device),
@@ -306,9 +307,10 @@ def memory_metrics(warm: WarmUp, timed: Timed, memory: dict) -> dict:
 
 
 def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
-    """MFU against the peak of the dtype the run computes in, and against the device's fastest."""
+    """MFU against the peak of the dtype the run computes in (autocast's or FSDP's mixed precision's), and against
+    the device's fastest."""
     device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
-    flops, flops_source = peak_flops(device, trainer.amp.dtype)
+    flops, flops_source = peak_flops(device, parallel.compute_dtype(trainer.cfg, device, trainer.amp.dtype))
     best_flops, best_source = fastest_peak_flops(device)
     rate = tokens_per_s(trainer.cfg, timed)
     return {

@@ -164,6 +164,13 @@ FSDP_MIXED_PRECISION = Optimization(
     checks=_check_fsdp_setting, no_effect=_bf16_no_effect)
 
 
+def compute_dtype(cfg: "TrainConfig", device: torch.device, autocast_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the stage's matmuls compute in (the peak its MFU is taken against): autocast's, or, with autocast
+    off, the bf16 parameter copies FSDP's mixed precision gathers for compute."""
+    policy = fsdp_policies(cfg, device).get("mp_policy") if autocast_dtype == torch.float32 else None
+    return policy.param_dtype if policy else autocast_dtype
+
+
 # ---- lean_3: CPU offload ------------------------------------------------------------------------------------
 
 
