@@ -3,6 +3,7 @@ checked against its parent here, on the CPU, through the project's own code, in 
 tests/test_ladder_equivalence.py (whose helpers it uses). Tolerances are stated per test; measured
 differences are printed (pytest -s).
 """
+import functools
 import importlib.util
 import json
 import os
@@ -184,6 +185,13 @@ def test_fused_adamw_matches_foreach(char_data):
 CHUNK_RTOL, CHUNK_ATOL = 1e-5, 1e-7
 
 
+# The chunked op adds each chunk's weight gradient into a buffer of the input's dtype (bf16 under autocast), on the
+# CPU and on CUDA alike: the more chunks, the further from fp32. At fast_6's reference shape (128 chunks) its
+# relative difference from fp32 was 2.6e-2 against 3.4e-3 for the bf16 full loss: the bound for the chunked loss's
+# extra difference (test_bf16_chunked_weight_gradient_at_the_stages_shape measures it).
+BF16_CHUNKED_WEIGHT_GRAD = 3e-2
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks."""
@@ -191,6 +199,7 @@ def small_chunks(monkeypatch):
     calls = []
     real = torch.nn.functional.linear_cross_entropy
 
+    @functools.wraps(real)  # the op's signature: chunked_loss.installed("torch") checks it
     def spy(*args, **kwargs):
         calls.append(kwargs["options"].batch_chunk_size)
         return real(*args, **kwargs)
@@ -218,8 +227,8 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
     chunked op (on a CPU) in the inputs' dtype, and it returns the loss in bf16, summed over chunks in bf16.
     So: gradients as close to fp32 training as the full loss's are (bound: twice the full loss's difference
-    plus 1e-3 of the largest gradient; measured ~7e-3 for both), and the loss within its bf16 summation error
-    (n_chunks half-ulps, 2^-9 relative each)."""
+    plus BF16_CHUNKED_WEIGHT_GRAD of the largest gradient; measured ~7e-3 for both here), and the loss within its
+    bf16 summation error (n_chunks half-ulps, 2^-9 relative each)."""
     monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
     cfg = dict(grad_clip=NO_CLIP)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
@@ -229,7 +238,7 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     full_rel, chunked_rel = max_diff(grads_full[0], grads_fp32[0])[1], max_diff(grads_chunked[0], grads_fp32[0])[1]
     print(f"\nbf16 vs fp32 gradients, max |diff| / max |value|: full loss {full_rel:.3g}, chunked {chunked_rel:.3g}; "
           f"losses: fp32 {fp32.losses[0]:.5f}, full {full.losses[0]:.5f}, chunked {chunked.losses[0]:.5f}")
-    assert chunked_rel < 2 * full_rel + 1e-3
+    assert chunked_rel < 2 * full_rel + BF16_CHUNKED_WEIGHT_GRAD
     assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
 
 
@@ -555,3 +564,32 @@ def test_a_gpu_with_emulated_bf16_only_keeps_fp16(char_data, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     amp = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
     assert amp.dtype == torch.float16 and "this GPU has no bf16" in amp.why
+
+
+@needs_torch_chunked_loss
+@pytest.mark.slow
+def test_bf16_chunked_weight_gradient_at_the_stages_shape():
+    """The head's weight gradient of the bf16 chunked loss against fp32, at fast_6_chunked_loss's reference shape
+    (32768 rows x 192, vocabulary 65 padded to 128: 128 chunks of LOSS_CHUNK_ROWS), on random inputs: within
+    BF16_CHUNKED_WEIGHT_GRAD more than the bf16 full loss's (measured 2.6e-2 and 3.4e-3 on this project's CPU)."""
+    cfg, vocab = stage_config("fast_6_chunked_loss", "reference"), 65
+    rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
+    padded = -(-vocab // cfg.vocab_multiple) * cfg.vocab_multiple
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(rows, dim, generator=g), 0.02 * torch.randn(padded, dim, generator=g)
+    bias = torch.zeros(padded)
+    bias[vocab:] = float("-inf")
+    targets = torch.randint(vocab, (rows,), generator=g)
+
+    def weight_grad(loss_fn, dtype):
+        w = weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss_fn(x.clone().requires_grad_(), w, targets, vocab, bias).backward()
+        return {"weight": w.grad[:vocab]}
+
+    fp32 = weight_grad(chunked_loss.full_cross_entropy, torch.float32)
+    full_rel = max_diff(weight_grad(chunked_loss.full_cross_entropy, torch.bfloat16), fp32)[1]
+    chunked = weight_grad(lambda *a: chunked_loss.chunked_cross_entropy(*a, impl="torch"), torch.bfloat16)
+    chunked_rel = max_diff(chunked, fp32)[1]
+    print(f"\nbf16 vs fp32 weight gradient at {rows} x {dim} -> {padded}: full {full_rel:.3g}, chunked {chunked_rel:.3g}")
+    assert chunked_rel < 2 * full_rel + BF16_CHUNKED_WEIGHT_GRAD

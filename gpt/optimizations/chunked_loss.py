@@ -16,7 +16,12 @@ All three give the loss and gradients of the full loss up to float summation ord
   Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
   with the bias);
 - Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
-- liger and torch on CUDA accumulate the head's weight gradient in fp32.
+- the head's weight gradient: liger accumulates it in fp32 (accum_dtype); torch adds each chunk's weight
+  gradient into a buffer of the input's dtype, bf16 under bf16 autocast, with its default policy on CUDA
+  ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
+  gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks: at fast_6's
+  reference shape (128 chunks), 2.6e-2 of the largest entry against 3.4e-3 for the bf16 full loss, on a CPU
+  (tests/test_beyond_equivalence.py:test_bf16_chunked_weight_gradient_at_the_stages_shape).
 Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
 
 Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS
@@ -150,7 +155,8 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
 
 def loss_chunking(device_type: str):
     """How F.linear_cross_entropy (a torch.nn.LinearCrossEntropyOptions) chunks and accumulates. CUDA: the
-    library's own per-device defaults (measured by its authors on an A100: fp32 accumulation, chunks by the
+    library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
+    inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the
     shape's aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype.
     Measured on one AMX CPU (2 cores, 8192 x 192 bf16 inputs, 50304 classes, forward + backward): the
     library's CPU default (fp32 accumulation, chunks sized like the input: 4 rows here) took 3.1 s with
