@@ -31,6 +31,7 @@ from gpt.report.document import write_report
 from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
                                      with_pytorchs_early_stop)
 from test_report import row
+from test_time_to_loss import LEARNING_STAGES, learning_budget
 from test_train import run_stage
 
 pytestmark = pytest.mark.gpu
@@ -294,12 +295,13 @@ def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
     assert grads_chunked["weight"][vocab:].abs().max() == 0
 
 
-@pytest.mark.parametrize("stage", ["speed_0_baseline", "speed_5_amp", "fast_5_fused_adamw"])
+@pytest.mark.parametrize("stage", LEARNING_STAGES)
 def test_stages_train_to_a_loss_on_cuda(stage, char_data):
     """Training to a loss on CUDA (README "Time to loss"): eager fp32, fp16 with its GradScaler and the compiled
-    bf16 stage with CUDA graphs learn on the smoke budget, evaluated off the clock (synchronised at every evaluation
-    only), with the first step's start-up given apart; the record is complete."""
-    cfg = stage_config(stage, "smoke", True, data_dir=str(char_data), device="cuda")
+    bf16 stage with CUDA graphs learn on a budget of the same number of steps for each (the CPU learns on it too:
+    tests/test_time_to_loss.py), evaluated off the clock (synchronised at every evaluation only), with the first
+    step's start-up given apart; the record is complete."""
+    cfg = learning_budget(stage, char_data, "cuda")
     record = time_to_loss.run(cfg, label=stage)
     m = record["metrics"]
     assert m["val_loss_final"] < 0.8 * m["val_loss_initial"]  # ~4.4 (uniform over 65 characters) -> ~3.2 on the CPU

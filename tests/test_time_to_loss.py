@@ -31,6 +31,37 @@ def smoke_to_a_loss(char_data, stage="speed_0_baseline", **overrides) -> TrainCo
     return stage_config(stage, "smoke", True, data_dir=str(char_data), device="cpu", **overrides)
 
 
+# The stages trained to a loss in the tests, on the CPU here and on CUDA in tests/test_gpu.py: eager fp32, mixed
+# precision, the compiled stage with fused AdamW.
+LEARNING_STAGES = ("speed_0_baseline", "speed_5_amp", "fast_5_fused_adamw")
+LEARNING_STEPS = 150  # the smoke baseline's budget in optimizer steps: ~4.4 -> ~3.2 on its excerpt
+
+
+def learning_budget(stage: str, data_dir, device: str, **settings) -> TrainConfig:
+    """The smoke profile's run to a loss with a budget of LEARNING_STEPS optimizer steps for `stage` itself, through
+    --train-tokens (the schedule follows it). The profile's budget is in tokens of the baseline's batch: a stage
+    after speed_1's batch x8 gets 8x fewer steps of it (18), too few to learn on (~4.2 -> ~3.8)."""
+    cfg = stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device)
+    budget = LEARNING_STEPS * cfg.tokens_per_step
+    evals = profile_settings("smoke", "time_to_loss")["train_tokens"] // cfg.eval_every_tokens  # the profile's 5
+    args = parse_args(stage, ["--time-to-loss", "--train-tokens", str(budget), "--eval-every-tokens",
+                              str(budget // evals)])
+    overrides = to_a_loss_overrides(args, profile_settings("smoke", "time_to_loss"))
+    return stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device, **overrides, **settings)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", LEARNING_STAGES)
+def test_each_stage_trained_to_a_loss_in_the_tests_learns_on_its_budget(stage, char_data):
+    """The budget tests/test_gpu.py trains these stages with on CUDA, here on the CPU: a GPU takes the same steps,
+    so a budget too small to learn on shows here first. The loader runs in this process (num_workers 0: its worker
+    processes, which start at every evaluation, take minutes on 2 busy cores and change nothing that is learnt).
+    Slow: fast_5 compiles."""
+    m = time_to_loss.run(learning_budget(stage, char_data, "cpu", num_workers=0), label=stage)["metrics"]
+    assert m["steps"] >= LEARNING_STEPS
+    assert m["val_loss_final"] < 0.8 * m["val_loss_initial"]
+
+
 # ---- the schedule ------------------------------------------------------------------------------------------
 
 
