@@ -7,9 +7,9 @@ single-process runs, and this file is also the torchrun entry point of the DDP /
         --config '{"distributed": "ddp", ...}' --steps 3 --out DIR
 
 Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses, its RNG state as training
-started (dropout draws from it) and (rank 0) the gradients of every step and the final parameters,
-unsharded (FSDP keeps 1/W of each parameter per rank: DTensor.full_tensor() gathers them). The config's
-device is used: "cpu" (gloo) in the default suite, "cuda" (NCCL, one GPU per rank) in tests/test_gpu.py.
+started (dropout draws from it), the loss its model computes (full or chunked) and (rank 0) the gradients of
+every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
+DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda" (NCCL, one GPU per rank) in tests/test_gpu.py.
 """
 import argparse
 import json
@@ -105,6 +105,7 @@ def main(argv=None) -> None:
         params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
         torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses, "rng": run.rng,
+                    "model_loss": run.raw.config.loss,
                     "grads": grads if rank == 0 else None, "params": params if rank == 0 else None},
                    Path(a.out) / f"rank{rank}.pt")
     finally:
