@@ -358,12 +358,12 @@ LAUNCH_TIMEOUT_S = 180
 
 # Each rank averages its 4 samples and the gradients are averaged across ranks (all-reduce or
 # reduce-scatter); one process averages all 8: the same sum in another order (float32 reassociation).
-# Gradients are compared at every step, clipped (the norm is ~2, so the global-norm clip, computed
-# across shards under FSDP, is exercised): measured <= 4.5e-8, <10% of the bound. Parameters after
-# 3 AdamW steps: Adam
-# divides by sqrt(v), so where a gradient is tiny its rounding reaches the update; measured ~1.4e-7,
+# Gradients are compared at every step with clipping off (NO_CLIP), as in the accumulation test: the clip
+# would rescale both sides to norm 1 and so hide a wrong scale, such as ranks' gradients summed instead of
+# averaged (the negative control below); measured <= 7.5e-8, <= 25% of the allowance. Parameters after 3 AdamW steps:
+# Adam divides by sqrt(v), so where a gradient is tiny its rounding reaches the update; measured ~1.4e-7,
 # bound 1e-6 = 0.2% of one step's move (lr 5e-4), while a wrong batch or a missing all-reduce moves
-# weights by ~lr.
+# weights by ~lr (a doubled gradient does not: Adam divides it out, so the gradients are the check of the scale).
 DIST_GRAD_RTOL, DIST_GRAD_ATOL = 1e-5, 1e-7
 DIST_PARAM_RTOL, DIST_PARAM_ATOL = 1e-5, 1e-6
 
@@ -425,11 +425,11 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
     """Also run on 2 GPUs (NCCL) by tests/test_gpu.py. Tolerances are (rtol, atol)."""
     # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
     cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, device=device,
-                      **stage_settings)
+                      grad_clip=NO_CLIP, **stage_settings)
     launch_workers(cfg, DIST_STEPS, tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(NPROC)]
-    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device),
-                                            DIST_STEPS)
+    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device,
+                                                        grad_clip=NO_CLIP), DIST_STEPS)
     grads_single = [{k: g.cpu() for k, g in grads.items()} for grads in grads_single]
     params_single = {k: p.cpu() for k, p in full_params(single.raw).items()}
 
@@ -443,12 +443,26 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
     assert torch.equal(ranks[0]["rng"], single.rng) and not torch.equal(ranks[1]["rng"], single.rng)
 
     for step, (gd, gs) in enumerate(zip(ranks[0]["grads"], grads_single)):
-        assert global_norm(gs) == pytest.approx(1.0, rel=1e-4)  # the clip was active
         report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, *grad_tol)
         torch.testing.assert_close(gd, gs, rtol=grad_tol[0], atol=grad_tol[1])
     report(f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps", ranks[0]["params"],
            params_single, *param_tol)
     torch.testing.assert_close(ranks[0]["params"], params_single, rtol=param_tol[0], atol=param_tol[1])
+
+
+@pytest.mark.parametrize("mode, stage_settings", [("ddp", dict(grad_accum_steps=2)), ("fsdp", {})])
+def test_ranks_gradients_summed_not_averaged_fail_that_comparison(mode, stage_settings, char_data, tmp_path):
+    """Negative control: a reduction that sums the ranks' gradients (each W = 2 times too large) is rejected by
+    the gradient comparison above, which clipping would have passed."""
+    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, grad_clip=NO_CLIP,
+                      **stage_settings)
+    launch_workers(cfg, 1, tmp_path, "--summed-reduction")
+    (grads_summed,) = torch.load(tmp_path / "rank0.pt")["grads"]
+    _, (grads_single,) = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, grad_clip=NO_CLIP), 1)
+    print(f"\n{mode} summed: gradient norm {global_norm(grads_summed):.4g} vs {global_norm(grads_single):.4g}")
+    assert global_norm(grads_summed) == pytest.approx(NPROC * global_norm(grads_single), rel=1e-5)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(grads_summed, grads_single, rtol=DIST_GRAD_RTOL, atol=DIST_GRAD_ATOL)
 
 
 def test_fsdp_shards_on_a_mesh_of_the_stage_device_not_the_default_one(char_data):
