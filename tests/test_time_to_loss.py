@@ -303,6 +303,8 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
     (["--time-to-loss", "--eval-every-tokens", "0"], "--eval-every-tokens must be at least 1, got 0"),
     (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
     (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
+    (["--time-to-loss", "--target-loss", "-1"], "the target loss must be above 0 (a cross-entropy never reaches 0), "
+                                                "got -1.0"),
     (["--target-loss", "2.0"], "add --time-to-loss"),
     (["--time-to-loss", "--lr", "0"], "--lr must be a positive number, got 0.0"),
     (["--time-to-loss", "--lr", "nan"], "--lr must be a positive number, got nan"),
