@@ -9,7 +9,8 @@ single-process runs, and this file is also the torchrun entry point of the DDP /
 Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses, its RNG state as training
 started (dropout draws from it), the loss its model computes (full or chunked) and (rank 0) the gradients of
 every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
-DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda" (NCCL, one GPU per rank) in tests/test_gpu.py.
+DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda"
+(NCCL, one GPU per rank) in tests/test_gpu.py.
 """
 import argparse
 import json

@@ -125,7 +125,8 @@ def test_planner_activations_of_one_block_match_a_count_by_hand():
     C, H, T, b = HAND_SHAPE["C"], HAND_SHAPE["H"], HAND_SHAPE["T"], HAND_SHAPE["b"]
     block = 4 * (16 * b * T * C + b * H * T + 4 * b * T) / MiB
     one, two = hand_sized_estimate(1), hand_sized_estimate(2)
-    print(f"\none block's activations: by hand {block:.4f} MiB, estimated {two['activations'] - one['activations']:.2f}")
+    print(f"\none block's activations: by hand {block:.4f} MiB, "
+          f"estimated {two['activations'] - one['activations']:.2f}")
     assert two["activations"] - one["activations"] == pytest.approx(block, abs=0.01)
 
 
