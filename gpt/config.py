@@ -131,6 +131,9 @@ class TrainConfig:
                             f"({self.world_size}): each evaluates its share")
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise UserError(f"the target loss must be a finite number, got {self.target_loss}")
+        if self.target_loss is not None and self.target_loss <= 0:  # a run to it would train its whole budget
+            raise UserError(f"the target loss must be above 0 (a cross-entropy never reaches 0), "
+                            f"got {self.target_loss}")
         if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:
             raise UserError("the schedule needs lr_warmup_tokens, lr_decay_tokens >= 0 and 0 <= min_lr <= lr")
         if self.lr_decay_tokens and self.lr_decay_tokens <= self.lr_warmup_tokens:

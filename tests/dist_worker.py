@@ -7,9 +7,10 @@ single-process runs, and this file is also the torchrun entry point of the DDP /
         --config '{"distributed": "ddp", ...}' --steps 3 --out DIR
 
 Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses, its RNG state as training
-started (dropout draws from it) and (rank 0) the gradients of every step and the final parameters,
-unsharded (FSDP keeps 1/W of each parameter per rank: DTensor.full_tensor() gathers them). The config's
-device is used: "cpu" (gloo) in the default suite, "cuda" (NCCL, one GPU per rank) in tests/test_gpu.py.
+started (dropout draws from it), the loss its model computes (full or chunked) and (rank 0) the gradients of
+every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
+DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda"
+(NCCL, one GPU per rank) in tests/test_gpu.py.
 """
 import argparse
 import json
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from gpt import distributed
@@ -64,6 +66,22 @@ def record_grads(store: list):
     return setup
 
 
+def summed_reduction(run) -> None:
+    """A run_steps setup, the DDP / FSDP tests' negative control: the ranks' gradients summed, not averaged
+    (DDP: a communication hook that all-reduces without dividing; FSDP: a reduce-scatter with SUM where FSDP
+    asks for AVG), i.e. every gradient W times too large."""
+    if isinstance(run.model, torch.nn.parallel.DistributedDataParallel):
+        def all_reduce_sum(state, bucket):
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+        run.model.register_comm_hook(None, all_reduce_sum)
+    else:
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+        sum_only = lambda *args, **kwargs: (None, None, dist.ReduceOp.SUM, dist.ReduceOp.SUM)  # noqa: E731
+        _fsdp_collectives._get_gradient_divide_factors = sum_only
+
+
 def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None) -> Run:
     """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
     `setup(run)` is called after the model and optimizer are built (to attach hooks). `amp` replaces the
@@ -91,6 +109,8 @@ def main(argv=None) -> None:
     p.add_argument("--config", required=True, help="TrainConfig fields as JSON")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="directory for rank<r>.pt")
+    p.add_argument("--summed-reduction", action="store_true",
+                   help="the negative control: sum the ranks' gradients instead of averaging them")
     p.add_argument("--cpu-bf16", action="store_true",
                    help="compute in bf16 where the config asks for it, even on a CPU whose bf16 is slower")
     a = p.parse_args(argv)
@@ -102,10 +122,12 @@ def main(argv=None) -> None:
     distributed.init(device, parallel.backend(cfg, device))
     try:
         grads = []
-        run = run_steps(cfg, a.steps, setup=record_grads(grads))
+        setups = (record_grads(grads), *([summed_reduction] if a.summed_reduction else []))
+        run = run_steps(cfg, a.steps, setup=lambda run: [setup(run) for setup in setups])
         params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
         torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses, "rng": run.rng,
+                    "model_loss": run.raw.config.loss,
                     "grads": grads if rank == 0 else None, "params": params if rank == 0 else None},
                    Path(a.out) / f"rank{rank}.pt")
     finally:

@@ -194,8 +194,13 @@ BF16_CHUNKED_WEIGHT_GRAD = 3e-2
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks."""
+    """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks; the chunked path pinned. A run for
+    time on a CPU (tiny_config's goal) keeps the loss measured faster at its shape (chunked_loss.loss_used): on this
+    CPU the full one, so without the pin both sides would compute the full loss, and the spy would count the
+    measurement's own calls. Returns the spy's calls (each call's chunk size)."""
     monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
+    monkeypatch.setattr(chunked_loss, "cpu_loss_choice", lambda cfg, vocab_size: ("chunked", None))
+    monkeypatch.setattr(chunked_loss, "time_head_and_loss", None)  # nothing measures: every call is training's
     calls = []
     real = torch.nn.functional.linear_cross_entropy
 
@@ -213,7 +218,8 @@ def small_chunks(monkeypatch):
 def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multiple):
     full, grads_full = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple), 2)
     chunked, grads_chunked = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple, loss="chunked"), 2)
-    assert small_chunks and set(small_chunks) == {16}  # the chunked op really ran, 8 chunks per call
+    assert chunked.raw.config.loss == "chunked" and full.raw.config.loss == "full"
+    assert small_chunks == [16, 16]  # the chunked op ran in the model, once per step, 8 chunks per call
     assert chunked.losses == pytest.approx(full.losses, rel=CHUNK_RTOL)
     for step, (gc, gf) in enumerate(zip(grads_chunked, grads_full)):
         report(f"chunked vs full loss (vocab_multiple {vocab_multiple}), step {step + 1} gradients", gc, gf,
@@ -234,6 +240,7 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
     full, grads_full = train_with_grads(tiny_config(char_data, amp=True, **cfg), 1)
     chunked, grads_chunked = train_with_grads(tiny_config(char_data, amp=True, loss="chunked", **cfg), 1)
+    assert chunked.raw.config.loss == "chunked" and small_chunks == [16]
     n_chunks = 8 * 16 // small_chunks[0]
     full_rel, chunked_rel = max_diff(grads_full[0], grads_fp32[0])[1], max_diff(grads_chunked[0], grads_fp32[0])[1]
     print(f"\nbf16 vs fp32 gradients, max |diff| / max |value|: full loss {full_rel:.3g}, chunked {chunked_rel:.3g}; "
@@ -387,9 +394,12 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
 ])
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
     memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
-    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, **memory_4, **stage_settings)
+    # goal "memory", as the lean ladder runs (gpt/ladder.py:LADDER_GOAL): the chunked loss is kept whatever its time
+    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, goal="memory", **memory_4,
+                      **stage_settings)
     launch_workers(cfg, DIST_STEPS, tmp_path, "--cpu-bf16")  # bf16 even where this CPU would keep fp32
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
+    assert all(r["model_loss"] == cfg.loss for r in ranks)  # the built model computes the loss under test
     single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)[0]
     initial = full_params(train_with_grads(tiny_config(char_data), 0)[0].raw)  # the same seed's weights
     params = ranks[0]["params"]
@@ -484,8 +494,9 @@ def test_a_cpu_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_
 
     monkeypatch.setattr(fused_attention, "time_attentions", measured)
     cfg = tiny_config(char_data, attention="sdpa", block_size=24, batch_size=6, samples=60)  # a shape of its own
-    assert fused_attention.attention_used(cfg, "cpu") == ("naive", fused_attention.attention_used(cfg, "cpu")[1])
+    choice, why = fused_attention.attention_used(cfg, "cpu")
     reason = owner("attention").no_effect(cfg, CPU)
+    assert choice == "naive" and why == reason
     assert reason.startswith("kept the explicit attention: SDPA is slower on this CPU at this shape")
     assert "6 x 2 heads x 24 positions x 16, float32: explicit 1.00 ms, SDPA 4.00 ms" in reason
     assert len(calls) == 1  # measured once, then read from the cache

@@ -194,7 +194,8 @@ def writable(path: Path) -> bool:
 @contextmanager
 def blocked_output(tmp_path: Path, how: str):
     """An output directory that cannot be written: a file in its place, or a read-only directory (root
-    ignores permissions, so there the directory is made immutable, where the filesystem allows it)."""
+    ignores permissions, so there the directory is made immutable, where the filesystem allows it, or else
+    /sys is used: sysfs refuses a new file even to root)."""
     path = tmp_path / "blocked"
     if how == "file in the way":
         path.write_text("not a directory")
@@ -205,9 +206,10 @@ def blocked_output(tmp_path: Path, how: str):
     immutable = (writable(path) and shutil.which("chattr") is not None
                  and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0)
     try:
-        if writable(path):
+        blocked = path if not writable(path) else Path("/sys")  # /sys: only read, never changed
+        if not blocked.is_dir() or writable(blocked):
             pytest.skip("cannot make a directory read-only here")
-        yield path, "cannot write to the output directory"
+        yield blocked, "cannot write to the output directory"
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(path)])

@@ -63,8 +63,11 @@ def test_stage_script_documents_its_parent_change_and_reference(stage):
         assert set(module.REFERENCE) == {"ms_per_step", "parent_ms_per_step"}
     else:
         assert "No anchor figure" in module.__doc__
-    for value in module.REFERENCE.values():  # the figure in the code is the one the docstring cites
-        assert f"{value} " in module.__doc__ or f"{value} MiB" in module.__doc__
+    # the figure in the code is the one the docstring cites, in its "Parent: ... Reference/Anchor" paragraph, as a
+    # whole number (not a number elsewhere in the docstring, nor a prefix of another one)
+    cited = module.__doc__.split("Parent: ", 1)[1].split("\n\n", 1)[0]
+    for value in module.REFERENCE.values():
+        assert re.search(rf"(?<![\d.]){re.escape(str(value))}(?![\d]|\.\d)", cited), (value, cited)
 
 
 def test_beyond_the_book_ladders_continue_from_a_documented_stage():

@@ -38,6 +38,7 @@ from gpt.memory.planner import (
     vocabulary_of,
     with_newgelu,
 )
+from gpt.config import TrainConfig
 from gpt.model import GPT, CausalSelfAttention, GPTConfig
 from gpt.records import write_record
 
@@ -83,6 +84,51 @@ def test_estimate_matches_the_measured_smoke_peak(stage, char_data, tmp_path):
     [row] = compare_records([record], progress=lambda _: None)
     assert row["target"] == "cpu"
     assert abs(row["error_pct"]) < 5, row
+
+
+# ---- a check of the planner that does not use its own instrument ------------------------------------------
+# On a CPU the estimate and the "measurement" above are the same MemTracker over the same build_model /
+# train_step: they agree whatever the tracker gets wrong. Here the planner's CPU breakdown is held against sizes
+# worked out by hand, for a GPT-2 of L blocks, width C, H heads, vocabulary V, context T and micro-batch b (fp32,
+# dropout 0, biases, tied head):
+#   parameters  N = V C + T C + L (12 C^2 + 13 C) + 2 C  (embeddings, per block: ln_1, c_attn, c_proj, ln_2,
+#               c_fc, c_proj weights and biases, ln_f); 4 N bytes
+#   gradients   4 N bytes (accumulation x2: the peak is in the second micro-batch, every gradient alive)
+#   AdamW state exp_avg and exp_avg_sq, 8 N bytes, and a float32 step counter per parameter tensor (2 + 12 L + 2)
+#   activations one block keeps for backward (SDPA on the CPU): its input, ln_1's output, the attention's output
+#               (which the head merge views: contiguous already), its residual sum and ln_2's output (5 b T C); q, k,
+#               v (the c_attn output, 3 b T C); the MLP's c_fc output and GELU output (4 b T C each); SDPA's
+#               logsumexp (b H T); the two LayerNorms' mean and rstd (4 b T): (16 b T C + b H T + 4 b T) floats.
+#               Checked as the difference between L + 1 and L blocks (the peak is at the same point of the step).
+# The breakdown is rounded to 0.01 MiB: the shapes make every figure several MiB, and the tolerance is one rounding.
+HAND_SHAPE = dict(C=64, H=2, V=512, T=64, b=8)
+
+
+def hand_sized_estimate(n_layer: int):
+    s = HAND_SHAPE
+    cfg = TrainConfig(preset="gpt-mini", n_layer=n_layer, n_head=s["H"], n_embd=s["C"], block_size=s["T"],
+                      batch_size=2 * s["b"], grad_accum_steps=2, dropout=0.0, attention="sdpa", dataset="tokens",
+                      device="cpu", goal="memory", measure_memory=False).validate()
+    return estimate(cfg, s["V"], "cpu").breakdown_mib
+
+
+def test_planner_state_matches_its_closed_form_size():
+    C, V, T, L = HAND_SHAPE["C"], HAND_SHAPE["V"], HAND_SHAPE["T"], 2
+    n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    estimated = hand_sized_estimate(L)
+    print(f"\n{n:,} parameters; estimated {estimated}")
+    assert estimated["parameters"] == pytest.approx(4 * n / MiB, abs=0.005)
+    assert estimated["gradients"] == pytest.approx(4 * n / MiB, abs=0.005)
+    assert estimated["optimizer_state"] == pytest.approx((8 * n + 4 * (2 + 12 * L + 2)) / MiB, abs=0.005)
+
+
+def test_planner_activations_of_one_block_match_a_count_by_hand():
+    C, H, T, b = HAND_SHAPE["C"], HAND_SHAPE["H"], HAND_SHAPE["T"], HAND_SHAPE["b"]
+    block = 4 * (16 * b * T * C + b * H * T + 4 * b * T) / MiB
+    one, two = hand_sized_estimate(1), hand_sized_estimate(2)
+    print(f"\none block's activations: by hand {block:.4f} MiB, "
+          f"estimated {two['activations'] - one['activations']:.2f}")
+    assert two["activations"] - one["activations"] == pytest.approx(block, abs=0.01)
 
 
 def test_cuda_rules_round_every_allocation_and_keep_byte_masks():

@@ -139,10 +139,36 @@ def test_time_to_target_is_interpolated_between_the_evaluations_around_it():
     assert target_from({"metrics": {"curve": curve(4.0, 3.0, 2.0, 1.5, 1.0, 0.5)}}) == pytest.approx(1.0)
 
 
-def test_changes_convergence_against_the_seed_spread():
-    spread = seed_spread([1.90, 1.95, 1.92])
-    assert spread == pytest.approx(0.05)
-    assert not changes_convergence(1.93, 1.90, spread) and changes_convergence(1.96, 1.90, spread)
+def test_the_crossing_weights_seconds_and_tokens_by_the_loss_fraction():
+    """A quarter of the way from the evaluation before (tokens 100, 1 s, loss 3.0) to the one at the crossing
+    (tokens 200, 5 s, loss 2.0): seconds not proportional to tokens (a slow stretch), so seconds and tokens each
+    need the weight f = (3.0 - 2.75) / (3.0 - 2.0) = 1/4 from the evaluation before (1 - f would give 175, 4 s)."""
+    c = [{"step": 10 * i, "tokens": 100 * i, "seconds": s, "val_loss": v}
+         for i, (s, v) in enumerate([(0.0, 4.0), (1.0, 3.0), (5.0, 2.0)])]
+    hit = crossing(c, 2.75)
+    assert (hit["tokens"], hit["seconds"], hit["first_evaluation_step"]) == (125, 2.0, 20)
+
+
+def test_the_target_is_interpolated_where_80_percent_falls_between_evaluations():
+    """Four intervals of 100 tokens: 80% of 400 is 320 tokens, a fifth of the way from the evaluation at 300
+    (loss 2.0) to the one at 400 (loss 1.5): 1.9, which no evaluation holds."""
+    assert target_from({"metrics": {"curve": curve(4.0, 3.0, 2.5, 2.0, 1.5)}}) == pytest.approx(1.9)
+
+
+def test_seed_spread_is_the_range_in_any_order():
+    assert seed_spread([1.90, 1.95, 1.92]) == pytest.approx(0.05)
+    assert seed_spread([1.95, 1.90, 1.92]) == pytest.approx(0.05)  # the first seed is not the lowest
+    assert seed_spread([1.92, 1.95, 1.90]) == pytest.approx(0.05)
+    assert seed_spread([1.9]) == 0.0  # one seed: no spread measured
+
+
+@pytest.mark.parametrize("final, changed", [
+    (2.5, True), (1.5, True),  # beyond the spread, worse and better: a better loss is another trajectory too
+    (2.25, False), (1.75, False),  # exactly the spread away (binary fractions, no rounding): not beyond it
+    (2.125, False), (2.0, False),
+])
+def test_changes_convergence_beyond_the_seed_spread_either_way(final, changed):
+    assert changes_convergence(final, 2.0, spread=0.25) == changed
 
 
 # ---- real runs on the smoke profile ------------------------------------------------------------------------
@@ -178,6 +204,9 @@ def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(sm
     finals = [r["metrics"]["val_loss_final"] for r in [smoke_runs["speed_0_baseline"], *smoke_runs["seeds"]]]
     spread, base = seed_spread(finals), finals[0]
     assert spread > 0  # different seeds: different models
+    # The threshold is the seeds' own spread: no seed changes convergence against another (the farthest two are
+    # exactly the spread apart), so a smaller threshold would mark the baseline's own seeds.
+    assert not any(changes_convergence(a, b, spread) for a in finals for b in finals)
     assert not changes_convergence(smoke_runs["same maths"]["metrics"]["val_loss_final"], base, spread)
     assert smoke_runs["same maths"]["metrics"]["val_loss_final"] == base  # identical training on a CPU
     assert changes_convergence(smoke_runs["lr x100"]["metrics"]["val_loss_final"], base, spread)
@@ -305,6 +334,8 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
     (["--time-to-loss", "--eval-every-tokens", "0"], "--eval-every-tokens must be at least 1, got 0"),
     (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
     (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
+    (["--time-to-loss", "--target-loss", "-1"], "the target loss must be above 0 (a cross-entropy never reaches 0), "
+                                                "got -1.0"),
     (["--target-loss", "2.0"], "add --time-to-loss"),
     (["--time-to-loss", "--lr", "0"], "--lr must be a positive number, got 0.0"),
     (["--time-to-loss", "--lr", "nan"], "--lr must be a positive number, got nan"),
