@@ -172,6 +172,17 @@ def target_from(baseline: dict) -> float:
     return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
 
 
+SPEEDRUN_SEEDS = 3  # the speedrun's last stage is trained with this many seeds: its claim holds only if every one does
+
+
+def baseline_model_loss(baselines: list[dict | None]) -> float | None:
+    """The speedrun's target, the baseline's model: the mean final validation loss of speed_0's seeds (None unless
+    every seed finished)."""
+    if not baselines or any(r is None or r.get("status") != "ok" for r in baselines):
+        return None
+    return sum(r["metrics"]["val_loss_final"] for r in baselines) / len(baselines)
+
+
 def seed_spread(finals: list[float]) -> float:
     """The run-to-run spread of the final validation loss: the range over the baseline's seeds."""
     return max(finals) - min(finals) if len(finals) > 1 else 0.0
