@@ -243,8 +243,10 @@ def plot_noise_scale(record: dict, path) -> None:
             label="B_simple (moving average)")
     ax.axhline(record["batch_size"], color="black", lw=1, ls="--", label=f"baseline batch ({record['batch_size']})")
     window = record["window"]
-    ax.axvspan(window["from_tokens"], record["curve"][-1]["tokens"], color="tab:blue", alpha=0.08,
-               label=f"B_noise = {window['b_noise']:.0f} read here")
+    end = record["curve"][-1]["tokens"]
+    ax.axvspan(window["from_tokens"], end, color="tab:blue", alpha=0.08, label="the window B_noise is read over")
+    ax.hlines(window["b_noise"], window["from_tokens"], end, color="tab:blue", ls=":",
+              label=f"B_noise = {window['b_noise']:.0f} (the window's means, then divided)")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("B_simple = tr(Σ) / |G|², samples")
     ax.set_ylim(bottom=0)
