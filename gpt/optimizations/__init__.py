@@ -12,12 +12,14 @@
     chunked_loss.py     the chunked linear + cross-entropy (fast_6, lean_2)
     accumulation.py     gradient accumulation (memory_1; the loop is gpt/train.py:train_step's)
     checkpointing.py    activation checkpointing (memory_2)
+    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary (speedrun;
+                        the code is the model's)
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
 memory planner read from here. None of them names a field.
 """
-from gpt.optimizations import (accumulation, adamw, checkpointing, chunked_loss, compilation, feeding,
+from gpt.optimizations import (accumulation, adamw, architecture, checkpointing, chunked_loss, compilation, feeding,
                                fused_attention, padded_vocab, parallel, precision)
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 
@@ -41,6 +43,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     adamw.FOREACH_OFF,
     parallel.FSDP_MIXED_PRECISION,
     parallel.CPU_OFFLOAD,
+    architecture.MODERN_ARCHITECTURE,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
