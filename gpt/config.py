@@ -140,6 +140,8 @@ class TrainConfig:
                             f"({self.world_size}): each evaluates its share")
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise UserError(f"the target loss must be a finite number, got {self.target_loss}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"the learning rate must be a positive number, got {self.lr}")
         if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:
             raise UserError("the schedule needs lr_warmup_tokens, lr_decay_tokens >= 0 and 0 <= min_lr <= lr")
         if self.lr_decay_tokens and self.lr_decay_tokens <= self.lr_warmup_tokens:
