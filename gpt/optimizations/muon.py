@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from gpt.errors import UserError
-from gpt.optimizations import adamw
+from gpt.optimizations.adamw import make_optimizer as make_adamw
 from gpt.optimizations.optimization import Optimization
 
 if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
@@ -61,16 +61,16 @@ class MuonWithAdamW(torch.optim.Optimizer):
 def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
     """Muon for the hidden matrices at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all
     passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW for the rest, with
-    adamw.make_optimizer's groups and settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols)))
+    adamw.py's make_optimizer's groups and settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols)))
     keeps the update's RMS alike across the blocks' rectangular matrices."""
     hidden = hidden_matrices(model)
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
-    return MuonWithAdamW(muon, adamw.make_optimizer(model, cfg, skip=hidden))
+    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden))
 
 
 def build_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.Optimizer:
     """The stage's optimizer, by cfg.optimizer: the reference's AdamW, or Muon with AdamW."""
-    return make_muon(model, cfg) if cfg.optimizer == "muon" else adamw.make_optimizer(model, cfg)
+    return make_muon(model, cfg) if cfg.optimizer == "muon" else make_adamw(model, cfg)
 
 
 def _check_optimizer(cfg: "TrainConfig") -> None:
