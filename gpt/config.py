@@ -86,7 +86,7 @@ class TrainConfig:
     fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
 
     # --- the speedrun ladder: training changes, each judged by the time to the baseline's model ---
-    optimizer: str = "adamw"  # "muon": Muon for the hidden 2-D matrices, AdamW for every other parameter
+    matrix_optimizer: str = "adamw"  # who updates the blocks' 2-D matrices: "muon" (AdamW keeps every other parameter)
     muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it as it scales lr)
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # set explicitly: torch.optim.Muon's default (0.1) is not AdamW's groups'

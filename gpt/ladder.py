@@ -61,8 +61,8 @@ LADDERS = {
         "speedrun_1_systems",
         "speedrun_2_batch_lr",
         "speedrun_3_muon",
-        "speedrun_4_wsd",
-        "speedrun_5_architecture",
+        "speedrun_4_architecture",
+        "speedrun_5_wsd",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

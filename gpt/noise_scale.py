@@ -40,15 +40,20 @@ from gpt.config import TrainConfig
 from gpt.data import prepare_if_missing
 from gpt.devices import device_name, resolve_device, synchronize
 from gpt.errors import UserError, exit_on_user_error
-from gpt.evaluation import ValidationSet, validation_loss
+from gpt.evaluation import ValidationSet
 from gpt.ladder import stage_config
+from gpt.optimizations import accumulation
+from gpt.optimizations.precision import mixed_precision
 from gpt.profiles import PROFILES
 from gpt.records import environment, writable_dir, write_record
+from gpt.time_to_loss import evaluate
 
 BASELINE = "speed_0_baseline"
+# t(B) is timed with the code the batch stage runs on: its parent's (speedrun_1's systems changes, batch kept)
+TIMED_WITH = "speedrun_1_systems"
 EMA_SHARE = 1 / 20  # the moving averages' time constant, as a share of the run's steps (100 of the cpu run's 2000)
 READ_FROM = 0.75  # B_noise for the choice: the means over the run's steps from this share of the budget on
-DEFAULT_BATCHES = (12, 24, 48, 96, 192)
+DEFAULT_BATCHES = (12, 24, 48, 96)
 
 
 # ---- the estimator ------------------------------------------------------------------------------------------
@@ -116,12 +121,9 @@ def halves_config(cfg: TrainConfig) -> TrainConfig:
     """`cfg` with each batch trained as two halves (twice its micro-batches): the same update up to rounding."""
     if cfg.distributed:
         raise UserError("the noise scale is measured in one process: choose a stage without DDP/FSDP")
-    if cfg.amp and not cfg.amp_bf16 and resolve_device(cfg.device).type == "cuda":
+    if mixed_precision(cfg, resolve_device(cfg.device)).scaler:
         raise UserError("the noise scale needs unscaled gradients: fp16 with a GradScaler scales them (use bf16)")
-    if cfg.batch_size % (2 * cfg.grad_accum_steps):
-        raise UserError(f"batch size {cfg.batch_size} does not split into two halves of {cfg.grad_accum_steps} "
-                        "micro-batches")
-    return TrainConfig.from_dict({**cfg.to_dict(), "grad_accum_steps": 2 * cfg.grad_accum_steps}).validate()
+    return accumulation.split_further(cfg, 2)
 
 
 def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "noise scale") -> dict:
@@ -136,7 +138,7 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
     steps = cfg.train_tokens // cfg.tokens_per_step
     trainer = train.prepare(measured, device, steps, label)
     params = [p for p in trainer.model.parameters() if p.requires_grad]
-    norms = HalvesNorms(params, cfg.grad_accum_steps, steps, lambda: trainer.step.steps_done, device)
+    norms = HalvesNorms(params, accumulation.micro_batches(cfg), steps, lambda: trainer.step.steps_done, device)
     val = ValidationSet(cfg.data_dir, cfg.block_size, cfg.eval_windows)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))
     evaluations = []  # (step, val_loss)
@@ -144,8 +146,7 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
         while True:
             done = trainer.step.steps_done
             if done % interval == 0 or done == steps:
-                evaluations.append((done, validation_loss(trainer.raw, val, cfg.micro_batch_size, trainer.amp,
-                                                          device)))
+                evaluations.append((done, evaluate(trainer, val)))
             if done == steps:
                 break
             trainer.run(min(interval - done % interval, steps - done))
@@ -300,7 +301,8 @@ def main(argv=None) -> int:
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)
     record = measure(cfg)
-    times = step_times(cfg, sorted({*batches, cfg.batch_size}))
+    timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)
+    times = step_times(timed, sorted({*batches, cfg.batch_size}))
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
     record.update(device=device_name(resolve_device(cfg.device)), env=environment(),
                   step_times={b: t for b, t in times.items()}, choice={**choice,
@@ -310,6 +312,21 @@ def main(argv=None) -> int:
         write_record(out, record)
         print(f"record: {out}")
     return 0
+
+
+def summary_line(record: dict) -> str:
+    """The measurement in one sentence, for the report."""
+    window, choice = record["window"], record["choice"]
+    times = ", ".join(f"{b}: {1000 * t:.1f} ms" for b, t in sorted(record["step_times"].items(), key=lambda kv: int(kv[0])))
+    return (f"Gradient noise scale along `{BASELINE}`'s run (`python -m gpt.noise_scale`): B_simple grows from "
+            f"{next(p['b_simple'] for p in record['curve'] if p['b_simple'] is not None):.0f} to "
+            f"{record['curve'][-1]['b_simple']:.0f} samples as the loss falls; over the last quarter, where the target "
+            f"is reached, B_noise = {window['b_noise']:.0f} samples against the baseline's batch of "
+            f"{record['batch_size']}. Step times with `{TIMED_WITH}`'s code ({times}) make batch {choice['batch']} "
+            f"the one that minimises the predicted time to a loss, (1 + B_noise/B) t(B): {choice['speedup']:.2f}x "
+            f"sooner than batch {record['batch_size']}, on {choice['tokens_factor']:.2f}x the tokens. The book's "
+            f"batch x8 ({8 * record['batch_size']}) needs {(1 + 8 * record['batch_size'] / window['b_noise']) / (1 + record['batch_size'] / window['b_noise']):.2f}x "
+            "the tokens by the same model.")
 
 
 def print_summary(record: dict) -> None:

@@ -17,7 +17,7 @@ KIND = "training"
 
 
 def change(cfg):
-    cfg.optimizer = "muon"
+    cfg.matrix_optimizer = "muon"
     cfg.muon_lr = 0.02
     cfg.muon_momentum = 0.95
     cfg.muon_weight_decay = 0.0

@@ -94,7 +94,7 @@ def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
 
 
 def test_a_batch_that_does_not_split_into_halves_is_refused(char_data):
-    with pytest.raises(UserError, match="does not split into two halves"):
+    with pytest.raises(UserError, match="does not split into 2 x"):
         halves_config(smoke_config(char_data, batch_size=5, samples=20))
 
 

@@ -26,7 +26,7 @@ HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|
 
 
 def built(char_data, **overrides):
-    cfg = TrainConfig(data_dir=str(char_data), device="cpu", optimizer="muon", **overrides).validate()
+    cfg = TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon", **overrides).validate()
     raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
     return cfg, raw, optimizer
 
@@ -133,7 +133,7 @@ def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_d
     """Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the
     same share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
     budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
-    cfg = smoke_to_a_loss(char_data, optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
+    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
                           train_tokens=budget, lr_decay_tokens=budget)
     trainer = train.prepare(cfg, torch.device("cpu"), 40, "test")
     muon, adamw = trainer.optimizer.muon.param_groups, trainer.optimizer.adamw.param_groups
@@ -165,11 +165,11 @@ def run_stage_with(char_data, tmp_path, setup: str = "", **overrides) -> subproc
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(optimizer="sgd"), "unknown optimizer 'sgd' (choose adamw or muon)"),
-    (dict(optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
-    (dict(optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
-    (dict(optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
-    (dict(optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
+    (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
+    (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
+    (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
+    (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
+    (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
     (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
     (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
     (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
@@ -186,11 +186,11 @@ def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp
 
 def test_muon_with_fsdp_is_refused():
     with pytest.raises(UserError, match="Muon needs whole matrices and FSDP shards them"):
-        TrainConfig(device="cpu", optimizer="muon", distributed="fsdp", nproc=2).validate()
+        TrainConfig(device="cpu", matrix_optimizer="muon", distributed="fsdp", nproc=2).validate()
 
 
 def test_a_torch_without_muon_records_the_stage_as_skipped(char_data, tmp_path):
-    r = run_stage_with(char_data, tmp_path, "del torch.optim.Muon" if HAS_MUON else "", optimizer="muon")
+    r = run_stage_with(char_data, tmp_path, "del torch.optim.Muon" if HAS_MUON else "", matrix_optimizer="muon")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3 and len(lines) == 1, r.stderr  # gpt/stage.py's EXIT_SKIPPED
     assert "cannot run here: Muon needs torch.optim.Muon (PyTorch 2.9 or newer" in lines[0]
@@ -205,7 +205,7 @@ def test_a_muon_run_with_wsd_learns(char_data):
     """A run to a loss with Muon and wsd (the smoke profile's, 60 steps): the validation loss falls well below its
     start (ln 65 = 4.17; 0.6 lower after 30 steps here)."""
     budget = 60 * 4 * 32
-    cfg = smoke_to_a_loss(char_data, optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, train_tokens=budget,
+    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, train_tokens=budget,
                           lr_decay_tokens=budget)
     curve = [p["val_loss"] for p in time_to_loss.run(cfg)["metrics"]["curve"]]
     assert curve[-1] < curve[0] - 0.5, curve

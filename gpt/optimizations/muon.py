@@ -7,7 +7,7 @@ of the matrix moves by about the same amount, so a step can be larger without on
 defined for 2-D hidden matrices only; the embeddings (the token one is also the output head), the norms and the
 biases keep AdamW, as in the modded-nanogpt speedruns.
 
-`build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with optimizer="muon", one
+`build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with matrix_optimizer="muon", one
 `MuonWithAdamW` holding both.
 """
 import math
@@ -69,13 +69,13 @@ def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
 
 
 def build_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.Optimizer:
-    """The stage's optimizer, by cfg.optimizer: the reference's AdamW, or Muon with AdamW."""
-    return make_muon(model, cfg) if cfg.optimizer == "muon" else make_adamw(model, cfg)
+    """The stage's optimizer, by cfg.matrix_optimizer: the reference's AdamW, or Muon with AdamW."""
+    return make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_adamw(model, cfg)
 
 
 def _check_optimizer(cfg: "TrainConfig") -> None:
-    if cfg.optimizer not in OPTIMIZERS:
-        raise UserError(f"unknown optimizer {cfg.optimizer!r} (choose {' or '.join(OPTIMIZERS)})")
+    if cfg.matrix_optimizer not in OPTIMIZERS:
+        raise UserError(f"unknown matrix_optimizer {cfg.matrix_optimizer!r} (choose {' or '.join(OPTIMIZERS)})")
     if not (math.isfinite(cfg.muon_lr) and cfg.muon_lr > 0):
         raise UserError(f"muon_lr must be a positive number, got {cfg.muon_lr}")
     if not 0 <= cfg.muon_momentum < 1:
@@ -84,17 +84,17 @@ def _check_optimizer(cfg: "TrainConfig") -> None:
         raise UserError(f"muon_weight_decay must be >= 0, got {cfg.muon_weight_decay}")
     # A settings conflict on every machine, so an error, not a skip: FSDP shards each matrix across the ranks, and
     # Muon's orthogonalisation needs the whole matrix (on a shard it would orthogonalise the wrong thing).
-    if cfg.optimizer == "muon" and cfg.distributed == "fsdp":
+    if cfg.matrix_optimizer == "muon" and cfg.distributed == "fsdp":
         raise UserError("Muon needs whole matrices and FSDP shards them: use DDP or one process with Muon")
 
 
 def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
-    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+    if cfg.matrix_optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         return f"Muon needs torch.optim.Muon (PyTorch 2.9 or newer; this is {torch.__version__})"
     return None
 
 
 MUON = Optimization(
-    name="Muon", fields=("optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
+    name="Muon", fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
     code="gpt/optimizations/muon.py:make_muon", time_targets=("optimizer",), memory_targets=("optimizer_state",),
     checks=_check_optimizer, cannot_run=_cannot_run)

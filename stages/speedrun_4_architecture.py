@@ -1,6 +1,6 @@
-"""Speedrun, stage 5: today's small-GPT architecture.
+"""Speedrun, stage 4: today's small-GPT architecture.
 
-Parent: speedrun_4_wsd. CHANGES THE MODEL: no equivalence is claimed; the target stays speed_0's final loss, so the
+Parent: speedrun_3_muon. CHANGES THE MODEL: no equivalence is claimed; the target stays speed_0's final loss, so the
 question is only whether this model gets there sooner.
 
 ReLU² in the MLP (So et al. 2021, Primer), RMSNorm (Zhang & Sennrich 2019), QK-norm (Henry et al. 2020; Dehghani
