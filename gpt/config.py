@@ -85,6 +85,15 @@ class TrainConfig:
     fsdp_mixed_precision: bool = False  # FSDP: bf16 parameters for compute, fp32 gradient reduction
     fsdp_cpu_offload: bool = False  # FSDP: parameters, gradients and optimizer state in host memory
 
+    # --- the speedrun ladder: training changes, each judged by the time to the baseline's model ---
+    matrix_optimizer: str = "adamw"  # who updates the blocks' 2-D matrices: "muon" (AdamW keeps every other parameter)
+    muon_lr: float = 0.02  # Muon's peak learning rate (the schedule scales it as it scales lr)
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0  # set explicitly: torch.optim.Muon's default (0.1) is not AdamW's groups'
+    lr_schedule: str = "cosine"  # "wsd": warm-up, stable, then a linear decay over the budget's last lr_cooldown
+    lr_cooldown: float = 0.0  # wsd: the share of the schedule (lr_decay_tokens) spent decaying to min_lr
+    architecture: str = "gpt2"  # "modern": today's small-GPT blocks (gpt/optimizations/architecture.py)
+
     # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     # What the run optimizes: "time" (the speed and fast ladders: a kernel measured slower on this device at this
@@ -134,6 +143,8 @@ class TrainConfig:
         if self.target_loss is not None and self.target_loss <= 0:  # a run to it would train its whole budget
             raise UserError(f"the target loss must be above 0 (a cross-entropy never reaches 0), "
                             f"got {self.target_loss}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"the learning rate must be a positive number, got {self.lr}")
         if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:
             raise UserError("the schedule needs lr_warmup_tokens, lr_decay_tokens >= 0 and 0 <= min_lr <= lr")
         if self.lr_decay_tokens and self.lr_decay_tokens <= self.lr_warmup_tokens:

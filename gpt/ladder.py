@@ -53,14 +53,25 @@ LADDERS = {
         "lean_2_chunked_loss",
         "lean_3_cpu_offload",
     ],
+    # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to speed_0's
+    # final validation loss (README "Speedrun"). The order, and why: first the systems changes that keep the model
+    # (their gain per sample should carry over whole at the baseline's batch), then the training changes, each kept
+    # only where it reached the target sooner than its parent on every seed; the log of what was tried is the README's.
+    "speedrun": [
+        "speedrun_1_systems",
+        "speedrun_2_batch_lr",
+        "speedrun_3_muon",
+        "speedrun_4_architecture",
+        "speedrun_5_wsd",
+    ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).
-STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp"}
+STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp", "speedrun": "speed_0_baseline"}
 
 # What each ladder lowers: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones,
 # and their stages run with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run
 # keeps a memory saving).
-LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory"}
+LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory", "speedrun": "time"}
 
 def ladder_of(stage: str) -> str:
     for ladder, stages in LADDERS.items():
@@ -103,13 +114,22 @@ def load_stage(stage: str):
 # The ladders whose stages also train to a loss (gpt/time_to_loss.py); the memory and lean ladders keep their
 # parent's trajectory (their equivalence tests), so their time to loss is their time per token.
 TRAINED_TO_A_LOSS = ("speed", "fast")
+# The ladders that only train to a loss (no timed protocol): their stages run on the time-to-loss settings always,
+# with records in <out>/<ladder>/, and run_all runs them in a section of their own.
+ONLY_TO_A_LOSS = ("speedrun",)
+TIMED_LADDERS = tuple(ladder for ladder in LADDERS if ladder not in ONLY_TO_A_LOSS)
+
+
+def trains_to_a_loss_only(stage: str) -> bool:
+    return ladder_of(stage) in ONLY_TO_A_LOSS
 
 
 def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides) -> TrainConfig:
     """Profile baseline + every change of the ladder up to `stage`, then explicit overrides. to_a_loss: the
     profile's settings for training to a loss (a stage of the speed or fast ladder) instead of the timed ones."""
     ladder = ladder_of(stage)
-    if to_a_loss and ladder not in TRAINED_TO_A_LOSS:
+    to_a_loss = to_a_loss or ladder in ONLY_TO_A_LOSS
+    if to_a_loss and ladder not in TRAINED_TO_A_LOSS + ONLY_TO_A_LOSS:
         raise UserError(f"{stage} is not trained to a loss: the {ladder} ladder keeps its parent's trajectory (tests/"
                         "test_ladder_equivalence.py), so its time to loss is its time per token")
     settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder))

@@ -3,6 +3,8 @@
 The architecture is GPT-2's (Radford et al. 2019): learned position embeddings, pre-LayerNorm
 blocks, a 4x GELU MLP and an output head that shares its weight with the token embedding.
 Module names follow Hugging Face's GPT-2, so a HF checkpoint loads by name (see GPT.from_hf).
+Five GPTConfig fields switch to today's small-GPT blocks instead (mlp, norm, qk_norm, zero_init_proj,
+positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's.
 Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
 """
 import json
@@ -21,6 +23,10 @@ from gpt.errors import UserError
 
 
 ATTENTIONS = ("naive", "sdpa")
+MLPS = ("gelu", "relu2")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rotary")
+ARCHITECTURE_FIELDS = ("mlp", "norm", "qk_norm", "zero_init_proj", "positions")  # GPT-2's by default
 
 
 @dataclass
@@ -36,6 +42,12 @@ class GPTConfig:
     vocab_multiple: int = 1  # pad the embedding/output rows to a multiple of this (64: 50257 -> 50304)
     loss: str = "full"  # "full": logits then cross-entropy; "chunked": fused, never holds all the logits
     loss_impl: str = "auto"  # the chunked loss's implementation (gpt/optimizations/chunked_loss.py)
+    # Today's small-GPT architecture, one change each (gpt/optimizations/architecture.py); defaults: GPT-2's.
+    mlp: str = "gelu"  # "relu2": the MLP's activation is relu(x)**2
+    norm: str = "layernorm"  # "rmsnorm": divide by the root mean square (no mean subtracted, no bias)
+    qk_norm: bool = False  # RMSNorm of each head's q and k before the scores
+    zero_init_proj: bool = False  # the attention's and MLP's c_proj start at 0: each block starts as the identity
+    positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
 
     @property
     def padded_vocab_size(self) -> int:
@@ -49,10 +61,16 @@ class GPTConfig:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.attention not in ATTENTIONS:
-            raise UserError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
-        if self.loss not in LOSSES:
-            raise UserError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        for name, choices in (("attention", ATTENTIONS), ("loss", LOSSES), ("mlp", MLPS), ("norm", NORMS),
+                              ("positions", POSITIONS)):
+            if getattr(self, name) not in choices:
+                raise UserError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
+        for name in ("qk_norm", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise UserError(f"rotary positions rotate pairs of dimensions: the head size "
+                            f"{self.n_embd // self.n_head} (n_embd / n_head) must be even")
         if self.loss_impl != "auto":
             check_impl(self.loss_impl)
         check_dropout(self.dropout)
@@ -71,6 +89,35 @@ def _check_field_names(overrides):
         raise UserError(f"unknown model config field(s): {', '.join(sorted(unknown))}")
 
 
+class RMSNorm(nn.RMSNorm):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019): LayerNorm without the mean and the bias. The
+    weight is cast to the input's dtype, so that under autocast the fused kernel runs (it needs the two equal)."""
+
+    def __init__(self, size):
+        super().__init__(size, eps=1e-5)  # LayerNorm's eps; nn.RMSNorm's default is the dtype's (bf16: 0.008)
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
+def make_norm(config, size):
+    return RMSNorm(size) if config.norm == "rmsnorm" else nn.LayerNorm(size, bias=config.bias)
+
+
+def rotary(x, base: float = 10000.0):
+    """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, head_size), position t = 0 .. T-1: each
+    pair of dimensions is rotated by the angle t * base^(-i / (head_size / 2)), i the pair's index. Pairs are
+    half-split (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved (2i with 2i+1). A
+    rotation keeps norms, and rotating q by angle m and k by n makes q . k a function of m - n: the scores see
+    relative positions only, and no position table is learned."""
+    T, half = x.size(-2), x.size(-1) // 2
+    inv_freq = base ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angle = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv_freq  # (T, half)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -82,6 +129,11 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.attention = config.attention
+        self.rotary = config.positions == "rotary"
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:  # over each head's dimensions; a learned gain per dimension, as OLMo 2 and Qwen3
+            self.q_norm = RMSNorm(config.n_embd // config.n_head)
+            self.k_norm = RMSNorm(config.n_embd // config.n_head)
         if self.attention == "naive":
             # Lower-triangular "may attend" mask. Non-persistent: it is derived, not learned, so it stays
             # out of checkpoints; sdpa builds its mask internally and does not pay for this buffer.
@@ -93,6 +145,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, n_head, T, head_dim): each head attends independently.
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:  # bounded scores: |q . k| / sqrt(head size) <= sqrt(head size) times the gains
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:  # after the norm: a rotation keeps it, and the gains then cannot undo the relative positions
+            q, k = rotary(q), rotary(k)
         if self.attention == "naive":
             # Materialises the B x H x T x T score tensor: the memory cost the fused kernel avoids.
             y = explicit_attention(q, k, v, self.mask[:T, :T], self.attn_dropout)
@@ -106,12 +162,18 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 was trained with the tanh approximation
+        # GPT-2 was trained with the tanh approximation of GELU; ReLU^2 is relu(x)**2 (Primer).
+        self.act = nn.GELU(approximate="tanh") if config.mlp == "gelu" else ReLUSquared()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class ReLUSquared(nn.Module):
+    def forward(self, x):
+        return F.relu(x).square()
 
 
 class Block(nn.Module):
@@ -120,9 +182,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x):
@@ -143,10 +205,10 @@ class GPT(nn.Module):
             self.transformer = nn.ModuleDict(
                 dict(
                     wte=nn.Embedding(vocab, config.n_embd),
-                    wpe=nn.Embedding(config.block_size, config.n_embd),
+                    wpe=nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None,
                     drop=nn.Dropout(config.dropout),
                     h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                    ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                    ln_f=make_norm(config, config.n_embd),
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
@@ -171,7 +233,7 @@ class GPT(nn.Module):
                 nn.init.normal_(weight, mean=0.0, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()  # weight ones, bias zeros
             elif isinstance(module, CausalSelfAttention) and module.attention == "naive":
                 module.mask.copy_(torch.ones_like(module.mask).tril())
@@ -180,16 +242,21 @@ class GPT(nn.Module):
             self.vocab_mask.zero_()[vocab:] = float("-inf")
         # Each block adds two c_proj outputs to the residual stream; scaling them by 1/sqrt(2 * n_layer)
         # keeps the variance of the residual stream from growing with depth (GPT-2 paper, section 2.3).
+        # zero_init_proj: they start at 0 instead, so every block starts as the identity (modded-nanogpt).
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight") and self.config.zero_init_proj:
+                nn.init.zeros_(p)
+            elif name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def forward(self, idx, targets=None):
         B, T = idx.shape
         if T > self.config.block_size:
             raise UserError(f"sequence length T={T} exceeds block size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        if self.transformer.wpe is not None:  # rotary positions: the attention rotates q and k instead
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
@@ -210,8 +277,11 @@ class GPT(nn.Module):
         both embedding tables, the convention of the scaling-law papers."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel() + self.transformer.wte.weight.numel()
+            n -= self._position_params() + self.transformer.wte.weight.numel()
         return n
+
+    def _position_params(self):
+        return self.transformer.wpe.weight.numel() if self.transformer.wpe is not None else 0
 
     def flops_per_token(self):
         """Training FLOPs per token, forward plus backward (PaLM paper appendix B; nanoGPT's MFU).
@@ -224,7 +294,7 @@ class GPT(nn.Module):
         """
         c = self.config
         padding = (c.padded_vocab_size - c.vocab_size) * c.n_embd  # padded rows are not model work
-        n = self.num_params() - self.transformer.wpe.weight.numel() - padding
+        n = self.num_params() - self._position_params() - padding
         return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
     @classmethod
@@ -233,6 +303,12 @@ class GPT(nn.Module):
         pytorch_model.bin). overrides may set dropout, attention, loss, vocab_multiple (padding rows are
         added) or a smaller block_size (the position table is cropped); the architecture itself comes from
         the checkpoint."""
+        _check_field_names(overrides)
+        not_gpt2 = [f"{name}={overrides[name]!r}" for name in ARCHITECTURE_FIELDS
+                    if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)]
+        if not_gpt2:
+            raise UserError(f"cannot load a Hugging Face GPT-2 checkpoint with {', '.join(not_gpt2)}: only the GPT-2 "
+                            "architecture loads one")
         path = Path(path)
         if not path.is_dir():
             raise UserError(f"Hugging Face checkpoint directory not found: {path}")
@@ -247,7 +323,6 @@ class GPT(nn.Module):
             raise UserError(f"{config_file} lacks {', '.join(absent)}: not a GPT-2 config")
         arch = {ours: hf_config[hf] for ours, hf in names.items()}
 
-        _check_field_names(overrides)
         fixed = sorted(set(overrides) & (set(arch) | {"bias"}) - {"block_size"})
         if fixed:
             raise UserError(f"cannot override {', '.join(fixed)} when loading {path}: the checkpoint fixes it")

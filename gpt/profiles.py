@@ -31,6 +31,13 @@ _REFERENCE_TRAINING = dict(dropout=0.1, attention="naive", seed=3407)
 EVALUATIONS = 40  # per budget (also one given on the command line): an interpolated crossing stays near the curve
 
 
+def budget_settings(tokens: int, warmup_tokens: int) -> dict:
+    """A run to a loss on a budget of `tokens`: the schedule ends there, the evaluations keep their number, and the
+    warm-up stays, within the budget's first tenth (a stage's own budget, --train-tokens)."""
+    return dict(train_tokens=tokens, lr_decay_tokens=tokens, eval_every_tokens=tokens // EVALUATIONS,
+                lr_warmup_tokens=min(warmup_tokens, tokens // 10))
+
+
 def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, warmup_steps: int = 100,
                **shape) -> dict:
     tokens = steps * batch * block

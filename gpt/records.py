@@ -179,8 +179,10 @@ def other_seed(seed: int | None, profile: str) -> int | None:
     return None if seed is None or seed == profile_settings(profile, "time_to_loss")["seed"] else seed
 
 
-def time_to_loss_dir(out: Path) -> Path:
-    return Path(out) / TIME_TO_LOSS_DIR
+def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
+    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss
+    (gpt/ladder.py: ONLY_TO_A_LOSS, the speedrun)."""
+    return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 
 def snapshot_path(out: Path, stage: str) -> Path:

@@ -1,7 +1,8 @@
-"""The main job behind `./run_all.sh`: every stage of the four ladders, in order, each in its own process, then
-the speed and fast stages trained to a loss (the fifth section, records in <out>/time_to_loss/), then results.md.
+"""The main job behind `./run_all.sh`: every stage of the four timed ladders, in order, each in its own process,
+then the speed and fast stages trained to a loss (records in <out>/time_to_loss/), then the speedrun (records in
+<out>/speedrun/), then results.md.
 
-    ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss] [--device auto|cpu|cuda]
+    ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss|speedrun] [--device auto|cpu|cuda]
                   [--wandb MODE] [--out DIR] [--resume] [--no-profiler]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
@@ -28,7 +29,7 @@ from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
-from gpt.ladder import LADDERS, STAGES_DIR, TRAINED_TO_A_LOSS, base_ladder, stage_config
+from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, stage_config
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings
@@ -37,11 +38,12 @@ from gpt.report.document import write_report
 from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
-from gpt.time_to_loss import BASELINE_SEEDS, TARGET_AT, target_from
+from gpt.time_to_loss import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
-TIME_TO_LOSS = "time_to_loss"  # the fifth section: the speed and fast stages trained to a loss
-SECTIONS = [*LADDERS, TIME_TO_LOSS]
+TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
+SPEEDRUN = "speedrun"  # the ladder judged by the time to speed_0's model (gpt/ladder.py)
+SECTIONS = [*TIMED_LADDERS, TIME_TO_LOSS, SPEEDRUN]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: reference with "
                    "CUDA, cpu without; smoke: tiny shapes, a few minutes in all)")
-    p.add_argument("--only", choices=SECTIONS, help="run one ladder only, or only the training to a loss")
+    p.add_argument("--only", choices=SECTIONS, help="run one ladder only, only the training to a loss, or only the speedrun (with speed_0's seeds)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
                    help="Weights & Biases mode for every stage (offline needs no account or network)")
@@ -71,7 +73,7 @@ def needs_run(record: dict | None, profile: str, device: str) -> bool:
 
 def prepare_data(profile: str, sections: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
-    dirs = {REPO_ROOT / profile_settings(profile, s if s == TIME_TO_LOSS else base_ladder(s))["data_dir"]
+    dirs = {REPO_ROOT / profile_settings(profile, base_ladder(s) if s in TIMED_LADDERS else TIME_TO_LOSS)["data_dir"]
             for s in sections}
     for data_dir in sorted(dirs):
         prepare_if_missing(data_dir)
@@ -221,9 +223,11 @@ def ladder_jobs(stages: list[str], out: Path) -> list[Job]:
     return [Job(stage, record_path(out, stage)) for stage in stages]
 
 
-def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None) -> list[Job]:
-    """Stages trained to a loss (records and logs in <out>/time_to_loss/), each with each of `seeds`."""
-    folder = writable_dir(time_to_loss_dir(out))
+def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None,
+              ladder: str | None = None) -> list[Job]:
+    """Stages trained to a loss (records and logs in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only
+    trains to a loss), each with each of `seeds`."""
+    folder = writable_dir(time_to_loss_dir(out, ladder))
     return [Job(stage, record_path(folder, stage, seed),
                 ["--time-to-loss"] + (["--seed", str(seed)] if seed is not None else [])
                 + (["--target-loss", repr(target)] if target is not None else []), seed)
@@ -348,9 +352,8 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     validation loss), the target from its curve (time_to_loss.target_from), then every other stage of the speed
     and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
     baseline, *rest = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
-    first = stage_config(baseline, profile, True).seed
-    seeds = [None] + [first + i for i in range(1, BASELINE_SEEDS)]
-    failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
+    failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,
+                                       out, progress)
     if interrupted:
         return failures, True
     record = read_record(record_path(time_to_loss_dir(out), baseline))
@@ -361,8 +364,58 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     return failures + more, interrupted
 
 
-def loss_job_count() -> int:
-    return sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + BASELINE_SEEDS - 1
+def baseline_seeds(profile: str) -> list[int | None]:
+    """speed_0's seeds: the profile's (None: its record has no seed in its name) and the next ones."""
+    first = stage_config(LADDERS["speed"][0], profile, True).seed
+    return [None] + [first + i for i in range(1, BASELINE_SEEDS)]
+
+
+def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
+                 baseline_ran: bool) -> tuple[int, bool]:
+    """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (their mean
+    final validation loss: the baseline's model), the gradient noise scale along speed_0's run (the report's plot),
+    then every speedrun stage with that target: the last one with every seed, the others with the profile's.
+    Returns (failed stages, interrupted)."""
+    baseline, failures = LADDERS["speed"][0], 0
+    if not baseline_ran:
+        failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,
+                                           out, progress)
+        if interrupted:
+            return failures, True
+    folder = time_to_loss_dir(out)
+    target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in baseline_seeds(profile)])
+    print(f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
+          f"{baseline}'s final validation loss (the mean of its {BASELINE_SEEDS} seeds)", flush=True)
+    if target is None:
+        return failures, False
+    run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)))
+    *stages, last = LADDERS[SPEEDRUN]
+    first = stage_config(last, profile).seed
+    jobs = (loss_jobs(stages, out, target=target, ladder=SPEEDRUN)
+            + loss_jobs([last], out, [None] + [first + i for i in range(1, SPEEDRUN_SEEDS)], target, SPEEDRUN))
+    more, interrupted = run_stages(jobs, args, profile, device, out, progress)
+    return failures + more, interrupted
+
+
+def run_noise_scale(profile: str, device: str, folder: Path) -> None:
+    """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch,
+    and the report's plot of it."""
+    log = folder / "noise_scale.log"
+    print(f"[speedrun] python -m gpt.noise_scale  (log: {log})", flush=True)
+    with open(log, "w") as f:
+        rc = subprocess.call([sys.executable, "-m", "gpt.noise_scale", "--profile", profile, "--device", device,
+                              "--out", str(folder / "noise_scale.json")], stdout=f, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    if rc:
+        print(f"[speedrun] the noise-scale measurement failed (exit {rc}); see {log}")
+
+
+def loss_job_count(sections: list[str]) -> int:
+    count = sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + BASELINE_SEEDS - 1 \
+        if TIME_TO_LOSS in sections else 0
+    if SPEEDRUN in sections:
+        count += len(LADDERS[SPEEDRUN]) + SPEEDRUN_SEEDS - 1 + (0 if TIME_TO_LOSS in sections else BASELINE_SEEDS)
+    return count
 
 
 @exit_on_user_error
@@ -373,9 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or default_profile(device)
     out = (args.out or REPO_ROOT / "runs" / f"{profile}-{device}").resolve()
     sections = [args.only] if args.only else SECTIONS
-    ladders = [s for s in sections if s in LADDERS]
+    ladders = [s for s in sections if s in TIMED_LADDERS]
     jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out)
-    progress = Progress(len(jobs) + (loss_job_count() if TIME_TO_LOSS in sections else 0))
+    progress = Progress(len(jobs) + loss_job_count(sections))
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
     lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
@@ -397,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
         if TIME_TO_LOSS in sections and not interrupted:
             more, interrupted = run_to_a_loss(args, profile, device, out, progress)
+            failures += more
+        if SPEEDRUN in sections and not interrupted:
+            more, interrupted = run_speedrun(args, profile, device, out, progress, TIME_TO_LOSS in sections)
             failures += more
     except KeyboardInterrupt:  # between two stages
         failures, interrupted = 0, True

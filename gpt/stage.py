@@ -13,9 +13,9 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import ladder_of, load_stage, parent_of, stage_config
+from gpt.ladder import ladder_of, load_stage, parent_of, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
-from gpt.profiles import EVALUATIONS, PROFILES, default_profile, profile_settings
+from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
 from gpt.records import (environment, failure_of, other_seed, peak_memory_pair, ran_eager, read_record,
                          record_path, snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
 
@@ -71,11 +71,10 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
         raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
     budget = args.train_tokens
-    overrides = {"train_tokens": budget, "lr_decay_tokens": budget, "target_loss": args.target_loss,
-                 "seed": args.seed,
-                 "eval_every_tokens": args.eval_every_tokens or (budget // EVALUATIONS if budget else None)}
-    if budget:  # the profile's warm-up, within the first tenth of a budget of one's own
-        overrides["lr_warmup_tokens"] = min(profile["lr_warmup_tokens"], budget // 10)
+    overrides = {"target_loss": args.target_loss, "seed": args.seed, "eval_every_tokens": args.eval_every_tokens}
+    if budget:
+        overrides.update(budget_settings(budget, profile["lr_warmup_tokens"]))
+        overrides["eval_every_tokens"] = args.eval_every_tokens or overrides["eval_every_tokens"]
     if args.lr is not None:
         if not (math.isfinite(args.lr) and args.lr > 0):
             raise UserError(f"--lr must be a positive number, got {args.lr}")
@@ -107,7 +106,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     dev = device_type(args.device)
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
-    to_a_loss = args.time_to_loss or args.train_tokens is not None
+    to_a_loss = args.time_to_loss or args.train_tokens is not None or trains_to_a_loss_only(stage)
     if not to_a_loss and any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed, args.lr)):
         raise UserError("--eval-every-tokens, --target-loss, --seed and --lr set a run to a loss: add --time-to-loss")
     cfg = stage_config(stage, profile, to_a_loss, samples=args.samples, repeats=args.repeats,
@@ -123,7 +122,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)
-        out = writable_dir(time_to_loss_dir(out))
+        out = writable_dir(time_to_loss_dir(out, ladder_of(stage) if trains_to_a_loss_only(stage) else None))
     path = record_path(out, stage, other_seed(args.seed, profile))
 
     launching = parallel.launches(cfg)

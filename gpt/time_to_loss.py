@@ -68,7 +68,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     def evaluate():
         nonlocal eval_s
         t0 = time.perf_counter()
-        val_loss = validation_loss(trainer.raw, val, cfg.micro_batch_size, trainer.amp, device, trainer.rank, world)
+        val_loss = evaluate(trainer, val)
         eval_s += time.perf_counter() - t0
         curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
                       "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
@@ -90,6 +90,12 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     trainer.step.progress.close()
     return {**run_facts(trainer, label),
             "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, steps, cache)}
+
+
+def evaluate(trainer: train.Trainer, val: ValidationSet) -> float:
+    """The validation loss of the trainer's model now, every process evaluating its share of the windows."""
+    return validation_loss(trainer.raw, val, trainer.cfg.micro_batch_size, trainer.amp, trainer.device, trainer.rank,
+                           trainer.cfg.world_size)
 
 
 def _mean_across_ranks(losses: list[torch.Tensor], device: torch.device, world: int) -> float | None:
@@ -170,6 +176,17 @@ def target_from(baseline: dict) -> float:
     baseline reaches it before the end of its budget and every faster stage has room to reach it sooner."""
     curve = baseline["metrics"]["curve"]
     return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
+
+
+SPEEDRUN_SEEDS = 3  # the speedrun's last stage is trained with this many seeds: its claim holds only if every one does
+
+
+def baseline_model_loss(baselines: list[dict | None]) -> float | None:
+    """The speedrun's target, the baseline's model: the mean final validation loss of speed_0's seeds (None unless
+    every seed finished)."""
+    if not baselines or any(r is None or r.get("status") != "ok" for r in baselines):
+        return None
+    return sum(r["metrics"]["val_loss_final"] for r in baselines) / len(baselines)
 
 
 def seed_spread(finals: list[float]) -> float:

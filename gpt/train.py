@@ -5,7 +5,6 @@ The loops that drive a Trainer are the measurement protocol's phases (gpt/protoc
 profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
 build_model and train_step on fake tensors.
 """
-import math
 from dataclasses import dataclass
 
 import torch
@@ -16,12 +15,13 @@ from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler
 from gpt.model import GPT, GPTConfig
-from gpt.optimizations.adamw import make_optimizer
 from gpt.optimizations.checkpointing import checkpoint_blocks
 from gpt.optimizations.compilation import compile_model, uses_cuda_graphs
 from gpt.optimizations.feeding import make_loader, to_device, training_data
+from gpt.optimizations.muon import build_optimizer
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_precision
+from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
 from gpt.step_profiler import region
 
 
@@ -41,22 +41,10 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
     model = checkpoint_blocks(raw, cfg)
     model = parallelize(model, cfg, device)
-    optimizer = make_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg)
     model = compile_model(model, cfg, device)
     torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
-
-
-def learning_rate(cfg: TrainConfig, tokens: int) -> float:
-    """The learning rate of the step that brings training to `tokens` tokens (nanoGPT's schedule, in tokens): a
-    linear warm-up to cfg.lr over lr_warmup_tokens, a cosine decay to min_lr at lr_decay_tokens, min_lr after.
-    lr_decay_tokens 0: cfg.lr throughout."""
-    if not cfg.lr_decay_tokens:
-        return cfg.lr
-    if tokens < cfg.lr_warmup_tokens:
-        return cfg.lr * tokens / cfg.lr_warmup_tokens
-    ratio = min(1.0, (tokens - cfg.lr_warmup_tokens) / (cfg.lr_decay_tokens - cfg.lr_warmup_tokens))
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
 def _grad_sync(model, last_micro_batch: bool):
@@ -125,8 +113,7 @@ class Stepper:
         with feed.copy():
             x, y = to_device(batch, self.device, self.cfg)
         if self.cfg.lr_decay_tokens:  # a schedule (training to a loss); the timed protocol keeps lr constant
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate(self.cfg, self.tokens_seen + self.cfg.tokens_per_step)
+            set_learning_rates(self.optimizer, self.cfg, self.tokens_seen + self.cfg.tokens_per_step)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
         loss = train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)

@@ -1,7 +1,8 @@
 """Log a finished stage's record to Weights & Biases, after training: one W&B run per stage.
 
 Every stage of one ladder run shares a group (env GPT_LADDER_GROUP, set by run_all; else
-<profile>-<device>-<date>) in the project "gpt-ladder", so the W&B UI lines the stages up side by side.
+<profile>-<device>-<date>) in the project "gpt-ladder", so the W&B UI lines the stages up side by side; the
+speedrun's stages share <group>-speedrun, with job type "speedrun".
 Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays. A stage
 trained to a loss (job type "time_to_loss") logs its curve: val/loss and train/loss against curve/tokens, with
 curve/step and curve/seconds beside, under the same names in every stage, so one panel overlays them all.
@@ -24,8 +25,11 @@ PROJECT = "gpt-ladder"
 
 
 def run_group(record: dict) -> str:
-    return os.environ.get("GPT_LADDER_GROUP") or (
+    """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun): they are judged
+    against one another by their curves, not beside the timed stages."""
+    group = os.environ.get("GPT_LADDER_GROUP") or (
         f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}")
+    return group + ("-speedrun" if record.get("ladder") == "speedrun" else "")
 
 
 def run_config(record: dict) -> dict:
@@ -84,7 +88,7 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
         init_timeout=60,  # online with an unreachable server: give up instead of waiting forever
     )
     to_a_loss = record.get("mode") == "time_to_loss"
-    job = "time_to_loss" if to_a_loss else record["ladder"]
+    job = ("speedrun" if record.get("ladder") == "speedrun" else "time_to_loss") if to_a_loss else record["ladder"]
     run = wandb.init(project=PROJECT, group=run_group(record), job_type=job, name=run_name(record),
                      config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
                      reinit="finish_previous")

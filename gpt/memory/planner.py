@@ -66,7 +66,7 @@ class NewGELU(nn.Module):
 def with_newgelu(raw, model, optimizer):
     for m in raw.modules():
         if isinstance(m, MLP):
-            m.gelu = NewGELU()
+            m.act = NewGELU()
 
 
 def with_mingpt_gradient_lifetime(raw, model, optimizer):

@@ -17,6 +17,20 @@ def _check(cfg: "TrainConfig") -> None:
         raise UserError(f"batch size {cfg.batch_size} must be a multiple of grad_accum_steps {cfg.grad_accum_steps}")
 
 
+def micro_batches(cfg: "TrainConfig") -> int:
+    """How many micro-batches each batch is trained as."""
+    return cfg.grad_accum_steps
+
+
+def split_further(cfg: "TrainConfig", factor: int) -> "TrainConfig":
+    """`cfg` with every micro-batch split into `factor` (the same update up to rounding: gpt/noise_scale.py reads the
+    halves' gradients this way); a UserError where the batch does not divide."""
+    if cfg.batch_size % (factor * cfg.grad_accum_steps):
+        raise UserError(f"batch size {cfg.batch_size} does not split into {factor} x {cfg.grad_accum_steps} "
+                        "micro-batches")
+    return type(cfg).from_dict({**cfg.to_dict(), "grad_accum_steps": factor * cfg.grad_accum_steps}).validate()
+
+
 GRADIENT_ACCUMULATION = Optimization(
     name="gradient accumulation", fields=("grad_accum_steps",), code="gpt/train.py:train_step",
     memory_targets=("activations",), checks=_check)

@@ -13,15 +13,17 @@ if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizati
     from gpt.config import TrainConfig
 
 
-def make_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: "TrainConfig", skip=()) -> torch.optim.AdamW:
     """AdamW as the reference: weight decay on the weights of Linear layers (the tied embedding is the
-    lm_head's weight, so it is one of them), none on biases, LayerNorm and position embeddings.
+    lm_head's weight, so it is one of them), none on biases, LayerNorm and position embeddings. `skip`: parameters
+    another optimizer updates (Muon's hidden matrices, gpt/optimizations/muon.py).
 
     foreach=True updates all parameters with a few multi-tensor kernels, which needs temporaries the
     size of all parameters at once; foreach=False loops over parameters, so its temporaries are one
     parameter's size. CUDA defaults to foreach and the CPU to the loop, so it is always passed."""
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    params = [p for p in model.parameters() if p.requires_grad]
+    skip_ids = {id(p) for p in skip}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in skip_ids]
     groups = [
         {"params": [p for p in params if id(p) in decay_ids], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) not in decay_ids], "weight_decay": 0.0},

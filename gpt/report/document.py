@@ -16,6 +16,7 @@ from gpt.report.findings import memory_findings, method_notes, noise_line, speed
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table
+from gpt.report.speedrun import speedrun_section
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
 
@@ -38,6 +39,7 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
     lines += loss_section(to_a_loss, plots, PLOTS)
+    lines += speedrun_section(runs, plots, PLOTS)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
         lines += [""] + planner

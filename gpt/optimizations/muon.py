@@ -1,0 +1,100 @@
+"""Muon (the speedrun ladder): the transformer blocks' weight matrices are updated with Muon, everything else with
+the reference's AdamW.
+
+Muon (Keller Jordan, 2024; torch.optim.Muon, PyTorch 2.9 and newer) keeps one momentum buffer per matrix and
+replaces the update by its nearest semi-orthogonal matrix (five Newton-Schulz iterations, in bf16): every direction
+of the matrix moves by about the same amount, so a step can be larger without one direction blowing up. It is
+defined for 2-D hidden matrices only; the embeddings (the token one is also the output head), the norms and the
+biases keep AdamW, as in the modded-nanogpt speedruns.
+
+`build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with matrix_optimizer="muon", one
+`MuonWithAdamW` holding both.
+"""
+import math
+from collections import ChainMap
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from gpt.errors import UserError
+from gpt.optimizations.adamw import make_optimizer as make_adamw
+from gpt.optimizations.optimization import Optimization
+
+if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
+    from gpt.config import TrainConfig
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """Muon's parameters: the 2-D weights inside the transformer blocks (attention's c_attn and c_proj, the MLP's
+    c_fc and c_proj). Found through the blocks, not by shape: the embeddings are 2-D too, and stay AdamW's."""
+    gpt = getattr(model, "module", model)  # DDP wraps the GPT; checkpointing and FSDP keep its attributes
+    return [p for p in gpt.transformer.h.parameters() if p.ndim == 2 and p.requires_grad]
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon and AdamW as one optimizer, so that train_step, GradScaler (unscale_, step) and the schedule treat it as
+    any other. Its param_groups are the two optimizers' own group dicts (a learning rate set on one of them is the one
+    that steps); its state is a view of theirs; step() steps both."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw_: torch.optim.Optimizer):
+        self.muon, self.adamw = muon, adamw_
+        super().__init__([*muon.param_groups, *adamw_.param_groups], defaults={})  # shares the dicts, adds nothing
+        self.state = ChainMap(muon.state, adamw_.state)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError("MuonWithAdamW: load each of .muon and .adamw instead")
+
+
+def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
+    """Muon for the hidden matrices at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all
+    passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW for the rest, with
+    adamw.py's make_optimizer's groups and settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols)))
+    keeps the update's RMS alike across the blocks' rectangular matrices."""
+    hidden = hidden_matrices(model)
+    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden))
+
+
+def build_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.Optimizer:
+    """The stage's optimizer, by cfg.matrix_optimizer: the reference's AdamW, or Muon with AdamW."""
+    return make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_adamw(model, cfg)
+
+
+def _check_optimizer(cfg: "TrainConfig") -> None:
+    if cfg.matrix_optimizer not in OPTIMIZERS:
+        raise UserError(f"unknown matrix_optimizer {cfg.matrix_optimizer!r} (choose {' or '.join(OPTIMIZERS)})")
+    if not (math.isfinite(cfg.muon_lr) and cfg.muon_lr > 0):
+        raise UserError(f"muon_lr must be a positive number, got {cfg.muon_lr}")
+    if not 0 <= cfg.muon_momentum < 1:
+        raise UserError(f"muon_momentum must be in [0, 1), got {cfg.muon_momentum}")
+    if not cfg.muon_weight_decay >= 0:  # also refuses nan
+        raise UserError(f"muon_weight_decay must be >= 0, got {cfg.muon_weight_decay}")
+    # A settings conflict on every machine, so an error, not a skip: FSDP shards each matrix across the ranks, and
+    # Muon's orthogonalisation needs the whole matrix (on a shard it would orthogonalise the wrong thing).
+    if cfg.matrix_optimizer == "muon" and cfg.distributed == "fsdp":
+        raise UserError("Muon needs whole matrices and FSDP shards them: use DDP or one process with Muon")
+
+
+def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
+    if cfg.matrix_optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        return f"Muon needs torch.optim.Muon (PyTorch 2.9 or newer; this is {torch.__version__})"
+    return None
+
+
+MUON = Optimization(
+    name="Muon", fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
+    code="gpt/optimizations/muon.py:make_muon", time_targets=("optimizer",), memory_targets=("optimizer_state",),
+    checks=_check_optimizer, cannot_run=_cannot_run)

@@ -1,0 +1,186 @@
+"""The report's "Speedrun" section: speed_0's model, sooner (records in <runs>/speedrun/, the baseline's seeds in
+<runs>/time_to_loss/). Each stage is judged by its training seconds to the target, speed_0's final validation loss
+(the mean of its seeds); the baseline's own time to its model is the training seconds of its whole budget.
+A stage's claim holds only where every seed it trained with reached the target."""
+import statistics
+from pathlib import Path
+
+from gpt.ladder import LADDERS, load_stage, parent_of
+from gpt.records import read_record, time_to_loss_dir
+from gpt.report.formatting import fmt_num, table
+from gpt.report.plots import pyplot
+from gpt.report.rows import ok
+from gpt.time_to_loss import baseline_model_loss, crossing
+
+LADDER = "speedrun"
+BASELINE = LADDERS["speed"][0]
+KINDS = {"systems": "keeps the model", "training": "changes the training", "model": "changes the model"}
+NOISE_SCALE_FILE = "noise_scale.json"  # gpt/noise_scale.py's record, beside the stages' records
+
+
+def _runs_of(folder: Path, stage: str) -> list[dict]:
+    """Every record of a stage in `folder`: its profile's seed and the others (<stage>.seed<N>.json)."""
+    paths = [folder / f"{stage}.json", *sorted(folder.glob(f"{stage}.seed*.json"))]
+    return [r for r in (read_record(p) for p in paths if p.exists()) if r is not None]
+
+
+class Speedrun:
+    """The records of a run directory's speedrun, and the figures the section reads from them."""
+
+    def __init__(self, runs: Path):
+        self.folder = time_to_loss_dir(runs, LADDER)
+        self.baseline = _runs_of(time_to_loss_dir(runs), BASELINE)
+        self.target = baseline_model_loss(self.baseline)
+        self.stages = {s: _runs_of(self.folder, s) for s in LADDERS[LADDER]}
+        self.noise_scale = read_record(self.folder / NOISE_SCALE_FILE)
+
+    @property
+    def ran(self) -> bool:
+        return any(self.stages.values())
+
+    def seconds(self, stage: str) -> list[float | None]:
+        """Each seed's training seconds to the target (None: not reached, or the run failed); the baseline's are the
+        seconds of its whole budget, at whose end its model is."""
+        if stage == BASELINE:
+            return [r["metrics"]["train_seconds"] if ok(r) else None for r in self.baseline]
+        return [(c or {}).get("seconds") for c in self._crossings(stage)]
+
+    def tokens(self, stage: str) -> list[float | None]:
+        if stage == BASELINE:
+            return [r["metrics"]["tokens"] if ok(r) else None for r in self.baseline]
+        return [(c or {}).get("tokens") for c in self._crossings(stage)]
+
+    def _crossings(self, stage: str) -> list[dict | None]:
+        return [crossing(r["metrics"]["curve"], self.target) if ok(r) and self.target is not None else None
+                for r in self.stages[stage]]
+
+    def holds(self, stage: str) -> bool:
+        """Every seed reached the target."""
+        seconds = self.seconds(stage)
+        return bool(seconds) and None not in seconds
+
+    def mean_seconds(self, stage: str) -> float | None:
+        return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
+
+
+def _spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return fmt_num(mean) + (f" ({fmt_num(min(values))}-{fmt_num(max(values))})" if len(values) > 1 else "")
+
+
+def speedup_range(base: list[float], mine: list[float]) -> str:
+    """The ratio of the means, with the range its seeds allow (the slowest baseline over the fastest seed, and back)."""
+    ratio = statistics.fmean(base) / statistics.fmean(mine)
+    if len(base) == 1 and len(mine) == 1:
+        return f"{ratio:.2f}x"
+    return f"{ratio:.2f}x ({min(base) / max(mine):.2f}-{max(base) / min(mine):.2f}x)"
+
+
+def speedrun_table(sr: Speedrun) -> list[str]:
+    base = sr.seconds(BASELINE)
+    rows = [[BASELINE, "baseline: its time-to-loss settings", "", _spread([t for t in sr.tokens(BASELINE)]),
+             _spread(base), f"{len(base)}/{len(base)}", "", "1.00x"]]
+    for stage, records in sr.stages.items():
+        module = load_stage(stage)
+        kind = KINDS[module.KIND]
+        if not records:
+            rows.append([stage, module.CHANGE, kind, "not run", "", "", "", ""])
+            continue
+        failed = [r for r in records if not ok(r)]
+        if failed:
+            rows.append([stage, module.CHANGE, kind, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}",
+                         "", "", "", ""])
+            continue
+        seconds, tokens = sr.seconds(stage), sr.tokens(stage)
+        reached = [s for s in seconds if s is not None]
+        seeds = f"{len(reached)}/{len(seconds)}"
+        if not sr.holds(stage):
+            finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
+            rows.append([stage, module.CHANGE, kind, "not reached", f"final val loss {finals}", seeds, "", ""])
+            continue
+        parent = parent_of(stage)
+        parent_s = [s for s in sr.seconds(parent) if s is not None]
+        rows.append([stage, module.CHANGE, kind, _spread(tokens), _spread(seconds), seeds,
+                     speedup_range(parent_s, seconds) if sr.holds(parent) else "",
+                     speedup_range(base, seconds) if None not in base else ""])
+    return table(["stage", "change", "kind", "tokens to target", "s to target (range over seeds)",
+                  "seeds that reach it", "vs parent", f"vs {BASELINE[:7]}"], rows)
+
+
+def plot_speedrun(sr: Speedrun, path: Path) -> bool:
+    """Validation loss against training seconds: speed_0's seeds and every speedrun stage's, each seed drawn and
+    labelled, the target dashed. False: nothing to plot."""
+    lines = [(f"{BASELINE[:7]} seed {r.get('seed')}", r, "0.45") for r in sr.baseline if ok(r)]
+    plt = pyplot()
+    colors = plt.get_cmap("tab10").colors
+    for i, (stage, records) in enumerate(sr.stages.items()):
+        lines += [(f"{stage.replace('speedrun_', 'sr')} seed {r.get('seed')}", r, colors[i % len(colors)])
+                  for r in records if ok(r)]
+    if not any(label.startswith("sr") for label, _, _ in lines):
+        return False
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for label, r, color in lines:
+        curve = r["metrics"]["curve"]
+        ax.plot([p["seconds"] for p in curve], [p["val_loss"] for p in curve], color=color, lw=1.1, label=label)
+    if sr.target is not None:
+        ax.axhline(sr.target, color="black", ls="--", lw=0.8, label=f"target {sr.target:.3f} (speed_0's final loss)")
+    ax.set_xlabel("training seconds (start-up and evaluations excluded)")
+    ax.set_ylabel("validation loss")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
+    ax.set_title("Speedrun: validation loss against training seconds")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def speedrun_findings(sr: Speedrun) -> list[str]:
+    """The headline: the last stage whose claim holds, against the baseline, with its seeds."""
+    base = sr.seconds(BASELINE)
+    if None in base or not base:
+        return [f"`{BASELINE}` has not finished all its seeds here: no speedup can be given."]
+    held = [s for s in sr.stages if sr.holds(s)]
+    if not held:
+        return ["No speedrun stage reached the target on every seed."]
+    last = held[-1]
+    seconds = sr.seconds(last)
+    return [f"`{last}` reaches `{BASELINE}`'s model (validation loss {sr.target:.3f}) in {_spread(seconds)} s of "
+            f"training on each of its {len(seconds)} seed(s), against {_spread(base)} s for `{BASELINE}`'s "
+            f"{len(base)} seeds: {speedup_range(base, seconds)} sooner."]
+
+
+def speedrun_section(runs: Path, plots: Path, rel: str) -> list[str]:
+    """The whole section; [] when the run has no speedrun record."""
+    sr = Speedrun(runs)
+    if not sr.ran:
+        return []
+    target = (f"{sr.target:.3f}, the mean final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"
+              if sr.target is not None else "none: a seed of the baseline did not finish")
+    lines = ["", "## Speedrun", "",
+             f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings, "
+             "each with one change more than its parent, and is judged by its training seconds to the target, "
+             f"{target}. `{BASELINE}` itself takes its whole budget to get there (its seconds are those of the "
+             "budget). 'kind' keeps the systems changes (the same model, sooner) apart from the training changes "
+             "(another path to the same loss) and the model changes. A stage holds only if every seed it trained "
+             "with reaches the target; the last stage trains with several seeds, the others with one. The changes "
+             "tried and dropped, with their figures, are in the README's speedrun log.", ""]
+    lines += speedrun_table(sr)
+    lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
+    if plot_speedrun(sr, plots / "speedrun.png"):
+        lines += ["", f"![speedrun: validation loss against seconds]({rel}/speedrun.png)"]
+    if sr.noise_scale:
+        lines += noise_scale_lines(sr.noise_scale, plots, rel)
+    return lines
+
+
+def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
+    """The gradient noise scale measured along the baseline's run (gpt/noise_scale.py) and its plot."""
+    from gpt.noise_scale import plot_noise_scale, summary_line
+
+    lines = ["", f"- {summary_line(record)}"]
+    try:
+        plot_noise_scale(record, plots / "noise_scale.png")
+    except Exception as e:  # a plot never costs the report
+        return lines + [f"- (the noise-scale plot failed: {e})"]
+    return lines + ["", f"![gradient noise scale along speed_0's run]({rel}/noise_scale.png)"]

@@ -1,0 +1,22 @@
+"""Speedrun, stage 4: today's small-GPT architecture.
+
+Parent: speedrun_3_muon. CHANGES THE MODEL: no equivalence is claimed; the target stays speed_0's final loss, so the
+question is only whether this model gets there sooner.
+
+ReLU² in the MLP (So et al. 2021, Primer), RMSNorm (Zhang & Sennrich 2019), QK-norm (Henry et al. 2020; Dehghani
+et al. 2023), output projections that start at zero (each block starts as the identity) and rotary position
+embeddings (Su et al. 2021, RoFormer) in place of the learned table: the blocks of modded-nanogpt and nanochat.
+Code: gpt/model.py, switched on by gpt/optimizations/architecture.py.
+"""
+from gpt.stage import stage_main
+
+CHANGE = "today's small-GPT blocks (ReLU², RMSNorm, QK-norm, zero-init projections, rotary)"
+KIND = "model"
+
+
+def change(cfg):
+    cfg.architecture = "modern"
+
+
+if __name__ == "__main__":
+    stage_main(__file__)

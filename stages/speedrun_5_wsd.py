@@ -1,0 +1,29 @@
+"""Speedrun, stage 5: a schedule that ends at the target (warm-up, stable, linear decay), on a shorter budget.
+
+Parent: speedrun_4_architecture. Last, because its budget is the shortest that every change before it allows. Changes the training (not the model): the target stays speed_0's final loss.
+
+A cosine schedule spends most of the budget at a falling learning rate; the warm-up-stable-decay (trapezoid)
+schedule holds the peak and decays linearly over the last part (Hu et al. 2024, MiniCPM; Hägele et al. 2024), and
+the loss drops steeply during that decay. Since finishing sooner is the point, the budget is cut to the shortest
+that still reached the target on every seed here (README "Speedrun": the budgets tried).
+Code: gpt/optimizations/schedule.py:learning_rate.
+"""
+from gpt.profiles import budget_settings
+from gpt.stage import stage_main
+
+BUDGET = 0.5  # of the parent's token budget
+COOLDOWN = 0.4  # the share of the budget spent decaying
+
+CHANGE = f"warm-up-stable-decay schedule ({COOLDOWN:.0%} decay) on {BUDGET:.0%} of the tokens"
+KIND = "training"
+
+
+def change(cfg):
+    cfg.lr_schedule = "wsd"
+    cfg.lr_cooldown = COOLDOWN
+    for key, value in budget_settings(int(cfg.train_tokens * BUDGET), cfg.lr_warmup_tokens).items():
+        setattr(cfg, key, value)
+
+
+if __name__ == "__main__":
+    stage_main(__file__)

@@ -1,0 +1,239 @@
+"""Today's small-GPT architecture (gpt/optimizations/architecture.py, code in gpt/model.py): each change does what it
+says, the two attentions agree on it, the default is GPT-2's model unchanged, and the modern model learns."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt import model as model_module
+from gpt import optimizations, protocol
+from gpt.errors import UserError
+from gpt.model import GPT, GPTConfig, rotary
+from gpt.optimizations.architecture import MODERN
+
+from test_train import tiny_config
+
+TINY = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=97, block_size=16)
+
+
+def tiny(**overrides):
+    return GPTConfig(**{**TINY, **overrides})
+
+
+def test_modern_architecture_sets_the_five_fields():
+    cfg = tiny_config("unused", architecture="modern")
+    assert optimizations.model_settings(cfg, "cpu", 65).items() >= MODERN.items()
+    assert MODERN.keys() == set(model_module.ARCHITECTURE_FIELDS)
+    assert not MODERN.items() & optimizations.model_settings(tiny_config("unused"), "cpu", 65).items()
+    with pytest.raises(UserError, match="unknown architecture 'llama'"):
+        tiny_config("unused", architecture="llama").validate()
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("mlp", "swiglu", "unknown mlp 'swiglu'"), ("norm", "batchnorm", "unknown norm"),
+    ("positions", "alibi", "unknown positions"), ("qk_norm", 1, "qk_norm must be true or false"),
+    ("zero_init_proj", "yes", "zero_init_proj must be true or false"),
+    ("n_embd", 36, "head size 9 .* must be even")])  # 36 / 4 heads = 9 (rotary only)
+def test_bad_settings_get_a_user_error(field, value, expected):
+    with pytest.raises(UserError, match=expected):
+        tiny(**{field: value, "positions": "rotary"} if field == "n_embd" else {field: value})
+
+
+def test_relu2_is_relu_squared():
+    torch.manual_seed(0)
+    mlp = GPT(tiny(mlp="relu2")).transformer.h[0].mlp
+    x = torch.randn(2, 5, TINY["n_embd"])
+    h = mlp.c_fc(x)
+    torch.testing.assert_close(mlp.act(h), F.relu(h) ** 2)
+    torch.testing.assert_close(mlp(x), mlp.c_proj(F.relu(h) ** 2))
+
+
+def test_rmsnorm_has_unit_rms_times_its_weight_and_keeps_the_mean():
+    torch.manual_seed(0)
+    model = GPT(tiny(norm="rmsnorm"))
+    for norm in (model.transformer.h[0].ln_1, model.transformer.h[1].ln_2, model.transformer.ln_f):
+        assert [n for n, _ in norm.named_parameters()] == ["weight"]  # no bias
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 2.0)
+        x = 3.0 + torch.randn(4, 7, TINY["n_embd"])  # a large mean: a LayerNorm would remove it
+        y = norm(x)
+        rms = (y / norm.weight).pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-4, rtol=0)
+        torch.testing.assert_close(y, x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * norm.weight)
+        assert (y / norm.weight).mean(-1).min() > 0.5  # the mean is kept (LayerNorm's would be 0)
+
+
+def test_zero_init_proj_makes_every_block_the_identity_at_init():
+    torch.manual_seed(0)
+    model = GPT(tiny(zero_init_proj=True))
+    pairs = []
+    for block in model.transformer.h:
+        block.register_forward_hook(lambda module, args, out: pairs.append((args[0], out)))
+    model(torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"])))
+    assert len(pairs) == TINY["n_layer"]
+    for x, y in pairs:
+        assert x.abs().max() > 0
+        torch.testing.assert_close(y, x, atol=0, rtol=0)
+    # The default starts from GPT-2's small random projections: its blocks change the residual stream.
+    pairs.clear()
+    torch.manual_seed(0)
+    gpt2 = GPT(tiny())
+    for block in gpt2.transformer.h:
+        block.register_forward_hook(lambda module, args, out: pairs.append((args[0], out)))
+    gpt2(torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"])))
+    assert all(not torch.equal(x, y) for x, y in pairs)
+
+
+def test_rotary_scores_depend_only_on_the_distance_and_keep_norms():
+    torch.manual_seed(0)
+    T, D, shift = 40, 16, 7
+    q, k = torch.randn(D, dtype=torch.float64), torch.randn(D, dtype=torch.float64)
+    rq = rotary(q.expand(1, T, D))[0]  # the same q at every position 0 .. T-1, rotated by its position
+    rk = rotary(k.expand(1, T, D))[0]
+    scores = rq @ rk.T  # scores[m, n] = q_m . k_n
+    for m, n in [(5, 2), (10, 10), (3, 12), (20, 0)]:
+        torch.testing.assert_close(scores[m + shift, n + shift], scores[m, n])  # the same distance m - n
+    assert not torch.allclose(scores[5, 2], scores[5, 3])  # another distance: another score
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(T))  # a rotation
+    torch.testing.assert_close(rq[0], q)  # position 0: angle 0
+
+
+def test_rotary_half_splits_the_pairs():
+    # Dimension i pairs with i + D/2 (GPT-NeoX, Llama), rotated by t * 10000^(-i / (D/2)).
+    D, t = 8, 3
+    x = torch.zeros(1, t + 1, D, dtype=torch.float64)
+    x[0, t, 1] = 1.0  # the unit vector of dimension 1, at position t
+    angle = t * 10000.0 ** (-1 / (D // 2))
+    expected = torch.zeros(D, dtype=torch.float64)
+    expected[1], expected[1 + D // 2] = np.cos(angle), np.sin(angle)
+    torch.testing.assert_close(rotary(x)[0, t], expected)
+
+
+def test_rotary_model_sees_the_order_of_its_tokens():
+    """Without positions one causal attention layer sees its prefix as a bag of tokens: swapping two earlier tokens
+    leaves the last position's logits unchanged. Rotary positions make them differ, without a position table."""
+    idx = torch.tensor([[5, 9, 3, 7]])
+    swapped = torch.tensor([[9, 5, 3, 7]])
+    torch.manual_seed(0)
+    model = GPT(tiny(positions="rotary", n_layer=1)).eval()  # one layer: later layers see positions 0, 1 differ
+    assert model.transformer.wpe is None and not any("wpe" in n for n, _ in model.named_parameters())
+    assert not torch.allclose(model(idx)[0][0, -1], model(swapped)[0][0, -1], atol=1e-5)
+    # negative control: the same model with its rotation switched off is blind to the order
+    for block in model.transformer.h:
+        block.attn.rotary = False
+    torch.testing.assert_close(model(idx)[0][0, -1], model(swapped)[0][0, -1])
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_qk_norm_gives_unit_rms_q_and_k_per_head(attention, monkeypatch):
+    seen = []
+    name = "explicit_attention" if attention == "naive" else "fused_attention"
+    original = getattr(model_module, name)
+    monkeypatch.setattr(model_module, name, lambda q, k, *rest: seen.append((q, k)) or original(q, k, *rest))
+    torch.manual_seed(0)
+    model = GPT(tiny(qk_norm=True, attention=attention))
+    with torch.no_grad():  # q and k far from unit RMS before the norm
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(10.0)
+    model(torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"])))
+    assert len(seen) == TINY["n_layer"]
+    for q, k in seen:  # (B, n_head, T, head_size): the RMS over each head's dimensions, at every position
+        assert q.shape == (2, TINY["n_head"], TINY["block_size"], TINY["n_embd"] // TINY["n_head"])
+        for t in (q, k):
+            rms = t.pow(2).mean(-1).sqrt()
+            torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-4, rtol=0)
+
+
+def test_naive_and_sdpa_agree_on_the_modern_model():
+    torch.manual_seed(0)
+    naive = GPT(tiny(attention="naive", **MODERN))
+    sdpa = GPT(tiny(attention="sdpa", **MODERN))
+    with torch.no_grad():  # away from the zero-initialised projections, so that every parameter matters
+        for p in naive.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sdpa.load_state_dict(naive.state_dict())
+    idx = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]))
+    outputs = []  # the logits and every gradient of each
+    for model in (naive, sdpa):
+        logits, loss = model(idx, idx.roll(-1, dims=1))
+        loss.backward()
+        outputs.append({"logits": logits, **{n: p.grad for n, p in model.named_parameters()}})
+    assert outputs[0].keys() == outputs[1].keys()
+    for name, a in outputs[0].items():
+        assert a.abs().max() > 0, name
+        torch.testing.assert_close(a, outputs[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_modern_model_checkpoints_its_blocks_with_the_same_gradients():
+    from gpt.optimizations.checkpointing import checkpoint_blocks
+
+    torch.manual_seed(0)
+    plain, wrapped = GPT(tiny(**MODERN)), GPT(tiny(**MODERN))
+    wrapped.load_state_dict(plain.state_dict())
+    checkpoint_blocks(wrapped, tiny_config("unused", activation_checkpointing=True))
+    idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]))
+    for model in (plain, wrapped):
+        model(idx, idx)[1].backward()
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+# GPT-2's model as it was before these fields: its parameters in order, and its loss and logits for seed 0 on a
+# fixed batch (printed by the model of commit 2501493). The architecture's defaults must leave them unchanged.
+GPT2_PARAMETERS = ["transformer.wte.weight", "transformer.wpe.weight"] + [
+    f"transformer.h.{i}.{name}" for i in range(2) for name in (
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
+] + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+
+
+def test_the_default_is_gpt2_unchanged():
+    torch.manual_seed(0)
+    model = GPT(tiny())
+    assert [n for n, _ in model.named_parameters()] == GPT2_PARAMETERS
+    assert sum(p.double().sum().item() for p in model.parameters()) == pytest.approx(154.698886739822, rel=1e-9)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
+    logits, loss = model(idx, idx)
+    assert loss.item() == pytest.approx(4.179195404052734, abs=1e-5)
+    assert logits[0, 3, :4].tolist() == pytest.approx(
+        [-0.11554253101348877, -0.06728972494602203, 0.13036328554153442, -0.03186886012554169], abs=1e-5)
+
+
+def test_modern_parameters():
+    model = GPT(tiny(**MODERN))
+    names = {n for n, _ in model.named_parameters()}
+    assert "transformer.wpe.weight" not in names and not any(n.endswith("ln_1.bias") for n in names)
+    assert {"transformer.h.0.attn.q_norm.weight", "transformer.h.0.attn.k_norm.weight"} <= names
+    # GPT-2's count less the position table and the norms' biases, plus the q/k gains.
+    c, head = TINY["n_embd"], TINY["n_embd"] // TINY["n_head"]
+    gpt2 = GPT(tiny())
+    expected = gpt2.num_params() - TINY["block_size"] * c - (2 * TINY["n_layer"] + 1) * c + 2 * TINY["n_layer"] * head
+    assert model.num_params() == expected
+    assert model.flops_per_token() == gpt2.flops_per_token() - 6 * (gpt2.num_params() - TINY["block_size"] * c
+                                                                    - expected)
+
+
+def test_modern_model_builds_on_meta_and_materialises():
+    with torch.device("meta"):
+        model = GPT(tiny(**MODERN))
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert torch.all(model.transformer.h[0].attn.q_norm.weight == 1)
+    assert torch.all(model.transformer.h[0].mlp.c_proj.weight == 0)
+    assert torch.all(model.transformer.ln_f.weight == 1)
+
+
+def test_hf_loading_is_for_the_gpt2_architecture_only(tmp_path):
+    with pytest.raises(UserError, match="positions='rotary'"):
+        GPT.from_hf(tmp_path, positions="rotary")
+    with pytest.raises(UserError, match="not found"):  # a GPT-2 value passes on to the checkpoint's own checks
+        GPT.from_hf(tmp_path / "absent", mlp="gelu")
+
+
+def test_a_modern_smoke_run_learns(char_data):
+    cfg = tiny_config(char_data, architecture="modern", samples=8 * 20, repeats=2, lr=3e-3)  # 1 + 40 steps
+    record = protocol.run(cfg, label="test")
+    m = record["metrics"]
+    assert {k: record["model"][k] for k in MODERN} == MODERN
+    assert m["loss_first"] == pytest.approx(np.log(record["model"]["vocab_size"]), abs=0.3)
+    assert np.mean(m["losses"][-10:]) < m["loss_first"] - 0.5

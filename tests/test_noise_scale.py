@@ -1,0 +1,154 @@
+"""The gradient noise scale (gpt/noise_scale.py): the estimator against a synthetic case with a closed-form answer, the
+halves trick (the plain step's update; the halves' own squared norms), the batch choice on a hand-made t(B), a smoke
+measurement end to end, and one line for bad input."""
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from gpt import noise_scale, train
+from gpt.errors import UserError
+from gpt.ladder import stage_config
+from gpt.noise_scale import (HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates,
+                             suggested_settings)
+from gpt.optimizations.feeding import to_device
+
+
+def smoke_config(char_data, **overrides):
+    return stage_config("speed_0_baseline", "smoke", True, data_dir=str(char_data), device="cpu", **overrides)
+
+
+# ---- the estimator ------------------------------------------------------------------------------------------
+
+
+def test_estimator_recovers_trace_sigma_over_grad_sq():
+    """Per-sample gradients g_i = G + xi_i, xi_i ~ N(0, Sigma) with |G|^2 = 1 and tr(Sigma) = 40: B_simple -> 40.
+    The tolerance is four standard errors of the two means over the draws (their relative errors added); at B = 16
+    the per-draw |G|^2 estimate is often near 0 or negative, so averaging the per-draw ratios instead fails, and so
+    does swapping the small and big batch."""
+    torch.manual_seed(0)
+    dim, b_big, b_small, draws = 64, 16, 8, 4000
+    grad = torch.randn(dim, dtype=torch.float64)
+    grad /= grad.norm()  # |G|^2 = 1
+    variances = torch.rand(dim, dtype=torch.float64) + 0.5
+    variances *= 40 / variances.sum()  # tr(Sigma) = 40
+    samples = grad + torch.randn(draws, b_big, dim, dtype=torch.float64) * variances.sqrt()
+    halves = samples.reshape(draws, 2, b_small, dim).mean(2)
+    small_sq = halves.square().sum(-1).mean(1)  # the mean of the halves' squared norms
+    big_sq = samples.mean(1).square().sum(-1)
+    g2, s = step_estimates(small_sq, big_sq, b_small, b_big)
+    g2, s = g2.tolist(), s.tolist()
+    se_g2 = statistics.stdev(g2) / math.sqrt(draws) / statistics.fmean(g2)
+    se_s = statistics.stdev(s) / math.sqrt(draws) / statistics.fmean(s)
+    tolerance = 4 * (se_g2 + se_s)
+    assert tolerance < 0.15  # the test can tell a right answer from a wrong one
+    assert statistics.fmean(g2) == pytest.approx(1.0, rel=4 * se_g2)
+    assert statistics.fmean(s) == pytest.approx(40.0, rel=4 * se_s)
+    assert b_simple(g2, s) == pytest.approx(40.0, rel=tolerance)
+
+
+def test_moving_average_is_bias_corrected():
+    """A constant stays constant from the first step (no pull towards the zero it starts from); a step change
+    relaxes with the time constant."""
+    assert ema([3.0] * 50, 10) == pytest.approx([3.0] * 50)
+    after = ema([0.0] * 200 + [1.0] * 10, 10)
+    assert after[-1] == pytest.approx(1 - 0.9 ** 10, rel=1e-6)
+
+
+# ---- the halves trick ---------------------------------------------------------------------------------------
+
+
+def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
+    """One step of speed_0 (smoke) trained as two halves: the parameters after it equal the plain step's within
+    float rounding, and the recorded squared norms equal the halves' and the batch's gradients computed apart."""
+    cfg = smoke_config(char_data, batch_size=8)
+    device = torch.device("cpu")
+    probe = train.prepare(cfg, device, 1, "probe")  # the same seed: the same initial weights and first batch
+    x, y = to_device(next(probe.step.batches), device, cfg)
+    grads = []
+    for xs, ys in ((x[:4], y[:4]), (x[4:], y[4:]), (x, y)):
+        _, loss = probe.raw(xs, ys)
+        grads.append(torch.autograd.grad(loss, list(probe.raw.parameters())))
+    g_a, g_b, g = (sum(t.double().square().sum() for t in gs) for gs in grads)
+
+    plain = train.prepare(cfg, device, 1, "plain")
+    halves = train.prepare(halves_config(cfg), device, 1, "halves")
+    params = list(halves.model.parameters())
+    norms = HalvesNorms(params, cfg.grad_accum_steps, 1, lambda: halves.step.steps_done, device)
+    before = [p.detach().clone() for p in params]
+    plain.run(1)
+    halves.run(1)
+    norms.remove()
+    for p, q, b in zip(plain.model.parameters(), params, before):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(q, b) for q, b in zip(params, before))  # the step moved the weights
+    small_sq, big_sq = norms.norms[0].tolist()
+    assert small_sq == pytest.approx(((g_a + g_b) / 2).item(), rel=1e-5)
+    assert big_sq == pytest.approx(g.item(), rel=1e-5)
+    assert small_sq > big_sq  # halves are noisier than their mean
+
+
+def test_a_batch_that_does_not_split_into_halves_is_refused(char_data):
+    with pytest.raises(UserError, match="does not split into 2 x"):
+        halves_config(smoke_config(char_data, batch_size=5, samples=20))
+
+
+# ---- the choice ---------------------------------------------------------------------------------------------
+
+
+def test_choose_batch_minimises_the_predicted_time():
+    """(1 + 32/B) t(B) on t = {8: 1.0, 16: 1.2, 32: 2.0, 64: 4.0}: 5.0, 3.6, 4.0, 6.0 -> batch 16, 5.0/3.6 sooner."""
+    choice = choose_batch(32.0, {8: 1.0, 16: 1.2, 32: 2.0, 64: 4.0}, baseline=8)
+    assert choice["batch"] == 16
+    assert choice["speedup"] == pytest.approx(5.0 / 3.6)
+    assert choice["relative_time"] == pytest.approx({8: 1.0, 16: 0.72, 32: 0.8, 64: 1.2})
+    assert choice["tokens_factor"] == pytest.approx((1 + 16 / 32) / (1 + 8 / 32))
+
+
+def test_suggested_settings_follow_the_square_root_rule(char_data):
+    cfg = smoke_config(char_data)  # batch 4, lr 1e-3, beta2 0.99
+    s = suggested_settings(cfg, 16)
+    assert s["lr"] == pytest.approx(2 * cfg.lr) and s["min_lr"] == pytest.approx(2 * cfg.min_lr)
+    assert s["beta2"] == pytest.approx(cfg.betas[1] ** 4)  # the same half-life in tokens
+
+
+# ---- the command line, end to end ---------------------------------------------------------------------------
+
+
+def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys):
+    out = tmp_path / "noise.json"
+    assert noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
+                             "--batches", "4,8", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert math.isfinite(record["window"]["b_noise"])
+    assert all(math.isfinite(p["b_simple"]) for p in record["curve"][1:])
+    assert [p["step"] for p in record["curve"]] == [0, 30, 60, 90, 120, 150]
+    assert set(record["step_times"]) == {"4", "8"} and record["choice"]["batch"] in (4, 8)
+    assert "chosen batch" in capsys.readouterr().out
+    noise_scale.plot_noise_scale(record, tmp_path / "noise.png")
+    assert (tmp_path / "noise.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batches", "12,x"], "--batches takes batch sizes"),
+    (["--batches", "0,12"], "--batches must all be at least 1"),
+    (["--profile", "nope"], "unknown profile"),
+    (["--device", "tpu"], "unknown device"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        noise_scale.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_module_runs_as_a_command():
+    r = subprocess.run([sys.executable, "-m", "gpt.noise_scale", "--batches", "twelve"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: --batches takes batch sizes separated by "
+                                                                  "commas (e.g. 12,24,48), got 'twelve'"]

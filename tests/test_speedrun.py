@@ -1,0 +1,171 @@
+"""The speedrun ladder (gpt/ladder.py "speedrun", stages/speedrun_*.py, run_all's section, the report's): its plumbing,
+its target and its judgement, and the one claim of its systems stage, that it keeps the model. The training changes'
+own mechanics are tested beside their homes (tests/test_speedrun_optimizer.py, tests/test_noise_scale.py,
+tests/test_architecture.py)."""
+import pytest
+import torch
+
+from gpt import run_all
+from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
+from gpt.optimizations import changed
+from gpt.records import time_to_loss_dir, write_record
+from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
+from gpt.time_to_loss import SPEEDRUN_SEEDS, baseline_model_loss
+from test_beyond_equivalence import real_rows
+from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
+
+SPEEDRUN = LADDERS["speedrun"]
+
+
+def test_every_speedrun_stage_trains_to_a_loss_on_the_baselines_settings():
+    """A speedrun stage has no timed protocol: its config is speed_0's time-to-loss one with its changes."""
+    base = stage_config("speed_0_baseline", "cpu", to_a_loss=True)
+    for stage in SPEEDRUN:
+        assert trains_to_a_loss_only(stage) and lineage(stage)[0] == "speed_0_baseline"
+        cfg = stage_config(stage, "cpu")
+        assert cfg.train_tokens and cfg.data_dir == base.data_dir and cfg.eval_windows == base.eval_windows
+        module = load_stage(stage)
+        assert module.KIND in KINDS and module.CHANGE and module.__doc__.startswith(f"Speedrun, stage {stage[9]}")
+    assert not trains_to_a_loss_only("speed_0_baseline")
+
+
+def test_the_systems_stage_changes_only_what_the_fast_ladder_proves_keeps_the_model():
+    """speedrun_1 switches on the changes of speed_4, speed_5 and fast_1..fast_6 and nothing else: not speed_1's
+    batch, not the learning rate, not the budget."""
+    base = stage_config("speed_0_baseline", "cpu", to_a_loss=True).to_dict()
+    systems = stage_config("speedrun_1_systems", "cpu").to_dict()
+    fast = stage_config("fast_6_chunked_loss", "cpu", to_a_loss=True).to_dict()
+    allowed = set(changed(base, fast)) - set(changed(base, {**base, "batch_size": 96}))
+    assert set(changed(base, systems)) <= allowed  # speed_2's workers and speed_3's pinning are fast_1's to replace
+    assert len(changed(base, systems)) >= 8
+    differ = {k for k in base if base[k] != systems[k]}
+    assert not differ & {"batch_size", "lr", "min_lr", "betas", "train_tokens", "lr_decay_tokens", "seed"}
+
+
+def test_the_systems_stage_computes_the_baselines_gradients(char_data):
+    """The first step's gradients of the systems stage's settings against the baseline's, on a tiny model: the
+    same batch, the same weights, so the same gradients up to float32 reassociation (SDPA, the chunked loss and
+    compile add up the same sums in another order: measured < 1e-6 of the largest gradient). A stage that changed
+    the batch, the data or the loss would differ by the gradient's own size. goal="memory" keeps SDPA and the
+    chunked loss whatever their speed here, so the changed code really runs; bf16 stays off (fp32 on this CPU
+    unless bf16 is faster: then the check is bf16's, bounded in tests/test_beyond_equivalence.py)."""
+    common = dict(lr=1e-3, grad_clip=NO_CLIP, goal="memory")
+    base = tiny_config(char_data, **common)
+    systems = tiny_config(char_data, **common)
+    load_stage("speedrun_1_systems").change(systems)
+    systems.amp = systems.amp_bf16 = False  # the precision's own bound is fast_2's test; here the rest must be exact to fp32
+    systems.validate()
+    assert systems.compile and systems.batch_gather and systems.loss == "chunked" and systems.attention == "sdpa"
+    run_b, grads_b = train_with_grads(base, 1)
+    run_s, grads_s = train_with_grads(systems, 1)
+    vocab = run_b.raw.config.vocab_size
+    torch.testing.assert_close(real_rows(grads_s[0], vocab), real_rows(grads_b[0], vocab), rtol=1e-4, atol=1e-6)
+    assert run_s.losses == pytest.approx(run_b.losses, rel=1e-5)
+
+
+def _loss_record(stage: str, seed: int | None, curve: list[tuple[int, float, float]], status="ok") -> dict:
+    points = [{"step": i, "tokens": t, "seconds": s, "val_loss": v, "train_loss": None, "lr": None}
+              for i, (t, s, v) in enumerate(curve)]
+    return {"stage": stage, "ladder": "speedrun" if stage.startswith("speedrun") else "speed", "profile": "cpu",
+            "status": status, "mode": "time_to_loss", "seed": seed, "device": {"name": "cpu", "type": "cpu", "count": 1},
+            "metrics": {"curve": points, "train_seconds": points[-1]["seconds"], "tokens": points[-1]["tokens"],
+                        "val_loss_final": points[-1]["val_loss"], "val_loss_initial": points[0]["val_loss"],
+                        "tokens_per_s": points[-1]["tokens"] / max(points[-1]["seconds"], 1e-9), "target_loss": None,
+                        "startup_s": 0.0}}
+
+
+def test_the_target_is_the_mean_of_the_baselines_final_losses():
+    records = [_loss_record("speed_0_baseline", s, [(0, 0, 4.0), (100, 10, f)]) for s, f in ((1, 1.9), (2, 2.0))]
+    assert baseline_model_loss(records) == pytest.approx(1.95)
+    assert baseline_model_loss(records + [None]) is None
+    assert baseline_model_loss(records + [{**records[0], "status": "failed"}]) is None
+
+
+def write_speedrun(tmp_path, stage_curves: dict[str, list[list[tuple]]]):
+    """Baseline seeds with finals 1.9 and 2.1 (target 2.0) after 100 s, and the given stages' seeds."""
+    loss_dir, sr_dir = time_to_loss_dir(tmp_path), time_to_loss_dir(tmp_path, "speedrun")
+    for i, (final, seconds) in enumerate(((1.9, 100.0), (2.1, 120.0))):
+        name = "speed_0_baseline.json" if i == 0 else f"speed_0_baseline.seed{3408 + i}.json"
+        write_record(loss_dir / name, _loss_record("speed_0_baseline", 3407 + i, [(0, 0, 4.0), (1000, seconds, final)]))
+    for stage, seeds in stage_curves.items():
+        for i, curve in enumerate(seeds):
+            name = f"{stage}.json" if i == 0 else f"{stage}.seed{3407 + i}.json"
+            write_record(sr_dir / name, _loss_record(stage, 3407 + i, curve))
+
+
+def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(tmp_path):
+    """Target 2.0. speedrun_1 crosses it at 20 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 20 s, 500
+    tokens); speedrun_2's second seed ends at 2.05: the stage does not hold. The baseline's time is its budget's."""
+    write_speedrun(tmp_path, {
+        "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
+        "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 1.5)], [(0, 0, 4.0), (400, 8, 2.05)]],
+    })
+    sr = Speedrun(tmp_path)
+    assert sr.target == pytest.approx(2.0)
+    assert sr.seconds("speed_0_baseline") == [100.0, 120.0]
+    assert sr.seconds("speedrun_1_systems") == [pytest.approx(20.0)]
+    assert sr.tokens("speedrun_1_systems") == [pytest.approx(500.0)]
+    assert sr.holds("speedrun_1_systems") and not sr.holds("speedrun_2_batch_lr")
+    assert sr.seconds("speedrun_2_batch_lr")[1] is None
+    text = "\n".join(speedrun_section(tmp_path, tmp_path, "plots"))
+    assert "| speedrun_1_systems |" in text and "5.50x" in text  # (100 + 120) / 2 / 20
+    assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
+
+
+def test_the_speedup_range_is_taken_across_the_seeds():
+    assert speedup_range([100.0, 120.0], [10.0, 20.0]) == "7.33x (5.00-12.00x)"
+    assert speedup_range([100.0], [20.0]) == "5.00x"
+
+
+def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_path, monkeypatch):
+    """--only speedrun: speed_0's seeds first (nothing else of the time-to-loss section), the target from them,
+    the noise scale, then each speedrun stage once and the last with every seed, each given the target."""
+    calls = []
+
+    def fake_run_stage(cmd, log, show):
+        stage = cmd[1].rsplit("/", 1)[-1].removesuffix(".py")
+        seed = int(cmd[cmd.index("--seed") + 1]) if "--seed" in cmd else None
+        calls.append((stage, seed, cmd[cmd.index("--target-loss") + 1] if "--target-loss" in cmd else None))
+        out = tmp_path / ("speedrun" if stage.startswith("speedrun") else "time_to_loss")
+        name = f"{stage}.json" if seed is None else f"{stage}.seed{seed}.json"
+        final = 2.0 + (0.1 * (seed - 3408) if seed else 0.0)
+        write_record(out / name, _loss_record(stage, seed, [(0, 0, 4.0), (1000, 50, final)]))
+        return 0
+
+    monkeypatch.setattr(run_all, "run_stage", fake_run_stage)
+    monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: calls.append(("noise_scale", None, None)))
+    monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
+    monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
+    monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
+    run_all.main(["--only", "speedrun", "--profile", "cpu", "--out", str(tmp_path), "--wandb", "disabled"])
+    baseline = [c for c in calls if c[0] == "speed_0_baseline"]
+    assert [c[1] for c in baseline] == [None, 3408, 3409] and all(c[2] is None for c in baseline)
+    target = repr((2.0 + 2.0 + 2.1) / 3)
+    rest = calls[len(baseline):]
+    assert rest[0][0] == "noise_scale"
+    assert [c[0] for c in rest[1:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
+    assert all(c[2] == target for c in rest[1:])
+    assert [c[1] for c in rest[-SPEEDRUN_SEEDS:]] == [None] + [3407 + i for i in range(1, SPEEDRUN_SEEDS)]
+    assert "## Speedrun" in (tmp_path / "results.md").read_text()
+
+
+def test_the_speedruns_wandb_runs_have_a_group_of_their_own(monkeypatch):
+    from gpt.wandb_log import run_group
+
+    monkeypatch.setenv("GPT_LADDER_GROUP", "cpu-cpu-1")
+    assert run_group({"ladder": "speedrun", "profile": "cpu"}) == "cpu-cpu-1-speedrun"
+    assert run_group({"ladder": "speed", "profile": "cpu"}) == "cpu-cpu-1"
+
+
+def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from gpt.ladder import STAGES_DIR
+
+    for bad in ("0", "nan"):
+        p = subprocess.run([sys.executable, str(STAGES_DIR / "speedrun_2_batch_lr.py"), "--lr", bad, "--out",
+                            str(tmp_path), "--wandb", "disabled"], capture_output=True, text=True)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip().count("\n") == 0 and "--lr" in p.stderr
+    assert not list(tmp_path.rglob("*.json"))  # rejected before any training

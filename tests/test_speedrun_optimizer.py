@@ -1,0 +1,211 @@
+"""The speedrun ladder's optimizer and schedule (gpt/optimizations/muon.py, schedule.py): Muon gets exactly the
+blocks' matrices and AdamW everything else, one step of the combined optimizer is the two torch optimizers' steps,
+wsd's shape and that both optimizers follow it, one line for bad settings, and a Muon run that learns."""
+import copy
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from gpt import time_to_loss, train
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.optimizations.muon import MuonWithAdamW
+from gpt.optimizations.schedule import learning_rate, set_learning_rates
+from test_time_to_loss import smoke_to_a_loss
+
+HAS_MUON = hasattr(torch.optim, "Muon")
+needs_muon = pytest.mark.skipif(not HAS_MUON, reason=f"needs torch.optim.Muon (PyTorch 2.9+; this is "
+                                                     f"{torch.__version__})")
+# The blocks' matrices, named independently of the code under test.
+HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+
+
+def built(char_data, **overrides):
+    cfg = TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon", **overrides).validate()
+    raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
+    return cfg, raw, optimizer
+
+
+def ids(groups) -> list[int]:
+    return [id(p) for g in groups for p in g["params"]]
+
+
+# ---- who updates what --------------------------------------------------------------------------------------
+
+
+@needs_muon
+@pytest.mark.parametrize("n_layer", [None, 2])  # gpt-mini's 6 blocks, and 2
+def test_muon_gets_every_block_matrix_once_and_adamw_every_other_parameter_once(char_data, n_layer):
+    cfg, raw, optimizer = built(char_data, n_layer=n_layer)
+    assert isinstance(optimizer, MuonWithAdamW)
+    named = dict(raw.named_parameters())  # the tied lm_head is the token embedding: listed once
+    hidden = {id(p) for n, p in named.items() if HIDDEN.fullmatch(n)}
+    assert len(hidden) == 4 * cfg.model_shape["n_layer"]
+    muon, adamw = ids(optimizer.muon.param_groups), ids(optimizer.adamw.param_groups)
+    assert sorted(muon) == sorted(hidden)  # each once
+    assert sorted(adamw) == sorted(id(p) for p in named.values() if id(p) not in hidden)
+    assert id(raw.transformer.wte.weight) in adamw and id(raw.lm_head.weight) in adamw
+    assert ids(optimizer.param_groups) == muon + adamw  # what train_step, GradScaler and the schedule see
+
+
+def hand_built(model, cfg):
+    """torch.optim.Muon and AdamW on the split, written out by name, with the settings passed one by one."""
+    named = dict(model.named_parameters())
+    hidden = [p for n, p in named.items() if HIDDEN.fullmatch(n)]
+    decay = [named["transformer.wte.weight"]]  # the tied lm_head: the one Linear weight outside the blocks
+    rest = [p for n, p in named.items() if not HIDDEN.fullmatch(n) and n != "transformer.wte.weight"]
+    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                               {"params": rest, "weight_decay": 0.0}],
+                              lr=cfg.lr, betas=cfg.betas, foreach=cfg.optimizer_foreach)
+    return muon, adamw
+
+
+@needs_muon
+def test_steps_equal_torch_muon_and_adamw_built_by_hand(char_data):
+    """Bit-identical: the same kernels on the same tensors. Two steps, so Muon's momentum and AdamW's moments count;
+    after a schedule's scaling too."""
+    cfg, raw, optimizer = built(char_data, n_layer=2, lr_decay_tokens=10_000)
+    twin = copy.deepcopy(raw)
+    muon, adamw = hand_built(twin, cfg)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(2):
+        for p, q in zip(raw.parameters(), twin.parameters()):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        muon.step()
+        adamw.step()
+        for (name, p), q in zip(raw.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q), f"step {step}: {name}"
+        set_learning_rates(optimizer, cfg, 9_000)  # the second step at the schedule's lr
+        for g in adamw.param_groups:
+            g["lr"] = learning_rate(cfg, 9_000)
+        for g in muon.param_groups:
+            g["lr"] = learning_rate(cfg, 9_000) * (cfg.muon_lr / cfg.lr)
+    assert all(torch.count_nonzero(p.grad) for p in raw.parameters())
+
+
+@needs_muon
+def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
+    """fp16's GradScaler reaches Muon's and AdamW's gradients through the one optimizer: unscale_ divides every
+    gradient by the scale, and step skips both optimizers on an overflow."""
+    cfg, raw, optimizer = built(char_data, n_layer=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # as a scaled loss would: the scale is made on first use
+    grads = {}
+    for p in raw.parameters():
+        p.grad = torch.full_like(p, 1024.0)
+        grads[p] = p.detach().clone()
+    scaler.unscale_(optimizer)
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in raw.parameters())
+    scaler.step(optimizer)
+    assert all(not torch.equal(p, grads[p]) for p in raw.parameters())  # both stepped
+    scaler.update()
+    before = [p.detach().clone() for p in raw.parameters()]
+    for p in raw.parameters():
+        p.grad = torch.full_like(p, math.inf)
+    scaler.step(optimizer)  # an overflow: neither steps
+    assert all(torch.equal(p, b) for p, b in zip(raw.parameters(), before))
+
+
+# ---- the schedule ------------------------------------------------------------------------------------------
+
+
+def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000, lr_schedule="wsd",
+                      lr_cooldown=0.2).validate()  # the decay: the last 2200 tokens, from 8800
+    assert learning_rate(cfg, 0) == 0.0
+    assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
+    assert learning_rate(cfg, 1000) == learning_rate(cfg, 5000) == learning_rate(cfg, 8800) == 1e-3  # stable
+    assert learning_rate(cfg, 8800 + 1100) == pytest.approx((1e-3 + 1e-4) / 2)  # half way down, linearly
+    assert learning_rate(cfg, 8800 + 550) == pytest.approx(1e-3 - 0.25 * 9e-4)
+    assert learning_rate(cfg, 11000) == pytest.approx(1e-4) == learning_rate(cfg, 50000)  # the floor, and after
+
+
+@needs_muon
+def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_data):
+    """Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the
+    same share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
+    budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
+    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
+                          train_tokens=budget, lr_decay_tokens=budget)
+    trainer = train.prepare(cfg, torch.device("cpu"), 40, "test")
+    muon, adamw = trainer.optimizer.muon.param_groups, trainer.optimizer.adamw.param_groups
+    shares = []
+    for step in (1, 10, 20, 30, 40):  # warm-up, stable, decay
+        while trainer.step.steps_done < step:
+            trainer.run(1)
+        tokens = trainer.step.tokens_seen
+        share = learning_rate(cfg, tokens) / cfg.lr
+        shares.append(share)
+        assert all(g["lr"] == learning_rate(cfg, tokens) for g in adamw), step
+        assert all(g["lr"] == pytest.approx(share * cfg.muon_lr, rel=1e-12) for g in muon), step
+    assert shares[0] < 1 and 1.0 in shares and shares[-1] < 1
+
+
+# ---- bad settings: one line, exit 2, through a stage script -------------------------------------------------
+
+
+def run_stage_with(char_data, tmp_path, setup: str = "", **overrides) -> subprocess.CompletedProcess:
+    """speed_0_baseline's script as a user runs it, with TrainConfig overrides applied as a stage would (stage_config's
+    overrides: the config is validated after them), for 2 steps (a setting wrongly let through fails fast). `setup`
+    runs first (e.g. a torch without Muon)."""
+    code = (f"import sys, torch\nfrom math import inf, nan\n{setup}\nfrom gpt import stage\nreal = stage.stage_config\n"
+            f"stage.stage_config = lambda *a, **k: real(*a, **{{**k, **{overrides!r}}})\n"
+            f"stage.stage_main({str(REPO / 'stages' / 'speed_0_baseline.py')!r})")
+    return subprocess.run([sys.executable, "-c", code, "--profile", "smoke", "--device", "cpu", "--time-to-loss",
+                           "--train-tokens", "256", "--data-dir", str(char_data), "--out", str(tmp_path / "out"),
+                           "--wandb", "disabled"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
+    (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
+    (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
+    (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
+    (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
+    (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
+    (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
+    (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
+    (dict(lr_schedule="wsd", lr_cooldown=1.0), "before the warm-up ends"),
+    (dict(lr_cooldown=0.2), "lr_cooldown (0.2) is wsd's setting"),
+    (dict(lr=0.0, min_lr=0.0), "the learning rate must be a positive number, got 0.0"),
+])
+def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp_path):
+    r = run_stage_with(char_data, tmp_path, **overrides)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert not list((tmp_path / "out").rglob("*.json"))
+
+
+def test_muon_with_fsdp_is_refused():
+    with pytest.raises(UserError, match="Muon needs whole matrices and FSDP shards them"):
+        TrainConfig(device="cpu", matrix_optimizer="muon", distributed="fsdp", nproc=2).validate()
+
+
+def test_a_torch_without_muon_records_the_stage_as_skipped(char_data, tmp_path):
+    r = run_stage_with(char_data, tmp_path, "del torch.optim.Muon" if HAS_MUON else "", matrix_optimizer="muon")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and len(lines) == 1, r.stderr  # gpt/stage.py's EXIT_SKIPPED
+    assert "cannot run here: Muon needs torch.optim.Muon (PyTorch 2.9 or newer" in lines[0]
+    assert list((tmp_path / "out").rglob("*.json"))  # the skipped record
+
+
+# ---- a real run ---------------------------------------------------------------------------------------------
+
+
+@needs_muon
+def test_a_muon_run_with_wsd_learns(char_data):
+    """A run to a loss with Muon and wsd (the smoke profile's, 60 steps): the validation loss falls well below its
+    start (ln 65 = 4.17; 0.6 lower after 30 steps here)."""
+    budget = 60 * 4 * 32
+    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, train_tokens=budget,
+                          lr_decay_tokens=budget)
+    curve = [p["val_loss"] for p in time_to_loss.run(cfg)["metrics"]["curve"]]
+    assert curve[-1] < curve[0] - 0.5, curve
