@@ -157,7 +157,7 @@ def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(sm
 
 def test_the_report_reads_the_runs(smoke_runs, tmp_path):
     """The section from real records: the target, the seeds' spread, the mark on the broken run (in speed_1's
-    place), the plot."""
+    place), the speed ladder's plot."""
     folder = tmp_path / "time_to_loss"
     folder.mkdir()
     for name, stage in (("speed_0_baseline", "speed_0_baseline"), ("lr x100", "speed_1_batch_size")):
@@ -169,7 +169,9 @@ def test_the_report_reads_the_runs(smoke_runs, tmp_path):
     assert runs.target == pytest.approx(target_from(smoke_runs["speed_0_baseline"]))
     assert len(runs.seeds) == 2 and runs.spread > 0
     text = "\n".join(loss_section(runs, tmp_path, "plots"))
-    assert "**changes convergence**" in text and (tmp_path / "time_to_loss.png").exists()
+    assert "**changes convergence**" in text
+    assert (tmp_path / "time_to_loss_speed.png").exists()  # one figure per ladder trained to a loss
+    assert not (tmp_path / "time_to_loss_fast.png").exists()  # no fast stage was trained: no empty figure
 
 
 def write_loss_records(tmp_path, *records):
