@@ -117,6 +117,9 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     assert row(md, "speed_6_ddp")[2] == "**skipped**: needs 2 GPUs, found 1"
 
     assert "Largest gain: `speed_1_batch_size`" in md
+    summary = md.split("## Summary")[1].split("## Speed ladder")[0]  # at the top, before the tables
+    assert ("- **Speed ladder** (4 of 7 stages finished), largest gain: here `speed_1_batch_size` (batch size x8), "
+            "-75% time; in the documented H100 run: `speed_1_batch_size`, -70%.") in summary
     # no breakdown (--no-profiler): the reason comes from the timed data wait
     assert "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so " \
            "workers had little to win (data wait 2% of the time before, 1% now)" in md
@@ -174,6 +177,32 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
     for name in ("memory.png", "memory_timeline.png", "memory_planner.png"):
         assert (plots / name).read_bytes()[:4] == PNG, name
         assert f"(plots/{name})" in md
+
+
+def test_planner_section_bounds_offload_by_host_memory_and_says_why_a_cpu_comparison_agrees(tmp_path):
+    """A CPU-offload fit that needs more host memory than HOST_GIB_PER_GPU is not a row but a bound in words; a
+    CPU run's estimate-vs-measured shows only the stages that differ, and says why the rest agree."""
+    write_ladder(tmp_path, [fake_record("memory_0_baseline")])
+    offload = "beyond: lean_3, CPU offload (2 GPUs)"
+    (tmp_path / "memory_fit.json").write_text(json.dumps({
+        "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
+            {"setting": "before (1 GPU)", "world_size": 1, "n_layer": 126, "params": 2.48e9, "peak_mib": 81520},
+            {"setting": offload, "world_size": 2, "n_layer": 16248, "params": 319.719e9, "peak_mib": 81916,
+             "host_mib": 2382 * 1024, "extrapolated": True}],
+        "notes": [f"{offload}: 16248 layers, 319,719M parameters", "before (1 GPU): 126 layers"]}))
+    (tmp_path / "memory_compare.json").write_text(json.dumps({"kind": "compare", "profile": "cpu", "stages": [
+        {"stage": "speed_0_baseline", "measured_mib": 589, "measured": "MemTracker's peak", "estimate_mib": 589,
+         "error_pct": 0.0, "target": "cpu"},
+        {"stage": "speed_6_ddp", "measured_mib": 3202, "measured": "MemTracker's peak", "estimate_mib": 3155,
+         "error_pct": -1.5, "target": "cpu"}]}))
+    md = write_report(tmp_path).read_text()
+    assert "| before (1 GPU) | 1 | 126 |" in md and f"| {offload}" not in md
+    assert f"- {offload}: 16248 layers" not in md and "- before (1 GPU): 126 layers" in md
+    assert (f"Not in the table: {offload}. Its GPU memory would fit 16,248 layers (319,719M parameters), but "
+            "their sharded parameters, gradients and AdamW state would take 2,382 GiB of host memory per GPU; with "
+            "256 GiB per GPU, host memory bounds it at about 1,746 layers") in md
+    assert "come from the same tracker (MemTracker)" in md and "1 of 2 stages agree within 0.5%" in md
+    assert "| speed_6_ddp | 3,202 |" in md and "| speed_0_baseline | 589 |" not in md
 
 
 def cuda_record(stage: str, allocated: float, reserved: float | None, **metrics) -> dict:

@@ -186,6 +186,22 @@ def write_loss_records(tmp_path, *records):
     return LossRuns(tmp_path)
 
 
+def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_target(tmp_path):
+    """No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how
+    much sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
+    from gpt.report.summary import loss_caveat, loss_sentence
+    runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+                              ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.01), ".seed1"),
+                              ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+                              ("speed_2_num_workers", 400.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
+    sentence = loss_sentence(runs)
+    assert sentence.startswith("trained to a loss, no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
+                               "than it does (3.20 s): `speed_1_batch_size` trains another model")
+    assert "(`speed_2_num_workers` 2.00x as fast as `speed_1_batch_size`)" in sentence
+    assert loss_caveat("speed", runs) == [f"The times above are per sample; {sentence} (section Time to loss)."]
+    assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
+
+
 def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
     """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
     runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
