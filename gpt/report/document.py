@@ -1,6 +1,6 @@
-"""results.md from the JSON records of a ladder run: the header, each ladder's table, findings and plots, where the
-time goes, the time to loss (gpt/report/time_to_loss.py), and the memory planner's section
-(gpt/memory/report_section.py) when its outputs are there.
+"""results.md from the JSON records of a ladder run: the header (and the records folder's note), the summary, each
+ladder's tables, findings and plots, where the time goes, the time to loss (gpt/report/time_to_loss.py), and the
+memory planner's section (gpt/memory/report_section.py) when its outputs are there.
 
 Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are

@@ -144,7 +144,8 @@ def run_caption(rungs: list[Rung]) -> str:
         return ""
     model, dev = first.record.get("model", {}), first.record["device"]
     shape = [f"{model['n_layer']} layers x {model['n_embd']} wide" if {"n_layer", "n_embd"} <= model.keys() else "",
-             f"{model['params'] / 1e6:,.1f}M parameters" if model.get("params") else "",
+             (f"{model['params'] / 1e6:,.1f}M" if model["params"] >= 1e5 else f"{model['params']:,}") + " parameters"
+             if model.get("params") else "",
              f"vocabulary {model['vocab_size']}" if model.get("vocab_size") else "",
              f"block {model['block_size']}" if model.get("block_size") else ""]
     batches = sorted({b for r in rungs if r.ok and (b := r.record.get("config", {}).get("batch_size"))})
