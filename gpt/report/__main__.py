@@ -15,7 +15,7 @@ from gpt.data import REPO_ROOT
 from gpt.devices import device_type
 from gpt.errors import UserError, exit_on_user_error
 from gpt.profiles import default_profile
-from gpt.published import published_dir
+from gpt.published import PUBLISHED, published_dir
 from gpt.report.document import write_report
 from gpt.report.rows import display
 
@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     runs = args.runs or default_runs_dir()
     if not runs.is_dir():
+        committed = ", ".join(sorted(p.name for p in PUBLISHED.glob("*/") if p.is_dir())) or "none"
         raise UserError(f"records directory {display(runs)} does not exist"
-                        + ("" if args.runs else ": run ./run_all.sh, or give --runs (e.g. records/cpu-cpu)"))
+                        + ("" if args.runs else f": run ./run_all.sh, or give --runs records/<one of: {committed}>"))
     out = args.out or (None if args.runs else REPO_ROOT / "results.md")
     print(f"wrote {write_report(runs, out)}")
 

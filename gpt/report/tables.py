@@ -130,9 +130,15 @@ def feed_cell(r: Rung) -> str:
     return f"{r.m('data_wait_pct'):.0f}%" + ("" if copy is None else f" / {fmt_share(copy)}")
 
 
+def step_batch(r: Rung) -> int | None:
+    """Samples per optimizer step, all processes together, as the record measured them (a profile sets its own)."""
+    samples, steps = r.m("samples_per_repeat"), r.m("steps_per_repeat")
+    return samples // steps if samples and steps else None
+
+
 def change_cell(r: Rung) -> str:
-    """The stage script's CHANGE; for a baseline, with the batch its record ran with (a profile sets its own)."""
-    batch = (r.record or {}).get("config", {}).get("batch_size") if r.ok else None
+    """The stage script's CHANGE; for a baseline, with the batch its record ran with."""
+    batch = step_batch(r)
     return re.sub(r"\bbatch \d+", f"batch {batch}", r.change) if batch and not r.parent_stage else r.change
 
 
@@ -148,9 +154,9 @@ def run_caption(rungs: list[Rung]) -> str:
              if model.get("params") else "",
              f"vocabulary {model['vocab_size']}" if model.get("vocab_size") else "",
              f"block {model['block_size']}" if model.get("block_size") else ""]
-    batches = sorted({b for r in rungs if r.ok and (b := r.record.get("config", {}).get("batch_size"))})
+    batches = sorted({b for r in rungs if (b := step_batch(r))})
     return ("Ran with: a GPT of " + ", ".join(p for p in shape if p)
-            + (f"; batch {' / '.join(map(str, batches))} per process" if batches else "")
+            + (f"; batch {' / '.join(map(str, batches))} (samples per optimizer step)" if batches else "")
             + f"; on {dev.get('name', '?')} ({dev.get('type', '?')}); profile `{first.record.get('profile', '?')}`.")
 
 
