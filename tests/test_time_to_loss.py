@@ -202,6 +202,22 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
     assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
 
 
+def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):
+    """fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
+    characters): the section says so with both models' shapes; a stage with no effect in both gets no line."""
+    from gpt.report.time_to_loss import no_effect_findings
+    runs = write_loss_records(tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)), ("fast_2_bf16", 100.0, 10, (4.0, 3.0)))
+    small = {"n_layer": 4, "n_embd": 128, "vocab_size": 65, "block_size": 64}
+    for stage in ("fast_6_chunked_loss", "fast_2_bf16"):
+        runs.records[stage].update(no_effect="no effect on cpu: the logits are small", model=small)
+    timed = {"fast_6_chunked_loss": {"status": "ok", "no_effect": None, "model": {**small, "vocab_size": 50304}},
+             "fast_2_bf16": {"status": "ok", "no_effect": "no effect on cpu: bf16", "model": small}}
+    assert no_effect_findings(runs, timed) == [
+        "`fast_6_chunked_loss` is marked (no effect) here but not in the fast ladder's table above: no effect on cpu: "
+        "the logits are small. The model trained here has 4 layers x 128, vocabulary 65, block 64; the timed "
+        "ladder's has 4 x 128, vocabulary 50304, block 64."]
+
+
 def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
     """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
     runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
