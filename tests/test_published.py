@@ -17,5 +17,6 @@ def test_publish_copies_the_json_records_only_and_replaces_an_earlier_runs(tmp_p
     (dest / "note.md").write_text("provenance")  # the folder's own note stays
     publish(runs, dest)
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == sorted(kept + ["note.md"])
-    assert (dest / "time_to_loss" / "speed_0_baseline.seed1.json").read_text() == "time_to_loss/speed_0_baseline.seed1.json"
+    seed = "time_to_loss/speed_0_baseline.seed1.json"
+    assert (dest / seed).read_text() == seed
     assert [p.name for p in json_files(dest)] == [p.name for p in json_files(runs)]

@@ -105,7 +105,7 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
 
     base, batch, workers = row(md, "speed_0_baseline"), row(md, "speed_1_batch_size"), row(md, "speed_2_num_workers")
     assert base[1] == "baseline: batch 2, num_workers 0, raw text tokenised per sample"  # CHANGE, the record's batch
-    assert "Ran with: a GPT of " in md and "; batch 2 / 16 (samples per optimizer step); on " in md  # the caption: the run's facts
+    assert "Ran with: a GPT of " in md and "; batch 2 / 16 (samples per optimizer step); on " in md  # the run's facts
     assert base[2].startswith("8.00 ±")
     assert batch[3:6] == ["-75%", "-75%", "2.28 (-70%)"]  # vs previous, vs baseline, reference (vs prev.)
     assert batch[6] == "40.0" and details(md, "speed_1_batch_size")[1] == "+300%"  # peak memory 10 -> 40 MiB

@@ -195,10 +195,12 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
                               ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
                               ("speed_2_num_workers", 400.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
     sentence = loss_sentence(runs)
-    assert sentence.startswith("trained to a loss, no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
+    assert sentence.startswith("no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
                                "than it does (3.20 s): `speed_1_batch_size` trains another model")
-    assert "(`speed_2_num_workers` 2.00x as fast as `speed_1_batch_size`)" in sentence
-    assert loss_caveat("speed", runs) == [f"The times above are per sample; {sentence} (section Time to loss)."]
+    assert "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`" \
+        in sentence
+    caveat = f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."
+    assert loss_caveat("speed", runs) == [caveat]
     assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
 
 
@@ -206,7 +208,8 @@ def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_
     """fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
     characters): the section says so with both models' shapes; a stage with no effect in both gets no line."""
     from gpt.report.time_to_loss import no_effect_findings
-    runs = write_loss_records(tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)), ("fast_2_bf16", 100.0, 10, (4.0, 3.0)))
+    runs = write_loss_records(tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)),
+                              ("fast_2_bf16", 100.0, 10, (4.0, 3.0)))
     small = {"n_layer": 4, "n_embd": 128, "vocab_size": 65, "block_size": 64}
     for stage in ("fast_6_chunked_loss", "fast_2_bf16"):
         runs.records[stage].update(no_effect="no effect on cpu: the logits are small", model=small)

@@ -5,8 +5,8 @@
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
 The report in rooms: rows.py (records -> rows), formatting.py, tables.py, findings.py, summary.py,
-where_time_goes.py, plots.py, and document.py, which puts them together; the memory planner's section is beside the planner
-(gpt/memory/report_section.py).
+where_time_goes.py, plots.py, and document.py, which puts them together; the memory planner's section is beside
+the planner (gpt/memory/report_section.py).
 """
 import argparse
 from pathlib import Path

@@ -44,12 +44,11 @@ def loss_sentence(runs: LossRuns) -> str | None:
         return None
     others = [s for s in runs.stages if s != BASELINE and runs.records.get(s)]
     sooner = {s: t["seconds"] for s in others if (t := runs.to_target(s)) and t["seconds"] < base["seconds"]}
-    head = "trained to a loss, "
     if sooner:
         best = min(sooner, key=sooner.get)
-        return (head + f"{len(sooner)} of {len(others)} stages reach `{BASELINE}`'s target loss ({runs.target:.3f}) "
+        return (f"{len(sooner)} of {len(others)} stages reach `{BASELINE}`'s target loss ({runs.target:.3f}) "
                 f"sooner than it does; the soonest, `{best}`, {speedup(base['seconds'], sooner[best])} as fast")
-    text = head + (f"no stage reaches `{BASELINE}`'s target loss ({runs.target:.3f}) sooner than it does "
+    text = (f"no stage reaches `{BASELINE}`'s target loss ({runs.target:.3f}) sooner than it does "
                    f"({fmt_num(base['seconds'])} s)")
     kept = runs.kept_models()
     if not kept:
@@ -61,9 +60,9 @@ def loss_sentence(runs: LossRuns) -> str | None:
              f"{runs.final(parent_of(first)):.3f}) and the stages after it keep that model")
     if keeping:
         theirs, mine = runs.vs(keeping[-1], first)
-        text += (f"; those reach its loss up to their gain per sample sooner (`{keeping[-1]}` "
-                 f"{speedup(theirs, mine)} as fast as `{first}`)")
-    return text + "; the per-sample speedups are real, but they buy that other model sooner, not the baseline's"
+        text += (f"; the last of those, `{keeping[-1]}`, reaches that model's loss {speedup(theirs, mine)} as fast as "
+                 f"`{first}`")
+    return text + ", so the per-sample speedups buy that model sooner, not the baseline's"
 
 
 def summary(ladders: dict[str, list[Rung]], runs: LossRuns) -> list[str]:
@@ -77,4 +76,6 @@ def summary(ladders: dict[str, list[Rung]], runs: LossRuns) -> list[str]:
 def loss_caveat(name: str, runs: LossRuns) -> list[str]:
     """Under a ladder that was also trained to a loss: its 'x faster' is per sample, and what the time to loss says."""
     sentence = loss_sentence(runs) if name in TRAINED_TO_A_LOSS else None
-    return [f"The times above are per sample; {sentence} (section Time to loss)."] if sentence else []
+    if not sentence:
+        return []
+    return [f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."]

@@ -252,7 +252,8 @@ def ladder_intro(name: str, rungs: list[Rung]) -> str:
             f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. ")
     kind = reference_kind(rungs)
     if kind == "documented":
-        return text + "The documented figures are the book's H100 run (other hardware: compare the changes, not the seconds)."
+        return text + ("The documented figures are the book's H100 run (other hardware: compare the changes, not the "
+                       "seconds).")
     if kind == "anchor":
         return text + (f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
                        "the figures (other model, hardware and batch). MFU is given against the peak of the "

@@ -281,8 +281,8 @@ COLUMNS = (
     "**s to target**: training seconds until the validation loss first reaches the target. **speedup to target**: "
     f"`{BASELINE}`'s seconds to the target over the stage's. **speedup per sample**: the stage's tokens/s over "
     f"`{BASELINE}`'s. **vs parent: to its loss**: how many times sooner the stage reaches the loss its parent has "
-    f"at {TARGET_AT:.0%} of its budget (the parent's model, sooner). **vs the model it keeps: to its loss**: when an earlier "
-    "stage changed the model (marked changes convergence), later stages train that stage's model, not the "
+    f"at {TARGET_AT:.0%} of its budget (the parent's model, sooner). **vs the model it keeps: to its loss**: when an "
+    "earlier stage changed the model (marked changes convergence), later stages train that stage's model, not the "
     "baseline's; this is how many times sooner the stage reaches that model's loss than the stage that made it. "
     "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers), not counted in the "
     "seconds to target.")
