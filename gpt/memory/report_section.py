@@ -131,8 +131,8 @@ def compare_part(compare: dict) -> list[str]:
                   f"training code, the one on fake tensors, the other on real ones: {len(stages) - len(shown)} of "
                   f"{len(stages)} stages agree within 0.5%, which checks that the planner runs each stage's code, not "
                   "that it predicts a GPU. The informative comparisons are against a GPU's allocator: the reference's "
-                  "H100 figures above, and `python -m gpt.memory compare --runs records/h100-2026-11-24`, the "
-                  "project's own H100 records." + (" The stages that differ:" if shown else ""), ""]
+                  "H100 figures (`python -m gpt.memory reference`), and `python -m gpt.memory compare --runs "
+                  "records/h100-2026-11-24`, the project's own H100 records." + (" The stages that differ:" if shown else ""), ""]
     if shown:
         lines += table(["stage", "measured MiB", "measured as", "estimate MiB", "error"], [
             [s["stage"], fmt_mib(s["measured_mib"]), s.get("measured", ""), fmt_mib(s["estimate_mib"]),
