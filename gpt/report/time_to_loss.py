@@ -270,6 +270,8 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
         stages = list(dict.fromkeys([BASELINE, *([STARTS_FROM[ladder]] if ladder in STARTS_FROM else []),
                                      *LADDERS[ladder]]))
         name = f"time_to_loss_{ladder}.png"
+        if not any(ok(runs.records.get(s)) for s in LADDERS[ladder]):
+            continue  # none of the ladder's own stages trained: no figure of the baseline alone
         if plot_curves(runs, stages, plots / name, f"{ladder.capitalize()} ladder trained to a loss"):
             lines += ["", f"![{ladder} ladder: validation loss against time and tokens]({rel}/{name})"]
     return lines
