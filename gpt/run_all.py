@@ -34,6 +34,7 @@ from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
+from gpt.published import publish, published_dir
 from gpt.report.document import write_report
 from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import MACHINE_FILE
@@ -55,7 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
                    help="Weights & Biases mode for every stage (offline needs no account or network)")
-    p.add_argument("--out", type=Path, help="records, logs and results.md (default: runs/<profile>-<device>)")
+    p.add_argument("--out", type=Path, help="records, logs and results.md (default: runs/<profile>-<device>, with the JSON records "
+                   "copied to records/<profile>-<device>/ and results.md written from there)")
     p.add_argument("--resume", action="store_true",
                    help="skip stages that already have an ok/oom/skipped record for this profile and device")
     p.add_argument("--no-profiler", action="store_true",
@@ -466,9 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in ladders and not interrupted:
         run_memory_planner(out)
 
-    # The default run is the project's report (results.md and plots/ at the top of the repo); a run
-    # with --out keeps its report beside its records.
-    results = write_report(out, None if args.out else REPO_ROOT / "results.md")
+    # The default run is the project's report: its JSON records go to records/<profile>-<device>/ (committed), and
+    # results.md and plots/ at the top of the repo are generated from there. A run with --out keeps its report
+    # beside its records.
+    if args.out:
+        results = write_report(out)
+    else:
+        results = write_report(publish(out, published_dir(profile, device)), REPO_ROOT / "results.md")
     print(f"== report: {results} (plots in {results.parent / 'plots'})")
     if args.wandb == "offline":
         wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT) / "wandb"

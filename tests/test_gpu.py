@@ -30,7 +30,7 @@ from gpt.records import read_record, record_path, record_problems, write_record
 from gpt.report.document import write_report
 from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
                                      with_pytorchs_early_stop)
-from test_report import row
+from test_report import details
 from test_time_to_loss import LEARNING_STAGES, learning_budget
 from test_train import run_stage
 
@@ -93,7 +93,7 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
         write_record(record_path(out, stage), {**record, "stage": stage, "ladder": "speed", "profile": "test",
                                                "parent": None})
     md = write_report(out).read_text()
-    assert row(md, "speed_4_compile")[8].endswith("†")  # the "MiB vs prev." cell
+    assert details(md, "speed_4_compile")[1].endswith("†")  # the "MiB vs prev." cell
     assert "their change compares the max_memory_reserved of both" in md
 
     # the peak that holds the pool, for the planner's compare: the graphs were recorded during warm-up

@@ -516,12 +516,11 @@ def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
     assert UPPER_BOUND[1] in text and "the allocated peak over warm-up" in text
 
 
-# ---- the planner on this project's own H100 records (shared/reference/h100-2026-11-24) -------------------------
+# ---- the planner on this project's own H100 records (records/h100-2026-11-24, committed) ------------------------
 
-H100_RECORDS = next((d for d in (p / "shared" / "reference" / "h100-2026-11-24" for p in REPO.parents)
-                     if d.is_dir()), None)
-needs_h100_records = pytest.mark.skipif(H100_RECORDS is None, reason="shared/reference/h100-2026-11-24 (this "
-                                        "project's H100 records) is not beside this checkout")
+H100_RECORDS = REPO / "records" / "h100-2026-11-24"
+needs_h100_records = pytest.mark.skipif(not H100_RECORDS.is_dir(), reason="records/h100-2026-11-24 (this project's "
+                                        "H100 records) is missing from this checkout")
 EAGER_BOUND_PCT, GRAPHS_BOUND_PCT = 2.0, 10.0
 
 

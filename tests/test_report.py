@@ -75,9 +75,15 @@ def test_fake_records_are_valid():
         assert not record_problems(fake_record(stage))
 
 
-def row(md: str, stage: str) -> list[str]:
-    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {stage} |"))
+def row(md: str, stage: str, table: int = 0) -> list[str]:
+    """The stage's row in its ladder's main table (table=1: in the folded second table)."""
+    line = [ln for ln in md.splitlines() if ln.startswith(f"| {stage} |")][table]
     return [c.strip() for c in line.strip("|").split("|")]
+
+
+def details(md: str, stage: str) -> list[str]:
+    """The stage's row in the second table: MiB vs prev. or the documented time, tokens/s, MFU, feed, bottleneck."""
+    return row(md, stage, table=1)
 
 
 def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
@@ -98,10 +104,11 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     assert "| profile | smoke |" in md and "2.13.0+cpu" in md
 
     base, batch, workers = row(md, "speed_0_baseline"), row(md, "speed_1_batch_size"), row(md, "speed_2_num_workers")
-    assert base[1] == "baseline: batch 32, num_workers 0, raw text tokenised per sample"  # the stage's CHANGE
+    assert base[1] == "baseline: batch 2, num_workers 0, raw text tokenised per sample"  # CHANGE, the record's batch
+    assert "Ran with: a GPT of " in md and "; batch 2 / 16 (samples per optimizer step); on " in md  # the run's facts
     assert base[2].startswith("8.00 ±")
     assert batch[3:6] == ["-75%", "-75%", "2.28 (-70%)"]  # vs previous, vs baseline, reference (vs prev.)
-    assert batch[8] == "+300%"  # peak memory 10 -> 40 MiB
+    assert batch[6] == "40.0" and details(md, "speed_1_batch_size")[1] == "+300%"  # peak memory 10 -> 40 MiB
     assert workers[3:5] == ["+5.0%", "-74%"]
     assert row(md, "speed_3_non_blocking")[2] == "**failed**: RuntimeError: boom"
     assert row(md, "speed_4_compile")[3] == ""  # its parent failed: no comparison across two changes
@@ -110,11 +117,14 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     assert row(md, "speed_6_ddp")[2] == "**skipped**: needs 2 GPUs, found 1"
 
     assert "Largest gain: `speed_1_batch_size`" in md
+    summary = md.split("## Summary")[1].split("## Speed ladder")[0]  # at the top, before the tables
+    assert ("- **Speed ladder** (4 of 7 stages finished), largest gain: here `speed_1_batch_size` (batch size x8), "
+            "-75% time; in the documented H100 run: `speed_1_batch_size`, -70%.") in summary
     # no breakdown (--no-profiler): the reason comes from the timed data wait
     assert "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so " \
            "workers had little to win (data wait 2% of the time before, 1% now)" in md
-    assert row(md, "speed_2_num_workers")[10:12] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
-    assert row(md, "speed_1_batch_size")[11] == "backward 45%"
+    assert details(md, "speed_2_num_workers")[4:6] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
+    assert details(md, "speed_1_batch_size")[5] == "backward 45%"
     assert ("Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step (graphs "
             "loaded from the on-disk compile cache an earlier run filled; a first compile on a new machine takes "
             "longer)") in md
@@ -169,6 +179,32 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
         assert f"(plots/{name})" in md
 
 
+def test_planner_section_bounds_offload_by_host_memory_and_says_why_a_cpu_comparison_agrees(tmp_path):
+    """A CPU-offload fit that needs more host memory than HOST_GIB_PER_GPU is not a row but a bound in words; a
+    CPU run's estimate-vs-measured shows only the stages that differ, and says why the rest agree."""
+    write_ladder(tmp_path, [fake_record("memory_0_baseline")])
+    offload = "beyond: lean_3, CPU offload (2 GPUs)"
+    (tmp_path / "memory_fit.json").write_text(json.dumps({
+        "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
+            {"setting": "before (1 GPU)", "world_size": 1, "n_layer": 126, "params": 2.48e9, "peak_mib": 81520},
+            {"setting": offload, "world_size": 2, "n_layer": 16248, "params": 319.719e9, "peak_mib": 81916,
+             "host_mib": 2382 * 1024, "extrapolated": True}],
+        "notes": [f"{offload}: 16248 layers, 319,719M parameters", "before (1 GPU): 126 layers"]}))
+    (tmp_path / "memory_compare.json").write_text(json.dumps({"kind": "compare", "profile": "cpu", "stages": [
+        {"stage": "speed_0_baseline", "measured_mib": 589, "measured": "MemTracker's peak", "estimate_mib": 589,
+         "error_pct": 0.0, "target": "cpu"},
+        {"stage": "speed_6_ddp", "measured_mib": 3202, "measured": "MemTracker's peak", "estimate_mib": 3155,
+         "error_pct": -1.5, "target": "cpu"}]}))
+    md = write_report(tmp_path).read_text()
+    assert "| before (1 GPU) | 1 | 126 |" in md and f"| {offload}" not in md
+    assert f"- {offload}: 16248 layers" not in md and "- before (1 GPU): 126 layers" in md
+    assert (f"Not in the table: {offload}. Its GPU memory would fit 16,248 layers (319,719M parameters), but "
+            "their sharded parameters, gradients and AdamW state would take 2,382 GiB of host memory per GPU; with "
+            "256 GiB per GPU, host memory bounds it at about 1,746 layers") in md
+    assert "come from the same tracker (MemTracker)" in md and "1 of 2 stages agree within 0.5%" in md
+    assert "| speed_6_ddp | 3,202 |" in md and "| speed_0_baseline | 589 |" not in md
+
+
 def cuda_record(stage: str, allocated: float, reserved: float | None, **metrics) -> dict:
     """A record as a CUDA run writes it: both peaks, and the one of its method as its peak."""
     record = fake_record(stage, peak=allocated, **metrics)
@@ -194,20 +230,22 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
         cuda_record("speed_4_compile", 20.0, 160.0),
         cuda_record("speed_5_amp", 15.0, 140.0),
     ])
+    (tmp_path / "speed_0_baseline.memory.pickle").write_bytes(b"")  # the others' are absent, as in records/
     md = write_report(tmp_path).read_text()
-    assert row(md, "speed_1_batch_size")[7:9] == ["95.0", "+5.6%"]  # both eager: allocated vs allocated
-    assert row(md, "speed_4_compile")[7:9] == ["160", "+6.7% †"]  # reserved 160 vs 150, not -80% or +60%
-    assert row(md, "speed_5_amp")[7:9] == ["140", "-12%"]  # both CUDA graphs: reserved vs reserved, no mark
+    assert [row(md, "speed_1_batch_size")[6], details(md, "speed_1_batch_size")[1]] == ["95.0", "+5.6%"]  # eager
+    assert [row(md, "speed_4_compile")[6], details(md, "speed_4_compile")[1]] == ["160", "+6.7% †"]  # reserved, both
+    assert [row(md, "speed_5_amp")[6], details(md, "speed_5_amp")[1]] == ["140", "-12%"]  # both graphs, no mark
     assert "† `speed_4_compile` measures peak memory as cuda_max_reserved, `speed_3_non_blocking` as " \
            "cuda_max_allocated: their change compares the max_memory_reserved of both." in md
     assert "because CUDA graphs replay in a private pool that max_memory_allocated does not see" in md
     assert "`speed_0_baseline` as" not in md  # the speed table shows no memory change against the baseline
     assert "open at https://pytorch.org/memory_viz): `speed_0_baseline.memory.pickle`" in md
+    assert "`speed_1_batch_size.memory.pickle`" not in md  # a snapshot that is not there is not offered
 
     older = tmp_path / "older"  # a parent recorded without its reserved figure
     write_ladder(older, [cuda_record("speed_3_non_blocking", 100.0, None), cuda_record("speed_4_compile", 20.0, 160.0)])
     md = write_report(older).read_text()
-    assert row(md, "speed_4_compile")[8] == ""
+    assert details(md, "speed_4_compile")[1] == ""
     assert "`speed_4_compile` (cuda_max_reserved) and `speed_3_non_blocking` (cuda_max_allocated) measure peak " \
            "memory differently and share no figure, so no memory change is given between them." in md
 
@@ -242,9 +280,9 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
                                                                                   optimizer=35.0)),
     ])
     md = write_report(tmp_path).read_text()
-    assert row(md, "speed_0_baseline")[11] == "backward 45%"  # the largest share
-    assert row(md, "speed_1_batch_size")[11] == "data wait 31%"
-    assert row(md, "memory_3_foreach_off")[12] == "backward 40%"
+    assert details(md, "speed_0_baseline")[5] == "backward 45%"  # the largest share
+    assert details(md, "speed_1_batch_size")[5] == "data wait 31%"
+    assert details(md, "memory_3_foreach_off")[5] == "backward 40%"
     # the share each change attacks, before -> after, in % of the step and seconds per N samples
     assert "- `speed_2_num_workers` (-25% time): data wait 31% -> 2% (620 ms -> 30 ms)" in md
     assert "- `speed_3_non_blocking` (+1.3% time, within run-to-run noise of ±1%, did not help): copy was 0.1% " \
@@ -280,15 +318,16 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     assert row(md, "fast_2_bf16")[3] == "+1.0% (no effect)"
     assert row(md, "fast_3_sdpa")[5] == "96 (-26%)"  # build-nanogpt: 130 -> 96 ms per step
     assert row(md, "fast_1_pretokenized")[5] == ""  # no anchor for this one
-    assert row(md, "fast_3_sdpa")[9] == "1.5% / 0.8%"  # MFU against its dtype's peak / the fastest
-    assert "- `fast_2_bf16`: no effect on cpu: nothing to replace; its time change is run-to-run variation." in md
+    assert details(md, "fast_3_sdpa")[3] == "1.5% / 0.8%"  # MFU against its dtype's peak / the fastest
+    assert "- `fast_2_bf16`: no effect on cpu: nothing to replace; its time change (+1.0%) is run-to-run " \
+           "variation" in md
     assert "`fast_2_bf16` (+1.0% time" not in md  # no breakdown line reads a gain or loss into it
     assert "Overall, `speed_0_baseline` to `fast_3_sdpa`: 10.0x faster here." in md
     assert "- `fast_3_sdpa` (-21% time): forward 30% -> 20% (303 ms -> 160 ms)" in md
     assert "Largest gain: `fast_1_pretokenized` (pre-tokenised data, each batch one gather on the device), -25% time per " \
            "32 samples." in md  # no reference figure to cite for it
     lean_head = next(ln for ln in md.split("## Lean ladder")[1].splitlines() if ln.startswith("| stage |"))
-    assert "reference" not in lean_head
+    assert "documented" not in lean_head and "build-nanogpt" not in lean_head
     assert row(md, "lean_1_fsdp_bf16")[3:5] == ["-20%", "-60%"]  # vs memory_4_fsdp, vs memory_0_baseline
     assert row(md, "lean_3_cpu_offload")[2] == "**skipped**: nothing to offload to"
     for name in ("fast.png", "lean.png", "time_breakdown.png"):

@@ -217,7 +217,7 @@ def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(sm
 
 def test_the_report_reads_the_runs(smoke_runs, tmp_path):
     """The section from real records: the target, the seeds' spread, the mark on the broken run (in speed_1's
-    place), the plot."""
+    place), the speed ladder's plot."""
     folder = tmp_path / "time_to_loss"
     folder.mkdir()
     for name, stage in (("speed_0_baseline", "speed_0_baseline"), ("lr x100", "speed_1_batch_size")):
@@ -229,7 +229,9 @@ def test_the_report_reads_the_runs(smoke_runs, tmp_path):
     assert runs.target == pytest.approx(target_from(smoke_runs["speed_0_baseline"]))
     assert len(runs.seeds) == 2 and runs.spread > 0
     text = "\n".join(loss_section(runs, tmp_path, "plots"))
-    assert "**changes convergence**" in text and (tmp_path / "time_to_loss.png").exists()
+    assert "**changes convergence**" in text
+    assert (tmp_path / "time_to_loss_speed.png").exists()  # one figure per ladder trained to a loss
+    assert not (tmp_path / "time_to_loss_fast.png").exists()  # no fast stage was trained: no empty figure
 
 
 def write_loss_records(tmp_path, *records):
@@ -242,6 +244,41 @@ def write_loss_records(tmp_path, *records):
             "startup_s": 0.0}}
         (folder / f"{stage}{''.join(suffix)}.json").write_text(json.dumps(r))
     return LossRuns(tmp_path)
+
+
+def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_target(tmp_path):
+    """No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how
+    much sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
+    from gpt.report.summary import loss_caveat, loss_sentence
+    runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+                              ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.01), ".seed1"),
+                              ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+                              ("speed_2_num_workers", 400.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
+    sentence = loss_sentence(runs)
+    assert sentence.startswith("no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
+                               "than it does (3.20 s): `speed_1_batch_size` trains another model")
+    assert "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`" \
+        in sentence
+    caveat = f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."
+    assert loss_caveat("speed", runs) == [caveat]
+    assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
+
+
+def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):
+    """fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
+    characters): the section says so with both models' shapes; a stage with no effect in both gets no line."""
+    from gpt.report.time_to_loss import no_effect_findings
+    runs = write_loss_records(tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)),
+                              ("fast_2_bf16", 100.0, 10, (4.0, 3.0)))
+    small = {"n_layer": 4, "n_embd": 128, "vocab_size": 65, "block_size": 64}
+    for stage in ("fast_6_chunked_loss", "fast_2_bf16"):
+        runs.records[stage].update(no_effect="no effect on cpu: the logits are small", model=small)
+    timed = {"fast_6_chunked_loss": {"status": "ok", "no_effect": None, "model": {**small, "vocab_size": 50304}},
+             "fast_2_bf16": {"status": "ok", "no_effect": "no effect on cpu: bf16", "model": small}}
+    assert no_effect_findings(runs, timed) == [
+        "`fast_6_chunked_loss` is marked (no effect) here but not in the fast ladder's table above: no effect on cpu: "
+        "the logits are small. The model trained here has 4 layers x 128, vocabulary 65, block 64; the timed "
+        "ladder's has 4 x 128, vocabulary 50304, block 64."]
 
 
 def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):

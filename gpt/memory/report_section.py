@@ -1,8 +1,9 @@
 """The memory planner's section of results.md: its three reports (memory_reference.json, memory_fit.json,
 memory_compare.json, written by `python -m gpt.memory ... --json` in the run directory) as tables and a figure."""
+import math
 from pathlib import Path
 
-from gpt.memory.planner import NOTES
+from gpt.memory.planner import NOTES, reference_config
 from gpt.records import read_record
 from gpt.report.formatting import fmt_mib, fmt_pct, table
 from gpt.report.plots import pyplot, short, stacked_memory_bars
@@ -59,9 +60,13 @@ def plot_reference(ref: dict, path: Path) -> bool:
     if not stages:
         return False
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(9, 5.2))
     breakdowns = [{**s["breakdown_mib"], "total": s["estimate_mib"]} for s in stages]
-    stacked_memory_bars(ax, [short(s["stage"]) for s in stages], breakdowns, "estimated peak breakdown (MiB)")
+    cfg = reference_config(stages[0]["stage"])
+    stacked_memory_bars(ax, [short(s["stage"]) for s in stages], breakdowns,
+                        f"The reference's memory ladder on {ref.get('target', '?')}: {cfg.preset}, vocabulary "
+                        f"{ref.get('vocab_size', '?')}, block {cfg.block_size}, batch {cfg.batch_size}, fp32\n"
+                        "estimated peak by category (MiB), documented and traced peaks marked")
     for key, style, legend in (("documented_mib", "k_", "documented"), ("snapshot_mib", "r_", "traced step")):
         marks = [(i, s[key]) for i, s in enumerate(stages) if s.get(key)]
         if marks:
@@ -73,32 +78,70 @@ def plot_reference(ref: dict, path: Path) -> bool:
     return True
 
 
+# The host memory the "largest model" rows may assume per GPU: an 8-GPU H100 server with 2 TiB of host memory
+# (NVIDIA's DGX H100). A CPU-offload row that needs more is not shown as a fit.
+HOST_GIB_PER_GPU = 256
+HOST_ASSUMED = "256 GiB per GPU, as on an 8-GPU H100 server with 2 TiB of host memory (a DGX H100)"
+
+
 def fit_part(fit: dict) -> list[str]:
-    """The largest model that fits the budget, before and after the ladder and beyond it."""
-    lines = ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB", ""]
+    """The largest model that fits the budget, before and after the ladder and beyond it. A row that fits the GPU
+    only by needing more host memory than HOST_GIB_PER_GPU is left out of the table and bounded in words."""
+    rows = fit.get("rows", [])
+    too_big = [r for r in rows if (r.get("host_mib") or 0) > HOST_GIB_PER_GPU * 1024]
+    lines = ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB of GPU memory", ""]
     if fit.get("shape_rule"):
-        lines += [f"Shapes: {fit['shape_rule']}", ""]
+        lines += [f"Shapes: {fit['shape_rule']}. Host memory assumed for CPU offload: {HOST_ASSUMED}.", ""]
     lines += table(["setting", "processes", "layers", "parameters", "peak MiB (GPU)", "documented parameters",
                     "host memory per GPU"], [
         [row["setting"] + (" *" if row.get("extrapolated") else ""), str(row["world_size"]), str(row["n_layer"]),
          f"{row['params'] / 1e6:,.0f}M", fmt_mib(row["peak_mib"]),
          f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else "",
          f"{row['host_mib'] / 1024:,.0f} GiB" if row.get("host_mib") is not None else ""]
-        for row in fit.get("rows", [])])
-    return lines + [""] + [f"- {note}" for note in fit.get("notes", [])]
+        for row in rows if row not in too_big])
+    dropped = {r["setting"] for r in too_big}
+    notes = [n for n in fit.get("notes", []) if not any(n.lstrip("* ").startswith(d) for d in dropped)]
+    notes += [host_bound(r) for r in too_big]
+    return lines + [""] + [f"- {note}" for note in notes]
+
+
+def host_bound(row: dict) -> str:
+    """Why a CPU-offload row is not in the table, and roughly how deep host memory lets it go: host memory is
+    affine in depth with a small constant part, so scaling by host memory per layer errs low, by under a layer."""
+    per_layer = row["host_mib"] / row["n_layer"]
+    layers = math.floor(HOST_GIB_PER_GPU * 1024 / per_layer)
+    return (f"Not in the table: {row['setting']}. Its GPU memory would fit {row['n_layer']:,} layers "
+            f"({row['params'] / 1e6:,.0f}M parameters), but their sharded parameters, gradients and AdamW state "
+            f"would take {row['host_mib'] / 1024:,.0f} GiB of host memory per GPU; with {HOST_GIB_PER_GPU} GiB per "
+            f"GPU, host memory bounds it at about {layers:,} layers (about "
+            f"{row['params'] * layers / row['n_layer'] / 1e6:,.0f}M parameters, scaled along the host memory per "
+            "layer).")
 
 
 def compare_part(compare: dict) -> list[str]:
-    """The estimates against the peaks this run measured."""
+    """The estimates against the peaks this run measured. On a CPU both come from MemTracker on the same training
+    code, so agreement there checks only that the planner runs the stages' code: the table then shows just the
+    stages that differ, and says so."""
+    stages = compare.get("stages", [])
     lines = ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]
-    lines += table(["stage", "measured MiB", "measured as", "estimate MiB", "error"], [
-        [s["stage"], fmt_mib(s["measured_mib"]), s.get("measured", ""), fmt_mib(s["estimate_mib"]),
-         "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
-        for s in compare.get("stages", [])])
-    unestimated = [f"- `{s['stage']}`: {note}" for s in compare.get("stages", [])
+    same_tracker = bool(stages) and all(s.get("target") == "cpu" for s in stages)
+    shown = [s for s in stages if not same_tracker or s.get("error_pct") is None or abs(s["error_pct"]) >= 0.5]
+    if same_tracker:
+        lines += [f"On a CPU the estimate and the measurement come from the same tracker (MemTracker) running the same "
+                  f"training code, the one on fake tensors, the other on real ones: {len(stages) - len(shown)} of "
+                  f"{len(stages)} stages agree within 0.5%, which checks that the planner runs each stage's code, not "
+                  "that it predicts a GPU. The informative comparisons are against a GPU's allocator: the reference's "
+                  "H100 figures (`python -m gpt.memory reference`), and `python -m gpt.memory compare --runs "
+                  "records/h100-2026-11-24`, the project's own H100 records." + (" The stages that differ:" if shown else ""), ""]
+    if shown:
+        lines += table(["stage", "measured MiB", "measured as", "estimate MiB", "error"], [
+            [s["stage"], fmt_mib(s["measured_mib"]), s.get("measured", ""), fmt_mib(s["estimate_mib"]),
+             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
+            for s in shown])
+    unestimated = [f"- `{s['stage']}`: {note}" for s in stages
                    if s.get("estimate_mib") is None for note in s.get("notes", [])]
     lines += [""] + unestimated if unestimated else []
-    if any(s.get("target") == "cuda" for s in compare.get("stages", [])):
+    if any(s.get("target") == "cuda" for s in stages):
         lines += ["", "On CUDA each estimate is held against what it predicts, max_memory_allocated; for a stage with "
                   "CUDA graphs, whose pool is allocated while warm-up records them, the allocated peak over warm-up "
                   "(records older than that figure: the reservation, an upper bound). A compiled stage is "

@@ -1,10 +1,12 @@
 """python -m gpt.report: results.md and its plots, regenerated from a run directory's JSON records.
 
-    python -m gpt.report [--runs runs/cpu-cpu] [--out runs/cpu-cpu/results.md]
+    python -m gpt.report                                   # results.md from records/<default profile>-<device>
+    python -m gpt.report --runs records/h100-2026-11-24    # that folder's results.md, plots/ beside it
+    python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
-The report in rooms: rows.py (records -> rows), formatting.py, tables.py, findings.py, where_time_goes.py,
-plots.py, and document.py, which puts them together; the memory planner's section is beside the planner
-(gpt/memory/report_section.py).
+The report in rooms: rows.py (records -> rows), formatting.py, tables.py, findings.py, summary.py,
+where_time_goes.py, plots.py, and document.py, which puts them together; the memory planner's section is beside
+the planner (gpt/memory/report_section.py).
 """
 import argparse
 from pathlib import Path
@@ -13,25 +15,32 @@ from gpt.data import REPO_ROOT
 from gpt.devices import device_type
 from gpt.errors import UserError, exit_on_user_error
 from gpt.profiles import default_profile
+from gpt.published import PUBLISHED, published_dir
 from gpt.report.document import write_report
+from gpt.report.rows import display
 
 
 def default_runs_dir() -> Path:
+    """The committed records of this machine's default run (gpt/published.py)."""
     dev = device_type("auto")
-    return REPO_ROOT / "runs" / f"{default_profile(dev)}-{dev}"
+    return published_dir(default_profile(dev), dev)
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Regenerate results.md and its plots from a ladder's JSON records.")
-    p.add_argument("--runs", type=Path, help="records directory (default: runs/<default profile>-<device>)")
-    p.add_argument("--out", type=Path, help="the Markdown file to write (default: <runs>/results.md); "
-                   "plots go to plots/ beside it")
+    p.add_argument("--runs", type=Path, help="records directory (default: records/<default profile>-<device>, the "
+                   "committed records of a default ./run_all.sh)")
+    p.add_argument("--out", type=Path, help="the Markdown file to write (default: results.md at the top of the repo "
+                   "without --runs, else <runs>/results.md); plots go to plots/ beside it")
     args = p.parse_args(argv)
     runs = args.runs or default_runs_dir()
     if not runs.is_dir():
-        raise UserError(f"records directory {runs} does not exist")
-    print(f"wrote {write_report(runs, args.out)}")
+        committed = ", ".join(sorted(p.name for p in PUBLISHED.glob("*/") if p.is_dir())) or "none"
+        raise UserError(f"records directory {display(runs)} does not exist"
+                        + ("" if args.runs else f": run ./run_all.sh, or give --runs records/<one of: {committed}>"))
+    out = args.out or (None if args.runs else REPO_ROOT / "results.md")
+    print(f"wrote {write_report(runs, out)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""results.md from the JSON records of a ladder run: the header, each ladder's table, findings and plots, where the
-time goes, the time to loss (gpt/report/time_to_loss.py), and the memory planner's section
-(gpt/memory/report_section.py) when its outputs are there.
+"""results.md from the JSON records of a ladder run: the header (and the records folder's note), the summary, each
+ladder's tables, findings and plots, where the time goes, the time to loss (gpt/report/time_to_loss.py), and the
+memory planner's section (gpt/memory/report_section.py) when its outputs are there.
 
 Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
@@ -12,11 +12,13 @@ from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.ladder import LADDER_GOAL
 from gpt.memory.report_section import planner_section
+from gpt.published import NOTE
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table
 from gpt.report.speedrun import speedrun_section
+from gpt.report.summary import loss_caveat, summary
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
 
@@ -33,12 +35,14 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     plots = out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()}, **records})
+    lines += provenance(runs)
     ladders = ladders_of(records)
+    lines += summary(ladders, to_a_loss)
     for name, rungs in ladders.items():
-        lines += ladder_section(name, rungs, plots)
+        lines += ladder_section(name, rungs, runs, plots, to_a_loss)
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
-    lines += loss_section(to_a_loss, plots, PLOTS)
+    lines += loss_section(to_a_loss, plots, PLOTS, records)
     lines += speedrun_section(runs, plots, PLOTS)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
@@ -47,14 +51,22 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     return out
 
 
-def ladder_section(name: str, rungs: list[Rung], plots: Path) -> list[str]:
-    """One ladder: its table, findings, where the time goes stage by stage, and its plots."""
+def provenance(runs: Path) -> list[str]:
+    """The records folder's own note (gpt/published.py: NOTE), e.g. that older code made them."""
+    note = runs / NOTE
+    return ["", note.read_text().strip()] if note.is_file() else []
+
+
+def ladder_section(name: str, rungs: list[Rung], runs: Path, plots: Path, to_a_loss: LossRuns) -> list[str]:
+    """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
+    stage, and its plots."""
     done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
     lines += speed_table(rungs) if time_goal else memory_table(rungs)
     findings = speed_findings(rungs) if time_goal else memory_findings(rungs)
-    lines += [""] + [f"- {f}" for f in findings + noise_line(rungs) + method_notes(rungs, not time_goal)]
+    notes = findings + loss_caveat(name, to_a_loss) + noise_line(rungs) + method_notes(rungs, not time_goal, runs)
+    lines += [""] + [f"- {f}" for f in notes]
     lines += time_lines(rungs, time_goal)
     if not done:
         return lines

@@ -2,6 +2,7 @@
 change, why a stage did not help (its optimization's own measured reason: gpt/optimizations), noisy timings,
 compilation's cost, and how the figures were measured."""
 import math
+from pathlib import Path
 
 from gpt import optimizations
 from gpt.peak_memory import MEMORY_METHODS
@@ -9,7 +10,7 @@ from gpt.records import ran_eager
 from gpt.report.formatting import fmt_mib, fmt_pct, fmt_time, steady_steps
 from gpt.report.rows import SHOWN_MEMORY_PARTS, Rung, comparable, ok
 from gpt.report.tables import reference_change
-from gpt.report.where_time_goes import NO_GAIN_PCT, time_line, within_noise
+from gpt.report.where_time_goes import NO_GAIN_PCT, noise_pct, time_line, within_noise
 
 NOISY_PCT = 10.0  # repeats whose standard deviation exceeds this share of their mean are flagged
 
@@ -62,7 +63,7 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
     if last:
         ours = last.baseline["metrics"]["seconds_mean"] / last.m("seconds_mean")
         documented = last.baseline_reference.get("seconds") and last.reference.get("seconds")
-        theirs = f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the reference" \
+        theirs = f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the documented run" \
             if documented else ""
         lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
     best_mfu = max((r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"),
@@ -85,9 +86,17 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:
-    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise."""
-    return [f"`{r.stage}`: {r.record['no_effect']}; its time change is run-to-run variation."
-            for r in rungs if r.ok and r.record.get("no_effect")]
+    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise; and why that
+    variation can exceed the spread of the stage's own repeats."""
+    lines = []
+    for r in (r for r in rungs if r.ok and r.record.get("no_effect")):
+        d = r.vs(r.parent, "seconds_mean")
+        change = "" if d is None else f" ({fmt_pct(d)})"
+        beyond = "" if d is None or abs(d) <= noise_pct(r) else (
+            f", though larger than the ±{noise_pct(r):.0f}% spread of the two stages' repeats: each stage's repeats "
+            "run back to back, while the load of the machine and the processes before it change from stage to stage")
+        lines.append(f"`{r.stage}`: {r.record['no_effect']}; its time change{change} is run-to-run variation{beyond}.")
+    return lines
 
 
 def compile_line(r: Rung) -> str:
@@ -121,7 +130,7 @@ def memory_findings(rungs: list[Rung]) -> list[str]:
         documented = last.ref_vs("peak_mib", last.baseline_reference)
         lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: peak memory "
                      f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here"
-                     + (f", {fmt_pct(documented)} in the reference" if documented is not None else "")
+                     + (f", {fmt_pct(documented)} in the documented run" if documented is not None else "")
                      + (" (per process)." if last.record["device"]["count"] > 1 else "."))
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect"):
@@ -140,10 +149,10 @@ def noise_line(rungs: list[Rung]) -> list[str]:
             "changes."]
 
 
-def method_notes(rungs: list[Rung], memory_vs_baseline: bool) -> list[str]:
+def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None = None) -> list[str]:
     """How peak memory and MFU were measured, once per distinct method; which memory changes shown (against
     the parent, and the baseline if `memory_vs_baseline`) compare stages measured differently; where the
-    allocator snapshots are."""
+    allocator snapshots are (those in `runs`; a committed records folder has none: gpt/published.py)."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []
@@ -163,7 +172,8 @@ def method_notes(rungs: list[Rung], memory_vs_baseline: bool) -> list[str]:
     unknown = sorted({r.m("peak_flops_source") for r in done if not r.m("peak_flops_per_device")} - {None})
     notes += [f"MFU is against the device's peak FLOPS, {'; '.join(flops)}."] if flops else []
     notes += [f"No MFU: {u}." for u in unknown]
-    snapshots = [f"`{r.m('memory_snapshot')}`" for r in done if r.m("memory_snapshot")]
+    snapshots = [f"`{r.m('memory_snapshot')}`" for r in done if r.m("memory_snapshot")
+                 and (runs is None or (runs / r.m("memory_snapshot")).is_file())]
     if snapshots:
         notes.append(f"The CUDA allocator's record of one training step, beside the records (open at "
                      f"https://pytorch.org/memory_viz): {', '.join(snapshots)}.")

@@ -47,9 +47,10 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     changes = [r.vs(base, key) for r in rungs]  # peak memory only as measured alike
     ours = [None if d is None else 1 + d / 100 for d in changes]
     documented = [r.reference.get(ref_key) for r in rungs]
-    theirs = [v / documented[0] for v in documented] if None not in documented else []
+    first = rungs[0].baseline_reference if rungs[0].baseline_stage else rungs[0].reference
+    theirs = [v / first[ref_key] for v in documented] if first.get(ref_key) and None not in documented else []
     if theirs:
-        ax.plot(x, theirs, "s--", color="tab:gray", label="reference (H100)")
+        ax.plot(x, theirs, "s--", color="tab:gray", label="documented (H100)")
     ax.plot([i for i, v in zip(x, ours) if v is not None], [v for v in ours if v is not None], "o-",
             color="tab:orange", label="this run")
     ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
@@ -59,8 +60,15 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     ax.legend(fontsize=8)
 
 
+def finished(rungs: list[Rung], title: str) -> tuple[list[Rung], str]:
+    """The stages a ladder's figure shows (those that finished: no empty slots), and its title naming the others."""
+    left_out = [f"{short(r.stage)} ({(r.record or {}).get('status', 'not run')})" for r in rungs if not r.ok]
+    return [r for r in rungs if r.ok], title + (f" (not shown: {', '.join(left_out)})" if left_out else "")
+
+
 def plot_speed(rungs: list[Rung], path: Path, title: str = "Speed ladder") -> None:
     plt = pyplot()
+    rungs, title = finished(rungs, title)
     n = samples_label(rungs)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _bars(axes[0], rungs, [r.m("seconds_mean") for r in rungs], fmt_num,
@@ -100,6 +108,7 @@ def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], ti
 
 def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
     plt = pyplot()
+    rungs, title = finished(rungs, title)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _bars(axes[0], rungs, [r.m("peak_memory_mib") for r in rungs], fmt_mib, color="tab:purple")
     axes[0].set_title("peak memory, MiB (per process)")
@@ -119,23 +128,19 @@ def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
     if not shown:
         return False
     plt = pyplot()
-    sizes = [len(rungs) for rungs in shown.values()]
+    sizes = [sum(1 for r in rungs if shares(r.record)) for rungs in shown.values()]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.0 + 0.4 * sum(sizes) + 0.9 * len(shown)),
                              gridspec_kw={"height_ratios": sizes}, squeeze=False)
     colors = dict(zip(TIME_CATEGORIES, plt.get_cmap("tab10").colors))
     for ax, (name, rungs) in zip(axes[:, 0], shown.items()):
-        parts = [seconds_by_category(r.record) if shares(r.record) else {} for r in rungs]
+        rungs = [r for r in rungs if shares(r.record)]  # a stage without a breakdown gets no empty bar
+        parts = [seconds_by_category(r.record) for r in rungs]
         left = [0.0] * len(rungs)
         for c in TIME_CATEGORIES:
             widths = [p.get(c, 0.0) for p in parts]
             if any(widths):
                 ax.barh(range(len(rungs)), widths, left=left, color=colors[c], label=label(c))
                 left = [a + w for a, w in zip(left, widths)]
-        for i, (r, p) in enumerate(zip(rungs, parts)):
-            if not p:
-                status = (r.record or {}).get("status", "not run")
-                ax.text(0, i, f" {status if status != 'ok' else 'no breakdown recorded'}", va="center",
-                        fontsize=8, color="tab:red")
         ax.set_yticks(range(len(rungs)), [short(r.stage) for r in rungs], fontsize=8)
         ax.invert_yaxis()  # the baseline on top, as in the tables
         ax.set_xlabel(f"seconds per {samples_label(rungs)} samples")

@@ -1,5 +1,6 @@
 """The report's Markdown tables: the header (where and when), and one table per ladder (speed or memory), with the
 documented or anchor figures beside this run's."""
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -95,10 +96,10 @@ def anchor_cell(r: Rung) -> str:
 
 
 def reference_change(r: Rung, key: str) -> str:
-    """' (reference: -33%)' or ' (build-nanogpt: -26%)' after a change of this run, or '' without a figure."""
+    """' (documented: -33%)' or ' (build-nanogpt: -26%)' after a change of this run, or '' without a figure."""
     documented = r.ref_vs(key, r.parent_reference)
     if documented is not None:
-        return f" (reference: {fmt_pct(documented)})"
+        return f" (documented: {fmt_pct(documented)})"
     return f" ({ANCHOR}: {fmt_pct(anchor_change(r))})" if key == "seconds" and anchor_change(r) is not None else ""
 
 
@@ -129,61 +130,117 @@ def feed_cell(r: Rung) -> str:
     return f"{r.m('data_wait_pct'):.0f}%" + ("" if copy is None else f" / {fmt_share(copy)}")
 
 
+def step_batch(r: Rung) -> int | None:
+    """Samples per optimizer step, all processes together, as the record measured them (a profile sets its own)."""
+    samples, steps = r.m("samples_per_repeat"), r.m("steps_per_repeat")
+    return samples // steps if samples and steps else None
+
+
+def change_cell(r: Rung) -> str:
+    """The stage script's CHANGE; for a baseline, with the batch its record ran with."""
+    batch = step_batch(r)
+    return re.sub(r"\bbatch \d+", f"batch {batch}", r.change) if batch and not r.parent_stage else r.change
+
+
+def run_caption(rungs: list[Rung]) -> str:
+    """The model, batch and device this ladder's records ran with (from its first finished record; what a record
+    does not hold is left out)."""
+    first = next((r for r in rungs if r.ok), None)
+    if first is None:
+        return ""
+    model, dev = first.record.get("model", {}), first.record["device"]
+    shape = [f"{model['n_layer']} layers x {model['n_embd']} wide" if {"n_layer", "n_embd"} <= model.keys() else "",
+             (f"{model['params'] / 1e6:,.1f}M" if model["params"] >= 1e5 else f"{model['params']:,}") + " parameters"
+             if model.get("params") else "",
+             f"vocabulary {model['vocab_size']}" if model.get("vocab_size") else "",
+             f"block {model['block_size']}" if model.get("block_size") else ""]
+    batches = sorted({b for r in rungs if (b := step_batch(r))})
+    return ("Ran with: a GPT of " + ", ".join(p for p in shape if p)
+            + (f"; batch {' / '.join(map(str, batches))} (samples per optimizer step)" if batches else "")
+            + f"; on {dev.get('name', '?')} ({dev.get('type', '?')}); profile `{first.record.get('profile', '?')}`.")
+
+
+def seconds_cell(r: Rung) -> str:
+    return f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}"
+
+
+def details_table(rungs: list[Rung], extra: list[tuple[str, callable]]) -> list[str]:
+    """The second table of a ladder: throughput, MFU, the feed and the bottleneck (and `extra` columns)."""
+    head = ["stage", *(h for h, _ in extra), "tokens/s", "MFU: own dtype / fastest", "data wait / copy", "bottleneck"]
+    rows = [[r.stage, *(cell(r) for _, cell in extra), f"{r.m('tokens_per_s'):,.0f}", mfu_cell(r), feed_cell(r),
+             bottleneck(r)] for r in rungs if r.ok]
+    return table(head, rows)
+
+
+DETAILS_COLUMNS = (
+    "**tokens/s**: training tokens per second over the timed repeats (all processes together). "
+    "**MFU** (model FLOPs utilisation): the model's FLOPs per second over the device's peak, first against the peak "
+    "of the precision the stage computes in (own dtype), then against the fastest precision the device offers "
+    "(fastest), so that a slow precision does not look efficient. **data wait / copy**: the share of the timed time "
+    "the loop waited for the DataLoader's next batch / copied it to the device. **bottleneck**: the largest share of "
+    "a profiled step (section \"Where the time goes\").")
+
+
+def details_block(rungs: list[Rung], extra: list[tuple[str, callable]], more: str = "") -> list[str]:
+    """The second table, folded (Markdown renders a <details> block closed)."""
+    return ["", "<details><summary>Throughput, MFU, data feed and bottleneck per stage</summary>", "",
+            *details_table(rungs, extra), "", more + DETAILS_COLUMNS, "", "</details>"]
+
+
 def speed_table(rungs: list[Rung]) -> list[str]:
+    """The core columns (time, its changes, the documented figure, peak memory), each defined under the table,
+    then the rest in a folded second table."""
     n, kind = samples_label(rungs), reference_kind(rungs)
-    refs = {"documented": [("reference s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
+    refs = {"documented": [("documented H100 s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
             "anchor": [(f"{ANCHOR} ms/step (vs prev.)", anchor_cell)]}.get(kind, [])
-    head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline", *(h for h, _ in refs),
-            "tokens/s", "peak MiB", "MiB vs prev.", "MFU (own dtype / fastest)", "data wait / copy",
-            "bottleneck"]
+    head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline", *(h for h, _ in refs), "peak MiB"]
     rows = []
     for r in rungs:
         ref = [cell(r) for _, cell in refs]
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", *ref, "", "", "", "", "", ""])
+            rows.append([r.stage, change_cell(r), r.status_text(), "", "", *ref, ""])
             continue
-        rows.append([
-            r.stage, r.change,
-            f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
-            vs_previous_cell(r, "seconds_mean"), fmt_pct(r.vs(r.baseline, "seconds_mean")),
-            *ref,
-            f"{r.m('tokens_per_s'):,.0f}",
-            fmt_mib(r.m("peak_memory_mib")), r.memory_vs(r.parent),
-            mfu_cell(r),
-            feed_cell(r),
-            bottleneck(r),
-        ])
-    return table(head, rows)
+        rows.append([r.stage, change_cell(r), seconds_cell(r), vs_previous_cell(r, "seconds_mean"),
+                     fmt_pct(r.vs(r.baseline, "seconds_mean")), *ref, fmt_mib(r.m("peak_memory_mib"))])
+    ref_words = {"documented": "**documented H100 s**: the book's figure for the same stage on one H100 (its change "
+                               "against the stage above in brackets): compare the changes, not the seconds. ",
+                 "anchor": f"**{ANCHOR} ms/step**: the anchor figure for the same optimization ({ANCHOR_SETUP}; its "
+                           "change against the step before in brackets): compare the changes, not the figures. "
+                 }.get(kind, "")
+    lines = [run_caption(rungs), "", *table(head, rows), "",
+             f"**s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed repeats "
+             "(per amount of work, not per step: a bigger batch makes fewer steps). **vs previous** / **vs baseline**: "
+             "the change of that time against the row above / against the ladder's stage 0; **(no effect)**: the "
+             "stage's change does nothing on this device, so its difference is run-to-run variation (the notes say "
+             f"why). {ref_words}**peak MiB**: the largest memory held during one training step, per process."]
+    return lines + details_block(rungs, [("MiB vs prev.", lambda r: r.memory_vs(r.parent))],
+                                 "**MiB vs prev.**: the change of peak memory against the row above. ")
 
 
 def memory_table(rungs: list[Rung]) -> list[str]:
+    """As speed_table, with peak memory first and time second."""
     n = samples_label(rungs)
     documented = reference_kind(rungs) == "documented"
     head = ["stage", "change", "peak MiB", "vs previous", "vs baseline",
-            *(["reference MiB (vs prev.)"] if documented else []), f"s / {n} samples", "time vs prev.",
-            *(["reference s"] if documented else []), "tokens/s", "MFU (own dtype / fastest)", "data wait / copy",
-            "bottleneck"]
+            *(["documented H100 MiB (vs prev.)"] if documented else []), f"s / {n} samples", "time vs prev."]
     rows = []
     for r in rungs:
         ref_mib = [reference_cell(r, "peak_mib", lambda v: f"{v:,}")] if documented else []
-        ref_s = [str(r.reference.get("seconds", ""))] if documented else []
         if not r.ok:
-            rows.append([r.stage, r.change, r.status_text(), "", "", *ref_mib, "", "", *ref_s, "", "", "", ""])
+            rows.append([r.stage, change_cell(r), r.status_text(), "", "", *ref_mib, "", ""])
             continue
-        rows.append([
-            r.stage, r.change,
-            fmt_mib(r.m("peak_memory_mib")),
-            vs_previous_cell(r, "peak_memory_mib"), r.memory_vs(r.baseline),
-            *ref_mib,
-            f"{fmt_num(r.m('seconds_mean'))} ± {fmt_num(r.m('seconds_std'), 2)}",
-            fmt_pct(r.vs(r.parent, "seconds_mean")),
-            *ref_s,
-            f"{r.m('tokens_per_s'):,.0f}",
-            mfu_cell(r),
-            feed_cell(r),
-            bottleneck(r),
-        ])
-    return table(head, rows)
+        rows.append([r.stage, change_cell(r), fmt_mib(r.m("peak_memory_mib")), vs_previous_cell(r, "peak_memory_mib"),
+                     r.memory_vs(r.baseline), *ref_mib, seconds_cell(r), fmt_pct(r.vs(r.parent, "seconds_mean"))])
+    lines = [run_caption(rungs), "", *table(head, rows), "",
+             "**peak MiB**: the largest memory held during one training step, per process. **vs previous** / **vs "
+             "baseline**: its change against the row above / against the ladder's stage 0"
+             + ("; **documented H100 MiB**: the book's figure for the same stage on one H100 (its change in brackets)"
+                if documented else "")
+             + f". **s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed "
+             "repeats; **time vs prev.**: its change against the row above, the price of the memory saved."]
+    extra = [("documented H100 s", lambda r: str(r.reference.get("seconds", "")))] if documented else []
+    return lines + details_block(rungs, extra, "**documented H100 s**: the book's time for the stage. " if documented
+                                 else "")
 
 
 def ladder_intro(name: str, rungs: list[Rung]) -> str:
@@ -195,7 +252,8 @@ def ladder_intro(name: str, rungs: list[Rung]) -> str:
             f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. ")
     kind = reference_kind(rungs)
     if kind == "documented":
-        return text + "The reference is the documented H100 run (other hardware: compare the changes, not the seconds)."
+        return text + ("The documented figures are the book's H100 run (other hardware: compare the changes, not the "
+                       "seconds).")
     if kind == "anchor":
         return text + (f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
                        "the figures (other model, hardware and batch). MFU is given against the peak of the "

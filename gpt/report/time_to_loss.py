@@ -196,24 +196,27 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
     return lines
 
 
-def plot_curves(runs: LossRuns, path: Path) -> bool:
-    """Validation loss against training seconds and against tokens, one line per stage (the baseline's other
-    seeds thin and grey), the target dashed, the loss of a model later stages keep dotted. False: nothing to plot."""
-    finished = [(s, runs.records[s]) for s in runs.stages if ok(runs.records.get(s))]
+def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bool:
+    """Validation loss against training seconds and against tokens for `stages` (one ladder, with the baseline and
+    the stage it continues from), the baseline's other seeds thin and grey, the target dashed, the loss of a model
+    later stages keep dotted. False: nothing to plot."""
+    finished = [(s, runs.records[s]) for s in stages if ok(runs.records.get(s))]
     if not finished:
         return False
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(15, 5.2), sharey=True)
-    colors = plt.get_cmap("tab20").colors
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    colors = plt.get_cmap("tab10").colors
     for ax, x, label in ((axes[0], "seconds", "training seconds (start-up and evaluations excluded)"),
                          (axes[1], "tokens", "training tokens")):
         for seed in runs.seeds:
             curve = seed["metrics"]["curve"]
-            ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], color="0.7", lw=0.8)
+            ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], color="0.7", lw=0.8,
+                    label=f"{BASELINE.replace('_', ' ')}, seed {seed.get('seed', '?')}")
         for i, (stage, r) in enumerate(finished):
             curve = r["metrics"]["curve"]
             ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], color=colors[i % len(colors)],
-                    lw=2 if stage == BASELINE else 1.2, label=stage.replace("_", " "))
+                    lw=2 if stage == BASELINE else 1.2,
+                    label=stage.replace("_", " ") + (f", seed {r.get('seed')}" if stage == BASELINE else ""))
         if runs.target is not None:
             ax.axhline(runs.target, color="black", ls="--", lw=0.8, label=f"target {runs.target:.3f}")
         for kept in runs.kept_models():
@@ -223,29 +226,68 @@ def plot_curves(runs: LossRuns, path: Path) -> bool:
         ax.set_title(f"validation loss against {x}")
     axes[0].set_ylabel("validation loss")
     axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
 
-def loss_section(runs: LossRuns, plots: Path, rel: str) -> list[str]:
-    """The whole section; [] when the run has no stage trained to a loss."""
+def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
+    """A stage marked (no effect) here but not in its ladder's timed table: the reason, and the shapes that differ,
+    so that the two sections do not read as a contradiction."""
+    lines = []
+    for stage in runs.stages:
+        r, t = runs.records.get(stage), timed.get(stage)
+        if not (ok(r) and r.get("no_effect") and ok(t) and not t.get("no_effect")):
+            continue
+        mine, theirs = r["model"], t["model"]
+        lines.append(f"`{stage}` is marked (no effect) here but not in the {ladder_of(stage)} ladder's table above: "
+                     f"{r['no_effect']}. The model trained here has {mine['n_layer']} layers x {mine['n_embd']}, "
+                     f"vocabulary {mine['vocab_size']}, block {mine['block_size']}; the timed ladder's has "
+                     f"{theirs['n_layer']} x {theirs['n_embd']}, vocabulary {theirs['vocab_size']}, block "
+                     f"{theirs['block_size']}.")
+    return lines
+
+
+def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] | None = None) -> list[str]:
+    """The whole section; [] when the run has no stage trained to a loss. `timed`: the ladders' records, to explain
+    a stage whose effect differs between the two."""
     if not runs.records:
         return []
     base = runs.records.get(BASELINE)
     shown = base if ok(base) else next(iter(runs.records.values()))
     lines = ["", "## Time to loss", "", intro(runs, shown.get("config", {}), shown.get("metrics") or {}), ""]
     lines += loss_table(runs)
-    notes = loss_findings(runs) + kept_model_findings(runs) + [
+    lines += ["", COLUMNS]
+    notes = loss_findings(runs) + kept_model_findings(runs) + no_effect_findings(runs, timed or {}) + [
         "The memory and lean ladders are not trained here: each of their stages keeps its parent's trajectory "
         "(tests/test_ladder_equivalence.py, tests/test_beyond_equivalence.py), so its time to loss is its time per "
         "token, in the tables above. `lean_1_fsdp_bf16` computes in bf16 and so changes the numerics; it is not "
         "trained either: at GPT-2-large's depth its run to a loss would take longer than the whole ladder here."]
     lines += [""] + [f"- {n}" for n in notes]
-    if plot_curves(runs, plots / "time_to_loss.png"):
-        lines += ["", f"![validation loss against time and tokens]({rel}/time_to_loss.png)"]
+    for ladder in TRAINED_TO_A_LOSS:
+        stages = list(dict.fromkeys([BASELINE, *([STARTS_FROM[ladder]] if ladder in STARTS_FROM else []),
+                                     *LADDERS[ladder]]))
+        name = f"time_to_loss_{ladder}.png"
+        if not any(ok(runs.records.get(s)) for s in LADDERS[ladder]):
+            continue  # none of the ladder's own stages trained: no figure of the baseline alone
+        if plot_curves(runs, stages, plots / name, f"{ladder.capitalize()} ladder trained to a loss"):
+            lines += ["", f"![{ladder} ladder: validation loss against time and tokens]({rel}/{name})"]
     return lines
+
+
+COLUMNS = (
+    "**tokens/s**: training tokens per second (evaluations excluded). **final val loss**: the validation loss at "
+    "the end of the budget (± half the seeds' spread). **vs parent's**: its difference from the stage above's. "
+    "**s to target**: training seconds until the validation loss first reaches the target. **speedup to target**: "
+    f"`{BASELINE}`'s seconds to the target over the stage's. **speedup per sample**: the stage's tokens/s over "
+    f"`{BASELINE}`'s. **vs parent: to its loss**: how many times sooner the stage reaches the loss its parent has "
+    f"at {TARGET_AT:.0%} of its budget (the parent's model, sooner). **vs the model it keeps: to its loss**: when an "
+    "earlier stage changed the model (marked changes convergence), later stages train that stage's model, not the "
+    "baseline's; this is how many times sooner the stage reaches that model's loss than the stage that made it. "
+    "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers), not counted in the "
+    "seconds to target.")
 
 
 def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
@@ -265,9 +307,4 @@ def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
             f"({cfg.get('lr')} to {cfg.get('min_lr')}), evaluated every {cfg.get('eval_every_tokens', 0):,} tokens on "
             f"the same {cfg.get('eval_windows')} held-out windows. {target}. {spread}. Seconds are training seconds: "
             "the evaluations and the first step's start-up (compilation, DataLoader workers), given apart, are not "
-            "in them. 'speedup per sample' is the stage's tokens/s over the baseline's in these runs; 'vs parent: "
-            "to its loss' is how much sooner the stage reaches its parent's loss at the same point of the budget: "
-            "the model its parent trains, sooner; 'vs the model it keeps' is the same against the nearest earlier "
-            "stage marked changes convergence, whose model the stages after it train: a stage that keeps the "
-            "mathematics should reach that model sooner by its gain per sample, even where none reaches the baseline's "
-            "target.")
+            "in them; the columns are defined under the table.")

@@ -88,7 +88,8 @@ def time_section(runs: Path, ladders: dict[str, list[Rung]], rel: str) -> list[s
     """The section under the breakdown plot of every ladder (plots.plot_time_breakdown): how the shares are measured,
     and where the traces are."""
     profiled = [r for rungs in ladders.values() for r in rungs if shares(r.record)]
-    traces = [r.stage for r in profiled if r.m("profiler").get("trace")]
+    traces = [r.stage for r in profiled if r.m("profiler").get("trace")
+              and (runs / r.m("profiler")["trace"]).is_file()]  # a committed records folder keeps none
     steps = sorted({r.m("profiler")["steps"] for r in profiled})
     gpu = any("gpu_idle" in shares(r.record) for r in profiled)
     lines = ["", "## Where the time goes", "",
@@ -98,7 +99,7 @@ def time_section(runs: Path, ladders: dict[str, list[Rung]], rel: str) -> list[s
              + ("On the GPU a category is what the GPU was doing (the phase that launched the running kernel); "
                 "GPU idle is time with no kernel running while the host was neither waiting for data nor "
                 "copying. " if gpu else "On the CPU a category is the phase the training thread was in. ")
-             + "README.md, 'Where the time goes', defines each one.", "",
+             + "docs/measurement.md, 'Where the time goes', defines each one.", "",
              f"![where the time goes]({rel}/time_breakdown.png)"]
     if traces:
         lines += ["", f"Traces: `{display(runs)}/<stage>.trace.json.gz` for {len(traces)} stage(s); open one in "

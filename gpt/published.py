@@ -1,0 +1,33 @@
+"""The committed records: a run's JSON files copied into records/<profile>-<device>/ of the repo, so that results.md
+can be regenerated from a clone and another run set beside it. Traces, logs and allocator snapshots (megabytes)
+stay in the run's own directory (runs/<profile>-<device>/ by default, not committed)."""
+import shutil
+from pathlib import Path
+
+from gpt.data import REPO_ROOT
+from gpt.records import time_to_loss_dir
+
+PUBLISHED = REPO_ROOT / "records"
+NOTE = "note.md"  # a records folder's provenance (e.g. made by older code), shown under the report's header
+
+
+def published_dir(profile: str, device: str) -> Path:
+    """Where a default run of this profile on this device commits its records."""
+    return PUBLISHED / f"{profile}-{device}"
+
+
+def json_files(runs: Path) -> list[Path]:
+    """A run's JSON files: the stage records, machine.json, the memory planner's reports, and the records of the
+    stages trained to a loss."""
+    return sorted(runs.glob("*.json")) + sorted(time_to_loss_dir(runs).glob("*.json"))
+
+
+def publish(runs: Path, dest: Path) -> Path:
+    """Replace the JSON files in `dest` by the run's (so no record of an earlier run is left beside them)."""
+    for old in json_files(dest):
+        old.unlink()
+    for f in json_files(runs):
+        target = dest / f.relative_to(runs)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    return dest

@@ -1,0 +1,81 @@
+"""The summary at the top of results.md, one line per ladder and one for the time to loss: the largest change of
+this run beside the largest of the documented (or anchor) run, and what training to a loss found. The same time
+to loss sentence stands under the speed and fast tables, beside their 'x faster'."""
+from gpt.ladder import LADDER_GOAL, TRAINED_TO_A_LOSS, parent_of
+from gpt.report.findings import changes
+from gpt.report.formatting import fmt_num, fmt_pct
+from gpt.report.rows import Rung
+from gpt.report.tables import ANCHOR, anchor_change
+from gpt.report.time_to_loss import BASELINE, LossRuns, speedup
+
+
+def largest_documented(rungs: list[Rung], key: str) -> str:
+    """The documented run's largest change on this ladder (the anchor's where the book has none), or ''."""
+    documented = [(r, d) for r in rungs if (d := r.ref_vs(key, r.parent_reference)) is not None]
+    source = "the documented H100 run"
+    if not documented and key == "seconds":
+        documented, source = [(r, d) for r in rungs if (d := anchor_change(r)) is not None], ANCHOR
+    if not documented:
+        return "no documented figures"
+    best, d = min(documented, key=lambda x: x[1])
+    return f"in {source}: `{best.stage}`, {fmt_pct(d)}"
+
+
+def ladder_line(name: str, rungs: list[Rung]) -> str:
+    time_goal = LADDER_GOAL[name] == "time"
+    key, ref_key, what = (("seconds_mean", "seconds", "time") if time_goal
+                          else ("peak_memory_mib", "peak_mib", "peak memory"))
+    steps = changes(rungs, key)
+    if not steps:
+        here = "no stage finished beside its parent here"
+    else:
+        best, d = min(steps, key=lambda x: x[1])
+        here = f"here `{best.stage}` ({best.change}), {fmt_pct(d)} {what}"
+    done = sum(r.ok for r in rungs)
+    finished = "" if done == len(rungs) else f" ({done} of {len(rungs)} stages finished)"
+    return (f"**{name.capitalize()} ladder**{finished}, largest {'gain' if time_goal else 'saving'}: {here}; "
+            f"{largest_documented(rungs, ref_key)}.")
+
+
+def loss_sentence(runs: LossRuns) -> str | None:
+    """What training to a loss found, in one sentence (no final stop); None without a finished baseline."""
+    base = runs.to_target(BASELINE)
+    if not base:
+        return None
+    others = [s for s in runs.stages if s != BASELINE and runs.records.get(s)]
+    sooner = {s: t["seconds"] for s in others if (t := runs.to_target(s)) and t["seconds"] < base["seconds"]}
+    if sooner:
+        best = min(sooner, key=sooner.get)
+        return (f"{len(sooner)} of {len(others)} stages reach `{BASELINE}`'s target loss ({runs.target:.3f}) "
+                f"sooner than it does; the soonest, `{best}`, {speedup(base['seconds'], sooner[best])} as fast")
+    text = (f"no stage reaches `{BASELINE}`'s target loss ({runs.target:.3f}) sooner than it does "
+                   f"({fmt_num(base['seconds'])} s)")
+    kept = runs.kept_models()
+    if not kept:
+        return text
+    first = kept[0]
+    keeping = [s for s in runs.stages if runs.kept_model(s) == first and not runs.changes(s)
+               and runs.vs(s, first)[1]]
+    text += (f": `{first}` trains another model (its final loss {runs.final(first):.3f} against its parent's "
+             f"{runs.final(parent_of(first)):.3f}) and the stages after it keep that model")
+    if keeping:
+        theirs, mine = runs.vs(keeping[-1], first)
+        text += (f"; the last of those, `{keeping[-1]}`, reaches that model's loss {speedup(theirs, mine)} as fast as "
+                 f"`{first}`")
+    return text + ", so the per-sample speedups buy that model sooner, not the baseline's"
+
+
+def summary(ladders: dict[str, list[Rung]], runs: LossRuns) -> list[str]:
+    lines = [f"- {ladder_line(name, rungs)}" for name, rungs in ladders.items()]
+    sentence = loss_sentence(runs)
+    if sentence:
+        lines.append(f"- **Time to loss**: {sentence[0].upper() + sentence[1:]}.")
+    return ["", "## Summary", "", *lines] if lines else []
+
+
+def loss_caveat(name: str, runs: LossRuns) -> list[str]:
+    """Under a ladder that was also trained to a loss: its 'x faster' is per sample, and what the time to loss says."""
+    sentence = loss_sentence(runs) if name in TRAINED_TO_A_LOSS else None
+    if not sentence:
+        return []
+    return [f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."]
