@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 from gpt.data import REPO_ROOT
+from gpt.ladder import ONLY_TO_A_LOSS
 from gpt.records import time_to_loss_dir
 
 PUBLISHED = REPO_ROOT / "records"
@@ -17,9 +18,10 @@ def published_dir(profile: str, device: str) -> Path:
 
 
 def json_files(runs: Path) -> list[Path]:
-    """A run's JSON files: the stage records, machine.json, the memory planner's reports, and the records of the
-    stages trained to a loss."""
-    return sorted(runs.glob("*.json")) + sorted(time_to_loss_dir(runs).glob("*.json"))
+    """A run's JSON files: the stage records, machine.json, the memory planner's reports, the records of the
+    stages trained to a loss and of the speedrun (with its noise-scale measurement)."""
+    return sorted(runs.glob("*.json")) + [f for ladder in (None, *ONLY_TO_A_LOSS)
+                                          for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))]
 
 
 def publish(runs: Path, dest: Path) -> Path:

@@ -107,7 +107,7 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
     assert sr.tokens("speedrun_1_systems") == [pytest.approx(500.0)]
     assert sr.holds("speedrun_1_systems") and not sr.holds("speedrun_2_batch_lr")
     assert sr.seconds("speedrun_2_batch_lr")[1] is None
-    text = "\n".join(speedrun_section(tmp_path, tmp_path, "plots"))
+    text = "\n".join(speedrun_section(sr, tmp_path, "plots"))
     assert "| speedrun_1_systems |" in text and "5.50x" in text  # (100 + 120) / 2 / 20
     assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
 

@@ -17,7 +17,7 @@ from gpt.report.findings import memory_findings, method_notes, noise_line, speed
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table
-from gpt.report.speedrun import speedrun_section
+from gpt.report.speedrun import Speedrun, speedrun_section
 from gpt.report.summary import loss_caveat, summary
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
@@ -29,21 +29,22 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     """Regenerate results.md (default: inside `runs`) and its plots/ from the records in `runs`."""
     runs = Path(runs)
     out = Path(out) if out else runs / "results.md"
-    records, to_a_loss = load_records(runs), LossRuns(runs)
-    if not records and not to_a_loss.records:
+    records, to_a_loss, speedrun = load_records(runs), LossRuns(runs), Speedrun(runs)
+    if not records and not to_a_loss.records and not speedrun.ran:
         raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
     plots = out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()}, **records})
+    lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()},
+                          **{f"{s} (speedrun)": runs_[0] for s, runs_ in speedrun.stages.items() if runs_}, **records})
     lines += provenance(runs)
     ladders = ladders_of(records)
-    lines += summary(ladders, to_a_loss)
+    lines += summary(ladders, to_a_loss, speedrun)
     for name, rungs in ladders.items():
         lines += ladder_section(name, rungs, runs, plots, to_a_loss)
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
     lines += loss_section(to_a_loss, plots, PLOTS, records)
-    lines += speedrun_section(runs, plots, PLOTS)
+    lines += speedrun_section(speedrun, plots, PLOTS)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
         lines += [""] + planner

@@ -150,9 +150,8 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
             f"{len(base)} seeds: {speedup_range(base, seconds)} sooner."]
 
 
-def speedrun_section(runs: Path, plots: Path, rel: str) -> list[str]:
+def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     """The whole section; [] when the run has no speedrun record."""
-    sr = Speedrun(runs)
     if not sr.ran:
         return []
     target = (f"{sr.target:.3f}, the mean final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"

@@ -5,6 +5,7 @@ from gpt.ladder import LADDER_GOAL, TRAINED_TO_A_LOSS, parent_of
 from gpt.report.findings import changes
 from gpt.report.formatting import fmt_num, fmt_pct
 from gpt.report.rows import Rung
+from gpt.report.speedrun import Speedrun, speedrun_findings
 from gpt.report.tables import ANCHOR, anchor_change
 from gpt.report.time_to_loss import BASELINE, LossRuns, speedup
 
@@ -65,11 +66,13 @@ def loss_sentence(runs: LossRuns) -> str | None:
     return text + ", so the per-sample speedups buy that model sooner, not the baseline's"
 
 
-def summary(ladders: dict[str, list[Rung]], runs: LossRuns) -> list[str]:
+def summary(ladders: dict[str, list[Rung]], runs: LossRuns, speedrun: Speedrun) -> list[str]:
     lines = [f"- {ladder_line(name, rungs)}" for name, rungs in ladders.items()]
     sentence = loss_sentence(runs)
     if sentence:
         lines.append(f"- **Time to loss**: {sentence[0].upper() + sentence[1:]}.")
+    if speedrun.ran:
+        lines += [f"- **Speedrun**: {finding}" for finding in speedrun_findings(speedrun)]
     return ["", "## Summary", "", *lines] if lines else []
 
 
