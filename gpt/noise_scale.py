@@ -46,7 +46,7 @@ from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
 from gpt.profiles import PROFILES
 from gpt.records import environment, writable_dir, write_record
-from gpt.time_to_loss import evaluate
+from gpt.time_to_loss import validation_loss_of
 
 BASELINE = "speed_0_baseline"
 # t(B) is timed with the code the batch stage runs on: its parent's (speedrun_1's systems changes, batch kept)
@@ -146,7 +146,7 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
         while True:
             done = trainer.step.steps_done
             if done % interval == 0 or done == steps:
-                evaluations.append((done, evaluate(trainer, val)))
+                evaluations.append((done, validation_loss_of(trainer, val)))
             if done == steps:
                 break
             trainer.run(min(interval - done % interval, steps - done))

@@ -68,7 +68,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     def evaluate():
         nonlocal eval_s
         t0 = time.perf_counter()
-        val_loss = evaluate(trainer, val)
+        val_loss = validation_loss_of(trainer, val)
         eval_s += time.perf_counter() - t0
         curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
                       "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
@@ -92,7 +92,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, steps, cache)}
 
 
-def evaluate(trainer: train.Trainer, val: ValidationSet) -> float:
+def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
     """The validation loss of the trainer's model now, every process evaluating its share of the windows."""
     return validation_loss(trainer.raw, val, trainer.cfg.micro_batch_size, trainer.amp, trainer.device, trainer.rank,
                            trainer.cfg.world_size)
