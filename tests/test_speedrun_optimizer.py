@@ -14,7 +14,7 @@ from conftest import REPO
 from gpt import time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optimizations.muon import MuonWithAdamW
+from gpt.optimizations.muon import MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
 from gpt.optimizations.schedule import learning_rate, set_learning_rates
 from test_time_to_loss import smoke_to_a_loss
 
@@ -79,7 +79,8 @@ def test_steps_equal_torch_muon_and_adamw_built_by_hand(char_data):
             p.grad = torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
         optimizer.step()
-        muon.step()
+        with newton_schulz_in(optimizer.newton_schulz_dtype):  # this device's Newton-Schulz precision
+            muon.step()
         adamw.step()
         for (name, p), q in zip(raw.named_parameters(), twin.parameters()):
             assert torch.equal(p, q), f"step {step}: {name}"
@@ -209,3 +210,33 @@ def test_a_muon_run_with_wsd_learns(char_data):
                           lr_decay_tokens=budget)
     curve = [p["val_loss"] for p in time_to_loss.run(cfg)["metrics"]["curve"]]
     assert curve[-1] < curve[0] - 0.5, curve
+
+
+@needs_muon
+def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkeypatch):
+    """torch's Muon orthogonalises in bf16, hard-coded; where this CPU's bf16 is slower (emulated), the step swaps in
+    the same iteration in float32 for Muon's step only. Its result is torch's up to bf16 rounding (measured ~1e-2 of
+    the largest entry: bound 5e-2), and the swap is undone after the step."""
+    from torch.optim import _muon
+
+    from gpt.optimizations import muon as home
+
+    g = torch.randn(96, 32, generator=torch.Generator().manual_seed(0))
+    fp32, bf16 = newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7), _muon._zeropower_via_newtonschulz(
+        g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    assert fp32.dtype == torch.float32 and fp32.shape == g.shape
+    assert ((fp32 - bf16.float()).abs().max() / fp32.abs().max()).item() < 5e-2
+    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (False, "slower here"))
+    cfg, raw, optimizer = built(char_data, n_layer=2)
+    assert optimizer.newton_schulz_dtype == torch.float32
+    calls = []
+    real = home.newton_schulz_fp32
+    monkeypatch.setattr(home, "newton_schulz_fp32", lambda *a: calls.append(a[0].shape) or real(*a))
+    for p in raw.parameters():
+        p.grad = torch.randn_like(p)
+    original = _muon._zeropower_via_newtonschulz
+    optimizer.step()
+    assert len(calls) == 4 * 2  # the four matrices of each of the two blocks
+    assert _muon._zeropower_via_newtonschulz is original
+    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (True, "faster here"))
+    assert built(char_data, n_layer=2)[2].newton_schulz_dtype == torch.bfloat16

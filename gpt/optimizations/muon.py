@@ -10,6 +10,7 @@ biases keep AdamW, as in the modded-nanogpt speedruns.
 `build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with matrix_optimizer="muon", one
 `MuonWithAdamW` holding both.
 """
+import contextlib
 import math
 from collections import ChainMap
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ import torch.nn as nn
 from gpt.errors import UserError
 from gpt.optimizations.adamw import make_optimizer as make_adamw
 from gpt.optimizations.optimization import Optimization
+from gpt.optimizations.precision import cpu_bf16_is_faster
 
 if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
     from gpt.config import TrainConfig
@@ -39,8 +41,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
     any other. Its param_groups are the two optimizers' own group dicts (a learning rate set on one of them is the one
     that steps); its state is a view of theirs; step() steps both."""
 
-    def __init__(self, muon: torch.optim.Optimizer, adamw_: torch.optim.Optimizer):
+    def __init__(self, muon: torch.optim.Optimizer, adamw_: torch.optim.Optimizer,
+                 newton_schulz_dtype: torch.dtype = torch.bfloat16):
         self.muon, self.adamw = muon, adamw_
+        self.newton_schulz_dtype = newton_schulz_dtype
         super().__init__([*muon.param_groups, *adamw_.param_groups], defaults={})  # shares the dicts, adds nothing
         self.state = ChainMap(muon.state, adamw_.state)
 
@@ -50,12 +54,55 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.muon.step()
+        with newton_schulz_in(self.newton_schulz_dtype):
+            self.muon.step()
         self.adamw.step()
         return loss
 
     def load_state_dict(self, state_dict):
         raise NotImplementedError("MuonWithAdamW: load each of .muon and .adamw instead")
+
+
+def newton_schulz_fp32(grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
+                       eps: float) -> torch.Tensor:
+    """torch's Newton-Schulz iteration (torch/optim/_muon.py: _zeropower_via_newtonschulz, the same quintic with the
+    same coefficients and steps), in float32 instead of its hard-coded bfloat16."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = x.size(0) > x.size(1)
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextlib.contextmanager
+def newton_schulz_in(dtype: torch.dtype):
+    """torch's Muon runs its Newton-Schulz iterations in bf16, hard-coded. A CPU without bf16 units emulates bf16
+    matmuls, tens of times slower than fp32 (gpt/optimizations/precision.py measures it): a Muon step there took longer
+    than the forward and backward passes together. On such a device the same iterations run in float32 (more
+    precise, not less), swapped in for Muon's step only."""
+    if dtype == torch.bfloat16:
+        yield
+        return
+    from torch.optim import _muon
+
+    original = _muon._zeropower_via_newtonschulz
+    _muon._zeropower_via_newtonschulz = newton_schulz_fp32
+    try:
+        yield
+    finally:
+        _muon._zeropower_via_newtonschulz = original
+
+
+def newton_schulz_dtype(device_type: str) -> torch.dtype:
+    """bf16 where the device multiplies bf16 matrices natively and fast (a GPU with bf16 units; a CPU measured faster
+    in bf16), float32 elsewhere."""
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
+    return torch.bfloat16 if cpu_bf16_is_faster()[0] else torch.float32
 
 
 def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
@@ -65,7 +112,7 @@ def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
     keeps the update's RMS alike across the blocks' rectangular matrices."""
     hidden = hidden_matrices(model)
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
-    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden))
+    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))
 
 
 def build_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.Optimizer:
