@@ -1,8 +1,9 @@
 """Speedrun, stage 1: the fast ladder's systems changes, at the baseline's batch.
 
-Parent: speed_0_baseline, on its time-to-loss settings (gpt/profiles.py: the cpu profile is nanoGPT's CPU recipe
-for character-level Shakespeare: 4 layers of 128, block 64, batch 12, AdamW 1e-3 with a cosine schedule over
-2,000 steps). Keeps the model: the target is speed_0's final validation loss.
+Parent: speed_0_baseline. No anchor figure: a speedrun stage is judged against speed_0 in the same run. On its
+time-to-loss settings (gpt/profiles.py: the cpu profile is nanoGPT's CPU recipe for character-level Shakespeare:
+4 layers of 128, block 64, batch 12, AdamW 1e-3 with a cosine schedule over 2,000 steps). Keeps the model: the
+target is speed_0's final validation loss.
 
 The book's ladder multiplies the batch by 8 before its first systems change, and at this scale 250 steps of 96
 samples train a worse model than 2,000 of 12 (results.md, "Time to loss"): no later stage reaches the baseline's
@@ -16,6 +17,7 @@ Code: each stage's own home, through its change() (the stages named below).
 from gpt.ladder import load_stage
 from gpt.stage import stage_main
 
+REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "the fast ladder's systems changes at the baseline's batch"
 KIND = "systems"  # keeps the model
 # Every stage of the speed and fast ladders whose change keeps the mathematics of a step (not speed_1's batch x8,

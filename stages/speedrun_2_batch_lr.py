@@ -1,6 +1,7 @@
 """Speedrun, stage 2: the batch and the learning rate from a measurement, not a factor.
 
-Parent: speedrun_1_systems. Changes the training (not the model): the target stays speed_0's final loss.
+Parent: speedrun_1_systems. No anchor figure: a speedrun stage is judged against speed_0 in the same run. Changes
+the training (not the model): the target stays speed_0's final loss.
 
 McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training") predict the steps to a loss as
 S_min (1 + B_noise / B): a batch well below the gradient noise scale B_noise wastes steps, one well above it wastes
@@ -16,6 +17,7 @@ from gpt.stage import stage_main
 BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the measured choice
 LR_FACTOR = 4.0  # the sweep from the square-root rule (x2: not reached) up: x4 reached the target (README "Speedrun")
 
+REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = f"batch x{BATCH_FACTOR}, learning rate x{LR_FACTOR:g} (from the measured gradient noise scale)"
 KIND = "training"
 

@@ -1,6 +1,7 @@
 """Speedrun, stage 3: Muon for the hidden matrices.
 
-Parent: speedrun_2_batch_lr. Changes the training (not the model): the target stays speed_0's final loss.
+Parent: speedrun_2_batch_lr. No anchor figure: a speedrun stage is judged against speed_0 in the same run. Changes
+the training (not the model): the target stays speed_0's final loss.
 
 Muon (Jordan et al. 2024; torch.optim.Muon since PyTorch 2.9) takes SGD-momentum's update of each 2-D hidden matrix
 and orthogonalises it (a few Newton-Schulz iterations), so every direction of the matrix moves at the same rate
@@ -12,6 +13,7 @@ Code: gpt/optimizations/muon.py.
 """
 from gpt.stage import stage_main
 
+REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "Muon for the hidden matrices (AdamW for the rest)"
 KIND = "training"
 
