@@ -374,10 +374,10 @@ def baseline_seeds(profile: str) -> list[int | None]:
 
 def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
                  baseline_ran: bool) -> tuple[int, bool]:
-    """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (their mean
-    final validation loss: the baseline's model), the gradient noise scale along speed_0's run (the report's plot),
-    then every speedrun stage with that target: the last one with every seed, the others with the profile's.
-    Returns (failed stages, interrupted)."""
+    """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest
+    final validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the
+    report's plot), then every speedrun stage with that target: the last one with every seed, the others with the
+    profile's. Returns (failed stages, interrupted)."""
     baseline, failures = LADDERS["speed"][0], 0
     if not baseline_ran:
         failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,
@@ -387,7 +387,7 @@ def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
     folder = time_to_loss_dir(out)
     target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in baseline_seeds(profile)])
     print(f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
-          f"{baseline}'s final validation loss (the mean of its {BASELINE_SEEDS} seeds)", flush=True)
+          f"{baseline}'s model (the highest final validation loss of its {BASELINE_SEEDS} seeds)", flush=True)
     if target is None:
         return failures, False
     run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)))

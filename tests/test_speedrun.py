@@ -74,15 +74,18 @@ def _loss_record(stage: str, seed: int | None, curve: list[tuple[int, float, flo
                         "startup_s": 0.0}}
 
 
-def test_the_target_is_the_mean_of_the_baselines_final_losses():
-    records = [_loss_record("speed_0_baseline", s, [(0, 0, 4.0), (100, 10, f)]) for s, f in ((1, 1.9), (2, 2.0))]
-    assert baseline_model_loss(records) == pytest.approx(1.95)
+def test_the_target_is_the_highest_of_the_baselines_final_losses():
+    """The worst seed's final loss, whatever its place in the list: a loss every baseline seed reaches."""
+    finals = (1.95, 2.0, 1.9)
+    records = [_loss_record("speed_0_baseline", s, [(0, 0, 4.0), (100, 10, f)]) for s, f in enumerate(finals)]
+    assert baseline_model_loss(records) == 2.0
+    assert baseline_model_loss(records[::-1]) == 2.0
     assert baseline_model_loss(records + [None]) is None
     assert baseline_model_loss(records + [{**records[0], "status": "failed"}]) is None
 
 
 def write_speedrun(tmp_path, stage_curves: dict[str, list[list[tuple]]]):
-    """Baseline seeds with finals 1.9 and 2.1 (target 2.0) after 100 s, and the given stages' seeds."""
+    """Baseline seeds with finals 1.9 after 100 s and 2.1 after 120 s (target 2.1), and the given stages' seeds."""
     loss_dir, sr_dir = time_to_loss_dir(tmp_path), time_to_loss_dir(tmp_path, "speedrun")
     for i, (final, seconds) in enumerate(((1.9, 100.0), (2.1, 120.0))):
         name = "speed_0_baseline.json" if i == 0 else f"speed_0_baseline.seed{3408 + i}.json"
@@ -94,21 +97,22 @@ def write_speedrun(tmp_path, stage_curves: dict[str, list[list[tuple]]]):
 
 
 def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(tmp_path):
-    """Target 2.0. speedrun_1 crosses it at 20 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 20 s, 500
-    tokens); speedrun_2's second seed ends at 2.05: the stage does not hold. The baseline's time is its budget's."""
+    """Target 2.1. speedrun_1 crosses it at 19 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 19 s, 475
+    tokens); speedrun_2's second seed ends at 2.15: the stage does not hold. The baseline's seeds are timed to the
+    target the same way: the better one at 1.9/2.1 of its 100 s, the worse one at the end of its 120 s."""
     write_speedrun(tmp_path, {
         "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
-        "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 1.5)], [(0, 0, 4.0), (400, 8, 2.05)]],
+        "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 1.5)], [(0, 0, 4.0), (400, 8, 2.15)]],
     })
     sr = Speedrun(tmp_path)
-    assert sr.target == pytest.approx(2.0)
-    assert sr.seconds("speed_0_baseline") == [100.0, 120.0]
-    assert sr.seconds("speedrun_1_systems") == [pytest.approx(20.0)]
-    assert sr.tokens("speedrun_1_systems") == [pytest.approx(500.0)]
-    assert sr.holds("speedrun_1_systems") and not sr.holds("speedrun_2_batch_lr")
+    assert sr.target == pytest.approx(2.1)
+    assert sr.seconds("speed_0_baseline") == [pytest.approx(100 * 1.9 / 2.1), pytest.approx(120.0)]
+    assert sr.seconds("speedrun_1_systems") == [pytest.approx(19.0)]
+    assert sr.tokens("speedrun_1_systems") == [pytest.approx(475.0)]
+    assert sr.holds("speed_0_baseline") and sr.holds("speedrun_1_systems") and not sr.holds("speedrun_2_batch_lr")
     assert sr.seconds("speedrun_2_batch_lr")[1] is None
     text = "\n".join(speedrun_section(sr, tmp_path, "plots"))
-    assert "| speedrun_1_systems |" in text and "5.50x" in text  # (100 + 120) / 2 / 20
+    assert "| speedrun_1_systems |" in text and "5.54x" in text  # (90.48 + 120) / 2 / 19
     assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
 
 
@@ -140,7 +144,7 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     run_all.main(["--only", "speedrun", "--profile", "cpu", "--out", str(tmp_path), "--wandb", "disabled"])
     baseline = [c for c in calls if c[0] == "speed_0_baseline"]
     assert [c[1] for c in baseline] == [None, 3408, 3409] and all(c[2] is None for c in baseline)
-    target = repr((2.0 + 2.0 + 2.1) / 3)
+    target = repr(max(2.0, 2.0, 2.0 + 0.1))  # the worst seed's final loss
     rest = calls[len(baseline):]
     assert rest[0][0] == "noise_scale"
     assert [c[0] for c in rest[1:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
