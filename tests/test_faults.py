@@ -109,18 +109,25 @@ def test_a_rank_that_raises_ends_the_stage_with_its_error(device, tmp_path, char
     assert_nothing_left(marker)
 
 
-def test_run_all_goes_on_after_a_rank_is_killed(stub_stages, char_data, monkeypatch):
-    """Rank 1 of the DDP stage (compiled, 4 DataLoader workers per rank) is SIGKILLed inside its third
-    step's forward: the stage ends in bounded time, its record says so, run_all runs the memory ladder
-    next, and no process of the stage survives it."""
+@pytest.mark.parametrize("stage", [
+    "memory_4_fsdp",  # eager, no DataLoader workers: seconds
+    pytest.param("speed_6_ddp", marks=pytest.mark.slow),  # compiled, 4 DataLoader workers per rank: minutes
+])
+def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, monkeypatch):
+    """Rank 1 of a 2-process stage is SIGKILLed inside its third step's forward: the stage ends in bounded time,
+    its record says so, run_all runs the next stages, and no process of the stage survives it (for speed_6_ddp
+    neither the compile workers nor the 4 DataLoader workers of each rank: the slow case)."""
     out, behave, calls = stub_stages
-    for stage in ALL_STAGES:
-        if stage != "speed_6_ddp":
-            behave(stage, "ok", fake_record(stage))
-    stub_command = run_all.stage_command
-    monkeypatch.setattr(run_all, "stage_command", lambda stage, *args: (
-        real_stage_command(stage, *args) + ["--data-dir", str(char_data)] if stage == "speed_6_ddp"
-        else stub_command(stage, *args)))
+    for other in ALL_STAGES:
+        if other != stage:
+            behave(other, "ok", fake_record(other))
+    killed_at = out.parent / "killed_at"
+    env, marker = marked_env(HOOK_FAULT=f"kill:1:2:{killed_at}")
+    hooked = [f"{key}={env[key]}" for key in ("PYTHONPATH", "OMP_NUM_THREADS", "GPT_TEST_MARKER", "HOOK_FAULT")]
+    stub_command = run_all.stage_command  # the hooks for the stage under test alone: they import torch in the stubs
+    monkeypatch.setattr(run_all, "stage_command", lambda name, *args: (
+        ["env", *hooked, *real_stage_command(name, *args), "--data-dir", str(char_data)] if name == stage
+        else stub_command(name, *args)))
     monkeypatch.setattr(run_all, "run_memory_planner", lambda out: None)
     monkeypatch.setattr(run_all, "SECTIONS", list(TIMED_LADDERS))  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
@@ -131,20 +138,15 @@ def test_run_all_goes_on_after_a_rank_is_killed(stub_stages, char_data, monkeypa
         return rc
 
     monkeypatch.setattr(run_all, "run_stage", timed_run_stage)
-    killed_at = out.parent / "killed_at"
-    env, marker = marked_env(HOOK_FAULT=f"kill:1:2:{killed_at}")
-    for key in ("PYTHONPATH", "OMP_NUM_THREADS", "GPT_TEST_MARKER", "HOOK_FAULT"):
-        monkeypatch.setenv(key, env[key])
-
     rc = run_all.main(["--profile", "smoke", "--device", "cpu", "--out", str(out), "--wandb", "disabled"])
-    log = (out / "speed_6_ddp.log").read_text()
+    log = (out / f"{stage}.log").read_text()
     assert rc == 1, log[-3000:]
-    assert ended["speed_6_ddp"] - float(killed_at.read_text()) < FAILURE_BOUND_S
-    record = json.loads((out / "speed_6_ddp.json").read_text())
+    assert ended[stage] - float(killed_at.read_text()) < FAILURE_BOUND_S
+    record = json.loads((out / f"{stage}.json").read_text())
     assert record["status"] == "failed" and record["reason"] == "rank 1: killed by SIGKILL", log[-3000:]
     assert not record_problems(record)
     timed = [s for ladder in TIMED_LADDERS for s in LADDERS[ladder]]
-    assert calls() == [s for s in timed if s != "speed_6_ddp"]  # the memory ladder ran after it
+    assert calls() == [s for s in timed if s != stage]  # the stages after it ran
     assert "**failed**: rank 1: killed by SIGKILL" in (out / "results.md").read_text()
     assert_nothing_left(marker)
 

@@ -12,6 +12,7 @@ import torch
 
 from conftest import REPO
 from gpt import noise_scale, train
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.ladder import stage_config
 from gpt.noise_scale import (HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates,
@@ -120,7 +121,12 @@ def test_suggested_settings_follow_the_square_root_rule(char_data):
 # ---- the command line, end to end ---------------------------------------------------------------------------
 
 
-def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys):
+def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypatch):
+    """The whole command on the smoke profile; t(B) eager (each batch would compile its own graphs, two thirds of
+    this test's time: the compiled step is speedrun_1's, which the ladder runs)."""
+    timed = noise_scale.step_times
+    monkeypatch.setattr(noise_scale, "step_times", lambda cfg, *a, **k: timed(
+        TrainConfig.from_dict({**cfg.to_dict(), "compile": False}), *a, **k))
     out = tmp_path / "noise.json"
     assert noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
                              "--batches", "4,8", "--out", str(out)]) == 0
