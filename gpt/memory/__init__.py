@@ -145,7 +145,7 @@ def simulation_plan(cfg: TrainConfig, target: str, vocab_size: int) -> Simulatio
     as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's chunked loss, ...)."""
     sim = dataclasses.replace(cfg, device="cpu", samples=cfg.batch_size * cfg.world_size)
     plan = optimizations.plan_simulation(SimulationPlan(sim, target, source=cfg, vocab_size=vocab_size))
-    plan.cfg.validate()
+    optimizations.validate(plan.cfg)
     return plan
 
 

@@ -13,18 +13,15 @@ biases keep AdamW, as in the modded-nanogpt speedruns.
 import contextlib
 import math
 from collections import ChainMap
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.adamw import make_optimizer as make_adamw
 from gpt.optimizations.optimization import Optimization
 from gpt.optimizations.precision import cpu_bf16_is_faster
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 OPTIMIZERS = ("adamw", "muon")
 

@@ -3,19 +3,15 @@ bf16 compute with fp32 reduction, lean_3: CPU offload).
 
 `parallelize` wraps the model; gpt/distributed.py launches the processes (torchrun), joins and leaves their group.
 """
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn as nn
 
 from gpt import distributed
 from gpt.allocator_snapshot import MiB, cuda_block_bytes
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import cpu_bf16_is_faster
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 MODES = (None, "ddp", "fsdp")
 

@@ -6,16 +6,13 @@ one measured rule for bf16, which FSDP's mixed precision (gpt/optimizations/para
 """
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.report.formatting import steady_steps
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 @dataclass
