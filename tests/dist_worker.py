@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     cfg = TrainConfig.from_dict(json.loads(a.config))
     if a.cpu_bf16:
         forced = lambda: (True, "forced by the test")  # noqa: E731
-        precision.cpu_bf16_is_faster = parallel.cpu_bf16_is_faster = forced  # autocast's rule and FSDP's
+        precision.cpu_bf16_is_faster = forced  # the CPU's rule, which autocast and FSDP both follow
     device = resolve_device(cfg.device)
     distributed.init(device, parallel.backend(cfg, device))
     try:

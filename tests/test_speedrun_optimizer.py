@@ -228,7 +228,7 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
         g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
     assert fp32.dtype == torch.float32 and fp32.shape == g.shape
     assert ((fp32 - bf16.float()).abs().max() / fp32.abs().max()).item() < 5e-2
-    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (False, "slower here"))
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (False, "slower here"))
     cfg, raw, optimizer = built(char_data, n_layer=2)
     assert optimizer.newton_schulz_dtype == torch.float32
     calls = []
@@ -240,5 +240,5 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
     optimizer.step()
     assert len(calls) == 4 * 2  # the four matrices of each of the two blocks
     assert _muon._zeropower_via_newtonschulz is original
-    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (True, "faster here"))
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (True, "faster here"))
     assert built(char_data, n_layer=2)[2].newton_schulz_dtype == torch.bfloat16
