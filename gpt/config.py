@@ -2,12 +2,12 @@
 
 A stage script changes exactly one group of these fields. Each field belongs to one optimization, declared with
 everything the project knows about it in its home module in gpt/optimizations/ (`optimizations.owner(field)`),
-which also checks its values.
+which also checks its values. This module knows none of them: the homes read TrainConfig, so the arrows run one way,
+and `optimizations.validate(cfg)` checks a whole config (the run's settings here, then each optimization's).
 """
 import math
 from dataclasses import asdict, dataclass, fields
 
-from gpt import optimizations
 from gpt.errors import UserError
 
 MAX_CONTEXT = 1024  # positions of every GPT-2 model (n_positions); a longer block has no position embedding
@@ -104,7 +104,9 @@ class TrainConfig:
     def micro_batch_size(self) -> int:
         return self.batch_size // self.grad_accum_steps
 
-    def validate(self) -> "TrainConfig":
+    def check_run_settings(self) -> None:
+        """A UserError for the first bad setting of the run (not of an optimization: optimizations.validate runs
+        this, then each optimization's own checks)."""
         if self.batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {self.batch_size}")
         if not 1 <= self.block_size <= MAX_CONTEXT:
@@ -124,8 +126,6 @@ class TrainConfig:
             raise UserError(f"unknown goal {self.goal!r} (choose time or memory)")
         check_dropout(self.dropout)
         self._check_training_to_a_loss()
-        optimizations.check(self)  # each optimization checks its own fields
-        return self
 
     def _check_training_to_a_loss(self) -> None:
         if self.train_tokens < 0:

@@ -7,6 +7,7 @@ script runs when it is called is gpt/stage.py.
 """
 import importlib.util
 
+from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
@@ -140,4 +141,4 @@ def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides)
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)
-    return cfg.validate()
+    return optimizations.validate(cfg)

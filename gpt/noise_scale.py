@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import train
+from gpt import optimizations, train
 from gpt.config import TrainConfig
 from gpt.data import prepare_if_missing
 from gpt.devices import device_name, resolve_device, synchronize
@@ -123,7 +123,7 @@ def halves_config(cfg: TrainConfig) -> TrainConfig:
         raise UserError("the noise scale is measured in one process: choose a stage without DDP/FSDP")
     if mixed_precision(cfg, resolve_device(cfg.device)).scaler:
         raise UserError("the noise scale needs unscaled gradients: fp16 with a GradScaler scales them (use bf16)")
-    return accumulation.split_further(cfg, 2)
+    return optimizations.validate(accumulation.split_further(cfg, 2))
 
 
 def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "noise scale") -> dict:
@@ -192,8 +192,8 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:
-        at_b = TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch,
-                                      "samples": batch * (warmup + repeats)}).validate()
+        at_b = optimizations.validate(TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch,
+                                                             "samples": batch * (warmup + repeats)}))
         trainer = train.prepare(at_b, device, warmup + repeats, f"{label} B={batch}")
         trainer.run(warmup)
         marks = []

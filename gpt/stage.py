@@ -118,7 +118,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
                           if to_a_loss else {}))
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
-        parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])).validate()
+        optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)

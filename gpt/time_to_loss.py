@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpt import distributed, train
+from gpt import distributed, optimizations, train
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
@@ -30,7 +30,7 @@ from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 def run(cfg: TrainConfig, label: str = "train") -> dict:
     """Train `cfg` to its token budget and return the run's record (every process of a DDP/FSDP run trains; rank
     0's record is the one written)."""
-    cfg.validate()
+    optimizations.validate(cfg)
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from gpt import distributed
+from gpt import distributed, optimizations
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.devices import resolve_device
@@ -86,7 +86,7 @@ def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None) -> Run:
     """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
     `setup(run)` is called after the model and optimizer are built (to attach hooks). `amp` replaces the
     config's MixedPrecision (the tests force fp16 + GradScaler, which the CPU does not choose)."""
-    cfg.validate()
+    optimizations.validate(cfg)
     rank, world, device = distributed.rank(), cfg.world_size, resolve_device(cfg.device)
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     cfg = TrainConfig.from_dict(json.loads(a.config))
     if a.cpu_bf16:
         forced = lambda: (True, "forced by the test")  # noqa: E731
-        precision.cpu_bf16_is_faster = parallel.cpu_bf16_is_faster = forced  # autocast's rule and FSDP's
+        precision.cpu_bf16_is_faster = forced  # the CPU's rule, which autocast and FSDP both follow
     device = resolve_device(cfg.device)
     distributed.init(device, parallel.backend(cfg, device))
     try:

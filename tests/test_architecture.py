@@ -26,7 +26,7 @@ def test_modern_architecture_sets_the_five_fields():
     assert MODERN.keys() == set(model_module.ARCHITECTURE_FIELDS)
     assert not MODERN.items() & optimizations.model_settings(tiny_config("unused"), "cpu", 65).items()
     with pytest.raises(UserError, match="unknown architecture 'llama'"):
-        tiny_config("unused", architecture="llama").validate()
+        optimizations.validate(tiny_config("unused", architecture="llama"))
 
 
 @pytest.mark.parametrize("field,value,expected", [

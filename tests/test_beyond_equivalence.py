@@ -444,7 +444,6 @@ def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     rates[torch.bfloat16] = 1.3e9  # a CPU with AVX2 only: bf16 ~100x slower than fp32, so fp32 is kept
     assert "mp_policy" not in fsdp_policies(lean_3, CPU)
     assert owner("fsdp_mixed_precision").no_effect(lean_3, CPU).startswith("kept fp32 parameters for compute")
-    assert fsdp_policies(lean_3, torch.device("cuda"))["mp_policy"].param_dtype == torch.bfloat16
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------------------
@@ -567,14 +566,27 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
     assert chunked_loss.resolve("auto", "cuda") == "liger"
 
 
-def test_a_gpu_with_emulated_bf16_only_keeps_fp16(char_data, monkeypatch):
-    """torch.cuda.is_bf16_supported() is true by default on pre-Ampere GPUs (T4, V100), whose bf16 is emulated and
-    slow: amp_bf16 asks without emulation, and such a GPU keeps fp16 with its GradScaler."""
-    def is_bf16_supported(including_emulation=True):  # a V100's answers
-        return including_emulation
+@pytest.mark.parametrize("gpu, bf16_units", [("V100 or T4: emulated bf16 only", False), ("A100 or newer", True)])
+def test_every_bf16_choice_on_a_gpu_follows_one_rule(gpu, bf16_units, char_data, monkeypatch):
+    """autocast (amp_bf16), FSDP's mixed precision (lean_1) and Muon's Newton-Schulz compute in bf16 on a GPU only
+    where it has bf16 units: torch.cuda.is_bf16_supported() also counts emulated bf16, several times slower than
+    fp16 on a T4 or V100: such a GPU keeps fp16 with its GradScaler, FSDP's fp32 parameters and fp32 Newton-Schulz.
+    FSDP asked only `device.type != "cpu"` before (d44d90b) and gathered bf16 there."""
+    from gpt.optimizations.muon import newton_schulz_dtype
+
+    def is_bf16_supported(including_emulation=True):
+        return bf16_units or including_emulation
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
-    amp = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
-    assert amp.dtype == torch.float16 and "this GPU has no bf16" in amp.why
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    lean_1 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, device="cuda")
+    amp = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), cuda)
+    fsdp = fsdp_policies(lean_1, cuda).get("mp_policy")
+    chosen = {"autocast": amp.dtype == bf16, "FSDP": fsdp is not None and fsdp.param_dtype == bf16,
+              "Newton-Schulz": newton_schulz_dtype("cuda") == bf16}
+    assert chosen == dict.fromkeys(chosen, bf16_units), gpu
+    assert bf16_units or (amp.dtype == torch.float16 and "this GPU has no bf16 units" in amp.why)
+    no_effect = owner("fsdp_mixed_precision").no_effect(lean_1, cuda)
+    assert (no_effect is None) == bf16_units and (bf16_units or "no bf16 units" in no_effect)
 
 
 @needs_torch_chunked_loss

@@ -77,7 +77,8 @@ def test_eager_stage_peak_equals_what_the_allocator_snapshot_shows(char_data, tm
 def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
     """A compiled stage runs CUDA graphs ("reduce-overhead"): its peak is the allocator's reservation, which
     holds the graphs' private pool; beside its eager parent, the report compares the two on reserved memory
-    and says so."""
+    and says so. Its memory step is a replay, which the allocator's history does not see (the CPU test
+    tests/test_train.py holds the record's side; this, that the trace really misses the pool): no breakdown."""
     eager, _ = cuda_run(char_data, tmp_path / "eager")
     graphs, snapshot = cuda_run(char_data, tmp_path / "graphs", compile=True)
     m = graphs["metrics"]
@@ -87,6 +88,8 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
     pool = sum(s["total_size"] for s in snapshot["segments"] if tuple(s["segment_pool_id"]) != (0, 0))
     assert pool > 0  # the graphs really were recorded into a private pool
     assert m["peak_memory_mib"] * MiB >= pool
+    assert traced_memory(snapshot, 0).peak_mib * MiB < pool  # the replay's trace: the step's eager rest only
+    assert m["memory_breakdown_mib"] is None and m["memory_timeline_mib"] is None and m["memory_snapshot"]
 
     out = tmp_path / "records"
     for stage, record in (("speed_3_non_blocking", eager), ("speed_4_compile", graphs)):

@@ -24,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from conftest import REPO, load_prepare_module
 from dist_worker import full_params, record_grads, run_steps
+from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
 from gpt.optimizations.feeding import make_loader, to_device
@@ -37,7 +38,7 @@ NO_CLIP = 1e9  # grad_clip: at this model's gradient norm (~2) a clip coefficien
 
 
 def tiny_config(data_dir, **overrides) -> TrainConfig:
-    return TrainConfig(**{**TINY, "data_dir": str(data_dir), **overrides}).validate()
+    return optimizations.validate(TrainConfig(**{**TINY, "data_dir": str(data_dir), **overrides}))
 
 
 def train_with_grads(cfg: TrainConfig, steps: int, *setups, amp=None):

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gpt import allocator_snapshot as snapshot
-from gpt import protocol
+from gpt import optimizations, protocol
 from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
@@ -106,9 +106,10 @@ HAND_SHAPE = dict(C=64, H=2, V=512, T=64, b=8)
 
 def hand_sized_estimate(n_layer: int):
     s = HAND_SHAPE
-    cfg = TrainConfig(preset="gpt-mini", n_layer=n_layer, n_head=s["H"], n_embd=s["C"], block_size=s["T"],
-                      batch_size=2 * s["b"], grad_accum_steps=2, dropout=0.0, attention="sdpa", dataset="tokens",
-                      device="cpu", goal="memory", measure_memory=False).validate()
+    cfg = optimizations.validate(TrainConfig(
+        preset="gpt-mini", n_layer=n_layer, n_head=s["H"], n_embd=s["C"], block_size=s["T"], batch_size=2 * s["b"],
+        grad_accum_steps=2, dropout=0.0, attention="sdpa", dataset="tokens", device="cpu", goal="memory",
+        measure_memory=False))
     return estimate(cfg, s["V"], "cpu").breakdown_mib
 
 

@@ -294,7 +294,7 @@ def test_mfu_of_an_fsdp_bf16_stage_is_against_the_bf16_peak(device, monkeypatch)
     from gpt.optimizations import parallel
     from gpt.optimizations.precision import MixedPrecision
 
-    monkeypatch.setattr(parallel, "cpu_bf16_is_faster", lambda: (True, "forced by the test"))
+    monkeypatch.setattr(parallel, "bf16_is_fast", lambda device_type: (True, "forced by the test"))
     peaks = {torch.float32: 1e9, torch.bfloat16: 4e9}
     monkeypatch.setattr(protocol, "peak_flops", lambda device, dtype: (peaks[dtype], str(dtype)))
     monkeypatch.setattr(protocol, "fastest_peak_flops", lambda device: (4e9, "bf16"))

@@ -5,7 +5,7 @@ tests/test_architecture.py)."""
 import pytest
 import torch
 
-from gpt import run_all
+from gpt import optimizations, run_all
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
 from gpt.optimizations import changed
 from gpt.records import time_to_loss_dir, write_record
@@ -54,7 +54,7 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     systems = tiny_config(char_data, **common)
     load_stage("speedrun_1_systems").change(systems)
     systems.amp = systems.amp_bf16 = False  # the precision's own bound is fast_2's test; here the rest must be exact to fp32
-    systems.validate()
+    optimizations.validate(systems)
     assert systems.compile and systems.batch_gather and systems.loss == "chunked" and systems.attention == "sdpa"
     run_b, grads_b = train_with_grads(base, 1)
     run_s, grads_s = train_with_grads(systems, 1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import time_to_loss, train
+from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.muon import MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
@@ -26,7 +26,8 @@ HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|
 
 
 def built(char_data, **overrides):
-    cfg = TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon", **overrides).validate()
+    cfg = optimizations.validate(TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon",
+                                             **overrides))
     raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
     return cfg, raw, optimizer
 
@@ -119,8 +120,9 @@ def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
 
 
 def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
-    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000, lr_schedule="wsd",
-                      lr_cooldown=0.2).validate()  # the decay: the last 2200 tokens, from 8800
+    # the decay: the last 2200 tokens, from 8800
+    cfg = optimizations.validate(TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000,
+                                             lr_schedule="wsd", lr_cooldown=0.2))
     assert learning_rate(cfg, 0) == 0.0
     assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
     assert learning_rate(cfg, 1000) == learning_rate(cfg, 5000) == learning_rate(cfg, 8800) == 1e-3  # stable
@@ -187,7 +189,7 @@ def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp
 
 def test_muon_with_fsdp_is_refused():
     with pytest.raises(UserError, match="Muon needs whole matrices and FSDP shards them"):
-        TrainConfig(device="cpu", matrix_optimizer="muon", distributed="fsdp", nproc=2).validate()
+        optimizations.validate(TrainConfig(device="cpu", matrix_optimizer="muon", distributed="fsdp", nproc=2))
 
 
 def test_a_torch_without_muon_records_the_stage_as_skipped(char_data, tmp_path):
@@ -226,7 +228,7 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
         g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
     assert fp32.dtype == torch.float32 and fp32.shape == g.shape
     assert ((fp32 - bf16.float()).abs().max() / fp32.abs().max()).item() < 5e-2
-    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (False, "slower here"))
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (False, "slower here"))
     cfg, raw, optimizer = built(char_data, n_layer=2)
     assert optimizer.newton_schulz_dtype == torch.float32
     calls = []
@@ -238,5 +240,5 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
     optimizer.step()
     assert len(calls) == 4 * 2  # the four matrices of each of the two blocks
     assert _muon._zeropower_via_newtonschulz is original
-    monkeypatch.setattr(home, "cpu_bf16_is_faster", lambda: (True, "faster here"))
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (True, "faster here"))
     assert built(char_data, n_layer=2)[2].newton_schulz_dtype == torch.bfloat16

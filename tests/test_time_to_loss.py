@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from gpt import time_to_loss, train
+from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet
@@ -66,14 +66,14 @@ def test_each_stage_trained_to_a_loss_in_the_tests_learns_on_its_budget(stage, c
 
 
 def test_schedule_warms_up_linearly_then_decays_to_its_floor():
-    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000).validate()
+    cfg = optimizations.validate(TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000))
     assert learning_rate(cfg, 0) == 0.0
     assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
     assert learning_rate(cfg, 1000) == pytest.approx(1e-3)  # the peak
     assert learning_rate(cfg, 6000) == pytest.approx((1e-3 + 1e-4) / 2)  # half way down the cosine
     assert learning_rate(cfg, 11000) == pytest.approx(1e-4) == learning_rate(cfg, 50000)  # the floor, and after
     assert all(learning_rate(cfg, t) >= learning_rate(cfg, t + 100) for t in range(1000, 12000, 100))
-    constant = TrainConfig(lr=1e-3).validate()  # the timed protocol's setting: no schedule
+    constant = optimizations.validate(TrainConfig(lr=1e-3))  # the timed protocol's setting: no schedule
     assert learning_rate(constant, 0) == learning_rate(constant, 10**9) == 1e-3
 
 

@@ -57,6 +57,33 @@ def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, 
     assert folded["peak_memory_mib"] == single["peak_memory_mib"] > 0
 
 
+# What the allocator's history of speed_4_compile's memory step gave on an H100 (records/h100-2026-11-24): a CUDA
+# graph replay allocates nothing, so only the step's eager rest was traced, 42 of the 3,992 MiB the stage reserved.
+H100_GRAPH_REPLAY = {"breakdown_mib": {"parameters": 10.35, "buffers": 0.09, "gradients": 0.0,
+                                       "optimizer_state": 20.69, "activations": 0.0, "temporaries": 10.68,
+                                       "other": 0.02, "total": 41.84},
+                     "timeline_mib": [31.1, 41.84, 31.1], "snapshot": "speed_4_compile.memory.pickle"}
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_not_see(cuda_graphs, monkeypatch):
+    """The CUDA memory step is traced by the caching allocator's history; a CUDA-graph replay runs in the graphs'
+    private pool without asking the allocator, so the trace holds neither activations nor gradients. Such a stage
+    records no breakdown and no curve (null) rather than that one (d44d90b recorded it); its snapshot is kept, and
+    an eager stage's breakdown is unchanged."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(protocol, "cuda_step_memory", lambda *a: {**H100_GRAPH_REPLAY})
+    trainer = SimpleNamespace(cfg=TrainConfig(measure_memory=True), device=torch.device("cuda", 0), rank=0,
+                              step=SimpleNamespace(cuda_graphs=cuda_graphs), model=None, raw=None, optimizer=None)
+    memory = protocol.memory_step(trainer, None)
+    assert memory["snapshot"] == H100_GRAPH_REPLAY["snapshot"]
+    if cuda_graphs:
+        assert memory["breakdown_mib"] is None and memory["timeline_mib"] is None
+    else:
+        assert memory == H100_GRAPH_REPLAY
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
 def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data):
     """The memory step (here the last warm-up step) runs under MemTracker's dispatch mode, which dynamo cannot

@@ -145,7 +145,7 @@ def simulation_plan(cfg: TrainConfig, target: str, vocab_size: int) -> Simulatio
     as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's chunked loss, ...)."""
     sim = dataclasses.replace(cfg, device="cpu", samples=cfg.batch_size * cfg.world_size)
     plan = optimizations.plan_simulation(SimulationPlan(sim, target, source=cfg, vocab_size=vocab_size))
-    plan.cfg.validate()
+    optimizations.validate(plan.cfg)
     return plan
 
 
@@ -282,7 +282,7 @@ def _cuda_rules():
     with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
           mock.patch.object(F, "dropout", _cuda_dropout),
           mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
-          mock.patch.object(parallel, "cpu_bf16_is_faster", return_value=(True, "a CUDA GPU")),
+          mock.patch.object(parallel, "bf16_is_fast", return_value=(True, "a CUDA GPU")),
           mock.patch.object(fused_attention, "cpu_attention_choice", return_value=("sdpa", None)),
           mock.patch.object(chunked_loss, "cpu_loss_choice", return_value=("chunked", None)),
           _CudaAutocastLists()):

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpt import allocator_snapshot
+from gpt import allocator_snapshot, optimizations
 from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
 from gpt.errors import CannotSimulate, UserError, exit_on_user_error
@@ -149,7 +149,7 @@ def estimate_config(args):
                        samples=max(batch, 1) * world * base.world_size)  # divisible before and after
     cfg = with_processes(cfg, world)
     cfg.samples = cfg.batch_size * cfg.world_size
-    cfg.validate()
+    optimizations.validate(cfg)
     vocab = args.vocab_size
     if vocab is None:
         if args.profile == "reference":

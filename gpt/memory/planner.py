@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt import allocator_snapshot
+from gpt import allocator_snapshot, optimizations
 from gpt.allocator_snapshot import STACK_CATEGORIES, MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
@@ -104,7 +104,7 @@ def reference_config(stage: str, processes: int | None = None, **overrides) -> T
     matters for timing, and must divide by the batch."""
     cfg = with_processes(stage_config(stage, "reference", **overrides), processes)
     cfg.samples = cfg.batch_size * cfg.world_size
-    return cfg.validate()
+    return optimizations.validate(cfg)
 
 
 class Runner:

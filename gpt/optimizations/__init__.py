@@ -21,6 +21,7 @@ A stage script changes TrainConfig fields; each field belongs to exactly one opt
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
 memory planner read from here. None of them names a field.
 """
+from gpt.config import TrainConfig
 from gpt.optimizations import (accumulation, adamw, architecture, checkpointing, chunked_loss, compilation, feeding,
                                fused_attention, padded_vocab, parallel, precision)
 from gpt.optimizations import muon, schedule  # the speedrun ladder
@@ -65,11 +66,14 @@ def changed(before: dict, after: dict) -> list[Optimization]:
     return list(dict.fromkeys(_OWNER[f] for f in fields))
 
 
-def check(cfg) -> None:
-    """A UserError for the first setting an optimization cannot take (TrainConfig.validate runs it)."""
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """`cfg`, checked: a UserError for its first bad setting, the run's own first (TrainConfig.check_run_settings:
+    gpt.config knows no optimization), then the first an optimization cannot take."""
+    cfg.check_run_settings()
     for opt in OPTIMIZATIONS:
         if opt.checks:
             opt.checks(cfg)
+    return cfg
 
 
 def why_no_effect(optimizations: list[Optimization], cfg, device) -> str | None:

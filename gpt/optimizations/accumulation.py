@@ -3,13 +3,9 @@ so the summed gradients are the whole batch's, with one micro-batch's activation
 
 The code is the micro-batch loop of gpt/train.py:train_step (with DDP, only the last micro-batch all-reduces).
 """
-from typing import TYPE_CHECKING
-
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 def _check(cfg: "TrainConfig") -> None:
@@ -24,11 +20,11 @@ def micro_batches(cfg: "TrainConfig") -> int:
 
 def split_further(cfg: "TrainConfig", factor: int) -> "TrainConfig":
     """`cfg` with every micro-batch split into `factor` (the same update up to rounding: gpt/noise_scale.py reads the
-    halves' gradients this way); a UserError where the batch does not divide."""
+    halves' gradients this way, and validates it); a UserError where the batch does not divide."""
     if cfg.batch_size % (factor * cfg.grad_accum_steps):
         raise UserError(f"batch size {cfg.batch_size} does not split into {factor} x {cfg.grad_accum_steps} "
                         "micro-batches")
-    return type(cfg).from_dict({**cfg.to_dict(), "grad_accum_steps": factor * cfg.grad_accum_steps}).validate()
+    return type(cfg).from_dict({**cfg.to_dict(), "grad_accum_steps": factor * cfg.grad_accum_steps})
 
 
 GRADIENT_ACCUMULATION = Optimization(

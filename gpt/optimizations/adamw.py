@@ -2,15 +2,11 @@
 
 `make_optimizer` builds the stage's AdamW; the reference's multi-tensor (foreach) path is the default.
 """
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn as nn
 
+from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 def make_optimizer(model: nn.Module, cfg: "TrainConfig", skip=()) -> torch.optim.AdamW:

@@ -32,13 +32,9 @@ Together these are the architecture of modded-nanogpt's later records and of nan
 and add other changes not made here). What each one gave on this project's data, alone and together, is measured
 by time to the baseline's loss (the speedrun ladder's log).
 """
-from typing import TYPE_CHECKING
-
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 ARCHITECTURES = ("gpt2", "modern")
 

@@ -1,14 +1,10 @@
 """Activation checkpointing (memory_2): each transformer block keeps only its input in the forward pass and
 recomputes the rest during backward.
 """
-from typing import TYPE_CHECKING
-
 import torch.nn as nn
 
+from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 def checkpoint_blocks(model: nn.Module, cfg: "TrainConfig") -> nn.Module:

@@ -33,19 +33,16 @@ import importlib.util
 import inspect
 import statistics
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
+from gpt.config import TrainConfig
 from gpt.devices import synchronize
 from gpt.errors import CannotSimulate, UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 LOSSES = ("full", "chunked")  # the whole logits, then cross-entropy | chunk by chunk of rows
 IMPLEMENTATIONS = ("torch", "liger", "cce")  # also the order of preference of "auto"

@@ -1,16 +1,12 @@
 """torch.compile (speed_4): the model traced into graphs whose element-wise ops are fused into fewer kernels; on
 CUDA in "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels).
 """
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn as nn
 
+from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.report.formatting import fmt_time, steady_steps
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 def compile_mode(cfg: "TrainConfig", device: torch.device) -> str | None:

@@ -4,19 +4,15 @@
 `make_loader` builds the stage's batches and `to_device` copies each one; `training_data` is the data set they
 come from. Every setting left as the baseline has it gives the baseline's plain DataLoader.
 """
-from typing import TYPE_CHECKING
-
 import torch
 from torch.utils.data import DataLoader
 
 from gpt.allocator_snapshot import MiB, cuda_block_bytes
+from gpt.config import TrainConfig
 from gpt.data import GatheredBatches, load_prepared, make_dataset
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.report.formatting import fmt_share, steady_steps
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 DATASETS = ("raw_text", "tokens")  # raw text processed per sample in __getitem__ | pre-tokenised windows
 

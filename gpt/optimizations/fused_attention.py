@@ -14,17 +14,14 @@ gpt/memory/__init__.py:_cuda_sdpa.
 import math
 import statistics
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
+from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 ATTENTION_CACHE = "cpu_attention"  # gpt/machine_cache.py's file of measured attention times
 

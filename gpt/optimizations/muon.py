@@ -13,18 +13,15 @@ biases keep AdamW, as in the modded-nanogpt speedruns.
 import contextlib
 import math
 from collections import ChainMap
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.adamw import make_optimizer as make_adamw
 from gpt.optimizations.optimization import Optimization
-from gpt.optimizations.precision import cpu_bf16_is_faster
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
+from gpt.optimizations.precision import bf16_is_fast
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -98,11 +95,8 @@ def newton_schulz_in(dtype: torch.dtype):
 
 
 def newton_schulz_dtype(device_type: str) -> torch.dtype:
-    """bf16 where the device multiplies bf16 matrices natively and fast (a GPU with bf16 units; a CPU measured faster
-    in bf16), float32 elsewhere."""
-    if device_type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
-    return torch.bfloat16 if cpu_bf16_is_faster()[0] else torch.float32
+    """bf16 where the device multiplies bf16 matrices natively and fast (precision.bf16_is_fast), float32 elsewhere."""
+    return torch.bfloat16 if bf16_is_fast(device_type)[0] else torch.float32
 
 
 def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:

@@ -3,7 +3,7 @@
 Every optimization of the ladders is an `Optimization`: the TrainConfig fields that switch it on, the code they
 switch on, and its facts, as small functions the rest of the project calls instead of naming the fields:
 
-    checks        the settings it cannot take (TrainConfig.validate runs them)
+    checks        the settings it cannot take (gpt.optimizations.validate runs them)
     no_effect     why switching it on changes nothing on a device (the record's `no_effect`)
     cannot_run    why a stage with it cannot run on this machine (a `skipped` record)
     model         the GPTConfig settings it makes (gpt/train.py:build_model)
@@ -16,10 +16,8 @@ The registry of every optimization, and the questions asked of all of them at on
 """
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
+from gpt.config import TrainConfig
 
 
 @dataclass

@@ -5,13 +5,9 @@ The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the 
 GPT.vocab_mask gives the padding rows a -inf logit bias, so they have probability 0: the loss and the real rows'
 gradients are unchanged, and the padding rows stay 0 (MFU counts the real vocabulary only).
 """
-from typing import TYPE_CHECKING
-
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 def _check(cfg: "TrainConfig") -> None:

@@ -3,19 +3,15 @@ bf16 compute with fp32 reduction, lean_3: CPU offload).
 
 `parallelize` wraps the model; gpt/distributed.py launches the processes (torchrun), joins and leaves their group.
 """
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn as nn
 
 from gpt import distributed
 from gpt.allocator_snapshot import MiB, cuda_block_bytes
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
-from gpt.optimizations.precision import cpu_bf16_is_faster
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
+from gpt.optimizations.precision import bf16_is_fast
 
 MODES = (None, "ddp", "fsdp")
 
@@ -84,8 +80,9 @@ def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
     fsdp_mixed_precision: each unit's parameters are all-gathered as bf16 copies and the unit computes in
     bf16 (half the bytes for gathered parameters and saved activations); the sharded fp32 parameters stay
     the master weights the optimizer updates, and gradients are reduce-scattered in fp32, so summing the
-    ranks' contributions loses nothing to bf16. A CPU follows cpu_bf16_is_faster: one without bf16
-    instructions would run the stage ~100x slower, so it keeps fp32 and the stage has no effect there.
+    ranks' contributions loses nothing to bf16. Only where bf16 is fast (precision.bf16_is_fast: a GPU with bf16
+    units, a CPU measured faster in bf16): a CPU without bf16 instructions would run the stage ~100x slower, a T4
+    or V100 several times slower, so they keep fp32 and the stage has no effect there.
     fsdp_cpu_offload: the sharded parameters, their gradients and AdamW's state live in pinned host memory;
     each unit's shard is copied to the GPU just before its all-gather, gradients go back to the host, and
     the optimizer step runs on the CPU. The GPU then holds little more than one unit's gathered parameters
@@ -93,7 +90,7 @@ def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     policies = {}
-    if cfg.fsdp_mixed_precision and (device.type != "cpu" or cpu_bf16_is_faster()[0]):
+    if cfg.fsdp_mixed_precision and bf16_is_fast(device.type)[0]:
         policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cfg.fsdp_cpu_offload:
         policies["offload_policy"] = CPUOffloadPolicy()
@@ -152,9 +149,9 @@ def _check_fsdp_setting(cfg: "TrainConfig") -> None:
 
 
 def _bf16_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
-    if "mp_policy" not in fsdp_policies(cfg, device):
-        return f"kept fp32 parameters for compute: bf16 is not faster here ({cpu_bf16_is_faster()[1]})"
-    return None
+    if "mp_policy" in fsdp_policies(cfg, device):
+        return None
+    return f"kept fp32 parameters for compute: bf16 is not fast here ({bf16_is_fast(device.type)[1]})"
 
 
 FSDP_MIXED_PRECISION = Optimization(

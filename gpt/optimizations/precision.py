@@ -1,21 +1,19 @@
 """Precision: autocast (speed_5: fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster), bf16 autocast
 without a GradScaler (fast_2), and TF32 tensor cores for the fp32 matmuls autocast leaves (fast_2).
 
-`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `cpu_bf16_is_faster` is the CPU's
-one measured rule for bf16, which FSDP's mixed precision (gpt/optimizations/parallel.py) follows too.
+`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `bf16_is_fast` is the one rule
+for computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
+(gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
 """
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.report.formatting import steady_steps
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 
 @dataclass
@@ -43,12 +41,11 @@ def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
     if not cfg.amp:
         return MixedPrecision(torch.float32, device.type, None, "amp off")
     if device.type == "cuda":
-        # bf16 units (Ampere and newer): torch's default answer also counts emulated bf16, true on a T4 or V100
-        if cfg.amp_bf16 and torch.cuda.is_bf16_supported(including_emulation=False):
+        if cfg.amp_bf16 and bf16_is_fast("cuda")[0]:
             return MixedPrecision(torch.bfloat16, "cuda", None, "bf16 autocast, no loss scaling")
-        why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16)" if cfg.amp_bf16 else "")
+        why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16 units)" if cfg.amp_bf16 else "")
         return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"), why)
-    faster, rates = cpu_bf16_is_faster()
+    faster, rates = bf16_is_fast("cpu")
     if faster:
         return MixedPrecision(torch.bfloat16, "cpu", None, f"bf16 autocast ({rates})")
     return MixedPrecision(torch.float32, "cpu", None, f"kept fp32: bf16 is not faster here ({rates})")
@@ -62,6 +59,17 @@ def simulated_precision(cfg: "TrainConfig", target: str, sim_device: torch.devic
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
     return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type, None)
+
+
+def bf16_is_fast(device_type: str) -> tuple[bool, str]:
+    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz). A GPU: only with
+    bf16 units (Ampere and newer); torch.cuda.is_bf16_supported()'s default answer also counts emulated bf16, true
+    on a T4 or V100, which run it several times slower than fp16. A CPU: cpu_bf16_is_faster. Returns (fast, why)."""
+    if device_type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, "this GPU has bf16 units"
+        return False, "this GPU has no bf16 units (only emulated bf16, slower than fp16)"
+    return cpu_bf16_is_faster()
 
 
 def cpu_bf16_is_faster() -> tuple[bool, str]:

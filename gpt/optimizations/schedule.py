@@ -6,15 +6,12 @@ floor: most of the run learns at the peak, and the decay at the end brings the l
 the modded-nanogpt speedruns). The timed protocol (lr_decay_tokens 0) keeps the learning rate constant.
 """
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
+from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
-
-if TYPE_CHECKING:  # annotations only: gpt.config calls back into gpt.optimizations
-    from gpt.config import TrainConfig
 
 SCHEDULES = ("cosine", "wsd")
 
