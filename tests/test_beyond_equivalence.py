@@ -3,6 +3,7 @@ checked against its parent here, on the CPU, through the project's own code, in 
 tests/test_ladder_equivalence.py (whose helpers it uses). Tolerances are stated per test; measured
 differences are printed (pytest -s).
 """
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -24,6 +25,7 @@ from gpt.optimizations.parallel import fsdp_policies
 from gpt.optimizations.precision import matmul_precision, mixed_precision
 from gpt.stage import EXIT_SKIPPED, no_effect
 from test_ladder_equivalence import (
+    AMP_LOSS_ATOL,
     CPU,
     DIST_STEPS,
     NO_CLIP,
@@ -83,6 +85,36 @@ def test_bf16_stage_changes_nothing_on_a_cpu(char_data, monkeypatch):
     reason = no_effect("fast_2_bf16", "smoke", stage_config("fast_2_bf16", "smoke", device="cpu"))
     assert reason.startswith("no effect on cpu: ") and "GradScaler" in reason and "TF32" in reason
     assert no_effect("fast_3_sdpa", "smoke", stage_config("fast_3_sdpa", "smoke", device="cpu")) is None
+
+
+# fast_2's mathematics, run on the CPU with what mixed_precision chooses for an Ampere GPU: bf16 autocast, no scaler.
+# bf16 keeps 8 significant bits, so each cast to it moves a value by at most u = 2^-8 (unit roundoff) relative. The
+# gradient of block 0's weights crosses the 8 matmuls after it (block 1's attention: qkv, q k^T, att v, proj; its
+# MLP: 2; the head) forward and backward: ~3 roundings per matmul each way (two inputs, one output), n ~ 48.
+# Independent roundings add in quadrature: sqrt(48) u ~ 2.7e-2 of a tensor's largest gradient (worst case, all in
+# line: 48 u ~ 0.19). Measured at step 1: 7.0e-3 (1.8 u). Clipping off: a loss scale left in the gradients
+# (x2 or more) would otherwise be clipped away; Adam divides a scale out, so the gradients are the check of it.
+BF16_GRAD_RTOL = 48**0.5 * 2**-8
+
+
+def test_bf16_without_a_scaler_trains_like_fp32(char_data, monkeypatch):
+    """fast_2's choice on a GPU with bf16 units computes in bf16 (not fp16: fp16 without a scaler underflows small
+    gradients at scale; on this tiny model it is closer to fp32 than bf16 is, so the dtype is the check) and scales
+    nothing (a GradScaler left on gives the same bits, its power-of-2 scale is exact in bf16, but keeps its host
+    sync: the choice is the check); run on the CPU, its first step's gradients match fp32's within BF16_GRAD_RTOL and
+    its losses within speed_5's AMP_LOSS_ATOL."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100's answer
+    chosen = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
+    assert chosen.dtype == torch.bfloat16 and chosen.scaler is None, chosen
+    amp = dataclasses.replace(chosen, device_type="cpu")  # the same autocast, on this CPU
+    cfg = dict(lr=3e-3, grad_clip=NO_CLIP)
+    fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 3)
+    bf16, grads_bf16 = train_with_grads(tiny_config(char_data, amp=True, amp_bf16=True, **cfg), 3, amp=amp)
+    with torch.no_grad(), amp.autocast():  # the matmuls really ran in bf16
+        assert bf16.model(bf16.inputs[0])[0].dtype == torch.bfloat16
+    report("fast_2 (bf16, no scaler) vs fp32, step 1 gradients", grads_bf16[0], grads_fp32[0])
+    assert max_diff(grads_bf16[0], grads_fp32[0])[1] < BF16_GRAD_RTOL
+    assert max(abs(a - b) for a, b in zip(bf16.losses, fp32.losses)) < AMP_LOSS_ATOL
 
 
 def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
