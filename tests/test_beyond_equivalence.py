@@ -27,11 +27,19 @@ from gpt.stage import EXIT_SKIPPED, no_effect
 from test_ladder_equivalence import (
     AMP_LOSS_ATOL,
     CPU,
+    DIST_GRAD_ATOL,
+    DIST_GRAD_RTOL,
+    DIST_PARAM_ATOL,
+    DIST_PARAM_RTOL,
     DIST_STEPS,
     NO_CLIP,
     NPROC,
     RANK_BATCH,
     gpt2_text_data,  # noqa: F401 (a fixture)
+    build_model,
+    check_two_processes_match_one,
+    fake_process_group,
+    fsdp_units,
     launch_workers,
     max_diff,
     report,
@@ -461,6 +469,34 @@ def test_cpu_offload_is_skipped_without_a_gpu(tmp_path):
     assert record["config"]["fsdp_cpu_offload"] and record["config"]["fsdp_mixed_precision"]
 
 
+# lean_3 over memory_4, mixed precision aside (lean_1's check; an AMX CPU would compute in bf16): CPU offload runs
+# torch's other code paths, sharded parameters and gradients kept as host tensors, each unit's shard copied to the
+# compute device before its all-gather and its gradient copied back, AdamW stepping the host shards. On a CPU the
+# copies are host to host (unpinned: fsdp_policies), and the sums the same as memory_4's, in the same order: its
+# float32 bounds hold. What a CPU cannot check, the copies to and from a GPU: tests/test_gpu.py.
+LEAN_3 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False, fsdp_cpu_offload=True)
+
+
+def test_cpu_offload_on_two_processes_matches_one_process(char_data, tmp_path):
+    check_two_processes_match_one("fsdp", LEAN_3, char_data, tmp_path, "cpu", (DIST_GRAD_RTOL, DIST_GRAD_ATOL),
+                                  (DIST_PARAM_RTOL, DIST_PARAM_ATOL))
+
+
+def test_every_fsdp_unit_gets_the_offload_and_precision_policies(monkeypatch, char_data):
+    """A unit sharded without them trains the same (the comparison above cannot see it) but keeps its parameters,
+    gradients and AdamW state on the GPU, or computes in fp32: every block and the root must get them."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: 2.0 if dtype == torch.bfloat16 else 1.0)
+    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, fsdp_mixed_precision=True, fsdp_cpu_offload=True)
+    with fake_process_group():
+        groups = [unit._get_fsdp_state()._fsdp_param_group for unit in fsdp_units(build_model(cfg, 65, CPU)[0])]
+    assert len(groups) == cfg.n_layer + 1
+    assert all(isinstance(g.offload_policy, CPUOffloadPolicy) for g in groups)
+    assert all(p.offload_to_cpu and not p.pin_memory for g in groups for p in g.fsdp_params)
+    assert all(g.mp_policy == fsdp_policies(cfg, CPU)["mp_policy"] for g in groups)
+
+
 def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
@@ -470,7 +506,8 @@ def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     lean_3 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, fsdp_cpu_offload=True)
     policies = fsdp_policies(lean_3, CPU)
     assert policies["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    assert isinstance(policies["offload_policy"], CPUOffloadPolicy)
+    assert isinstance(policies["offload_policy"], CPUOffloadPolicy) and not policies["offload_policy"].pin_memory
+    assert fsdp_policies(lean_3, torch.device("cuda"))["offload_policy"].pin_memory  # fast copies to the GPU
     assert owner("fsdp_mixed_precision").no_effect(lean_3, CPU) is None
 
     rates[torch.bfloat16] = 1.3e9  # a CPU with AVX2 only: bf16 ~100x slower than fp32, so fp32 is kept
