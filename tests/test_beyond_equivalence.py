@@ -291,7 +291,8 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
 
 # Which implementation computes the chunked loss (gpt/optimizations/chunked_loss.py), and the glue around the two
 # that need Triton (CUDA only): each gets its inputs as the chunked op's contract says. A stand-in with the library's
-# signature computes the full loss, so the glue must reproduce the full loss exactly (same ops, same order).
+# signature computes what the library documents (below), so the glue must reproduce the full loss exactly (same ops,
+# same order).
 
 
 def fake_module(monkeypatch, name: str, **attributes):
@@ -337,27 +338,67 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     assert chunked_loss.resolve("auto", "cuda") == "liger" and chunked_loss.resolve("cce", "cuda") == "cce"
 
 
-def full_loss(x, weight, targets, bias=None):
-    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight, bias).float(), targets)
+# Stand-ins for the two Triton kernels: each library's own signature (liger-kernel 0.8.5,
+# liger_kernel/transformers/functional.py; cut-cross-entropy 25.1.1, cut_cross_entropy/linear_cross_entropy.py),
+# computing what it documents, so that the glue's mistakes change the loss: logits = input @ weight.T (+ bias; weight
+# is (vocab, dim)) in the inputs' dtype, which must match (a Triton kernel is not reached by autocast, so the stand-in
+# turns it off), soft-capped, then fp32 cross-entropy with ignore_index and the reduction (liger: class weights, label
+# smoothing, z-loss; cce: shift, the next row's target). What they cannot show on a CPU, the rounding that liger's
+# accum_dtype and cce's gradient filter change, is recorded and checked as given.
 
 
-@pytest.mark.parametrize("impl", ["liger", "cce"])
-def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, monkeypatch):
-    """liger takes the -inf padding bias (and fp32 weight-gradient accumulation); Cut Cross-Entropy takes no
-    bias, so it gets the real rows only, with its gradient filtering off. Either way: the full loss of the
-    padded head, and gradient 0 for the padding rows."""
+def kernel_contract(x, weight, targets, bias=None, *, ignore_index, reduction, softcap, ce_weight=None,
+                    label_smoothing=0.0, lse_square_scale=0.0):
+    assert x.dim() == 2 and targets.shape == x.shape[:1] and weight.shape[1] == x.shape[1]
+    with torch.autocast(x.device.type, enabled=False):
+        logits = torch.nn.functional.linear(x, weight, bias)  # raises unless x, weight and bias share a dtype
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits.float()
+    loss = torch.nn.functional.cross_entropy(logits, targets, weight=ce_weight, ignore_index=ignore_index,
+                                             reduction=reduction, label_smoothing=label_smoothing)
+    if lse_square_scale:
+        z = lse_square_scale * torch.logsumexp(logits, -1)[targets != ignore_index] ** 2
+        loss = loss + {"mean": z.mean(), "sum": z.sum()}[reduction]
+    return loss
+
+
+def stand_ins(monkeypatch) -> dict:
+    """Both libraries importable, with the stand-ins; returns what the precision-only arguments were given."""
     seen = {}
 
-    def liger(x, weight, targets, bias=None, accum_dtype=None):
-        seen.update(rows=weight.shape[0], bias=bias is not None, accum_dtype=accum_dtype)
-        return full_loss(x, weight, targets, bias)
+    def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight=None, ignore_index=-100,
+                                         lse_square_scale=0.0, label_smoothing=0.0, reduction="mean", softcap=None,
+                                         return_z_loss=False, accum_dtype=None, use_token_scaling=False,
+                                         return_token_accuracy=False, return_predicted_tokens=False,
+                                         chunk_mem_const=1):
+        assert not (return_z_loss or use_token_scaling or return_token_accuracy or return_predicted_tokens)  # a tuple
+        seen.update(accum_dtype=accum_dtype)
+        return kernel_contract(input, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
+                               softcap=softcap, ce_weight=ce_weight, label_smoothing=label_smoothing,
+                               lse_square_scale=lse_square_scale)
 
-    def cce(e, c, targets, filter_eps="high", impl="cce"):
-        seen.update(rows=c.shape[0], filter_eps=filter_eps, impl=impl)
-        return full_loss(e, c, targets)
+    def linear_cross_entropy(e, c, targets, ignore_index=-100, softcap=None, reduction="mean", shift=False,
+                             filter_eps="high", impl="cce"):
+        seen.update(filter_eps=filter_eps, impl=impl)
+        if shift:
+            e, targets = e[:-1], targets[1:]
+        return kernel_contract(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
 
-    fake_module(monkeypatch, "liger_kernel.transformers.functional", liger_fused_linear_cross_entropy=liger)
-    fake_module(monkeypatch, "cut_cross_entropy", linear_cross_entropy=cce)
+    fake_module(monkeypatch, "liger_kernel.transformers.functional",
+                liger_fused_linear_cross_entropy=liger_fused_linear_cross_entropy)
+    fake_module(monkeypatch, "cut_cross_entropy", linear_cross_entropy=linear_cross_entropy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, dtype, monkeypatch):
+    """liger takes the -inf padding bias (and fp32 weight-gradient accumulation); Cut Cross-Entropy takes no
+    bias, so it gets the real rows only, with its gradient filtering off; under autocast both get the autocast
+    dtype's inputs, bias included. Either way: the full loss of the padded head, as the model computes it under the
+    same autocast, its gradients to the bit, and gradient 0 for the padding rows."""
+    seen = stand_ins(monkeypatch)
     vocab, padded = 80, 128
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 32, generator=g, requires_grad=True)
@@ -367,17 +408,17 @@ def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, 
     bias = torch.zeros(padded)
     bias[vocab:] = float("-inf")
     targets = torch.randint(vocab, (64,), generator=g)
-    loss = chunked_loss.chunked_cross_entropy(x, weight, targets, vocab, bias, impl=impl)
-    loss.backward()
+    targets[::8] = -100  # ignored by the full loss (F.cross_entropy's default ignore_index): by the kernels too
     x_ref, w_ref = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    reference = full_loss(x_ref, w_ref, targets, bias)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        loss = chunked_loss.chunked_cross_entropy(x, weight, targets, vocab, bias, impl=impl)
+        reference = chunked_loss.full_cross_entropy(x_ref, w_ref, targets, vocab, bias)
+    loss.backward()
     reference.backward()
     assert loss.item() == reference.item()
     assert torch.equal(x.grad, x_ref.grad) and torch.equal(weight.grad, w_ref.grad)
     assert weight.grad[vocab:].abs().max() == 0
-    expected = (dict(rows=padded, bias=True, accum_dtype=torch.float32) if impl == "liger"
-                else dict(rows=vocab, filter_eps=None, impl="cce"))
-    assert seen == expected
+    assert seen == (dict(accum_dtype=torch.float32) if impl == "liger" else dict(filter_eps=None, impl="cce"))
 
 
 @pytest.mark.slow
