@@ -283,7 +283,7 @@ def test_compile_matches_eager(char_data):
 
 # ---- mixed precision (speed_5) ---------------------------------------------------------------------------
 
-# bf16 keeps 8 significant bits: every matmul output is rounded by up to 2^-9 ~ 0.2% relative. The
+# bf16 keeps 8 significant bits: every matmul output is rounded by up to 2^-8 ~ 0.4% relative (half its spacing). The
 # loss itself is fp32 (gpt/model.py upcasts the logits), so it moves by the logits' rounding errors,
 # which mostly cancel in the mean over the 8 x 16 positions: measured ~1.3e-4 over 8 steps. The bound,
 # 2e-3, leaves 15x; it is small next to what 8 steps at lr 3e-3 change the loss by (asserted), and a
