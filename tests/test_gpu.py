@@ -118,6 +118,18 @@ def test_two_gpus_match_one_gpu_on_the_combined_batch(mode, stage_settings, char
                                   GPU_DIST_PARAM_TOL)
 
 
+@two_gpus
+def test_two_gpus_with_cpu_offload_match_one_gpu(char_data, tmp_path):
+    """lean_3 where it does something. The CPU suite runs the same comparison on 2 gloo processes
+    (tests/test_beyond_equivalence.py:test_cpu_offload_on_two_processes_matches_one_process), but there the shards
+    are copied host to host, unpinned (a CPU-only torch has no pinned memory): only here do they go to pinned host
+    memory and back to the GPU around each all-gather, the gradients to the host, and AdamW step on host shards
+    while the model computes on the GPU (with host collectives beside NCCL: gpt/distributed.py:backend_for)."""
+    from test_beyond_equivalence import LEAN_3
+
+    check_two_processes_match_one("fsdp", LEAN_3, char_data, tmp_path, "cuda", GPU_DIST_GRAD_TOL, GPU_DIST_PARAM_TOL)
+
+
 def test_fp16_with_grad_scaler_trains_like_fp32(char_data):
     """The CPU test's bounds (tests/test_ladder_equivalence.py), with what speed_5 really uses on CUDA."""
     amp = mixed_precision(tiny_config(char_data, amp=True, device="cuda"), torch.device("cuda"))

@@ -86,14 +86,16 @@ def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
     fsdp_cpu_offload: the sharded parameters, their gradients and AdamW's state live in pinned host memory;
     each unit's shard is copied to the GPU just before its all-gather, gradients go back to the host, and
     the optimizer step runs on the CPU. The GPU then holds little more than one unit's gathered parameters
-    and the activations."""
+    and the activations. Pinned host memory is what makes those copies fast; a CPU-only torch has none to give
+    ("RuntimeError: Cannot access accelerator device when none is available."), so on a CPU, where the stage is
+    skipped and only its tests run it on 2 gloo processes, the policy does not pin."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     policies = {}
     if cfg.fsdp_mixed_precision and bf16_is_fast(device.type)[0]:
         policies["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cfg.fsdp_cpu_offload:
-        policies["offload_policy"] = CPUOffloadPolicy()
+        policies["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     return policies
 
 
