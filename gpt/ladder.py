@@ -57,7 +57,7 @@ LADDERS = {
     # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to speed_0's
     # final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep the model
     # (their gain per sample should carry over whole at the baseline's batch), then the training changes, each kept
-    # only where it reached the target sooner than its parent on every seed; the log of what was tried is the README's.
+    # only where it reached the target sooner than its parent on every seed; what was tried is logged there.
     "speedrun": [
         "speedrun_1_systems",
         "speedrun_2_batch_lr",

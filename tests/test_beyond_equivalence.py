@@ -725,7 +725,7 @@ def test_every_bf16_choice_on_a_gpu_follows_one_rule(gpu, bf16_units, char_data,
     """autocast (amp_bf16), FSDP's mixed precision (lean_1) and Muon's Newton-Schulz compute in bf16 on a GPU only
     where it has bf16 units: torch.cuda.is_bf16_supported() also counts emulated bf16, several times slower than
     fp16 on a T4 or V100: such a GPU keeps fp16 with its GradScaler, FSDP's fp32 parameters and fp32 Newton-Schulz.
-    FSDP asked only `device.type != "cpu"` before (d44d90b) and gathered bf16 there."""
+    FSDP once asked only `device.type != "cpu"` and gathered bf16 there."""
     from gpt.optimizations.muon import newton_schulz_dtype
 
     def is_bf16_supported(including_emulation=True):

@@ -8,17 +8,17 @@ from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
 
 
-def _check(cfg: "TrainConfig") -> None:
+def _check(cfg: TrainConfig) -> None:
     if cfg.grad_accum_steps < 1 or cfg.batch_size % cfg.grad_accum_steps:
         raise UserError(f"batch size {cfg.batch_size} must be a multiple of grad_accum_steps {cfg.grad_accum_steps}")
 
 
-def micro_batches(cfg: "TrainConfig") -> int:
+def micro_batches(cfg: TrainConfig) -> int:
     """How many micro-batches each batch is trained as."""
     return cfg.grad_accum_steps
 
 
-def split_further(cfg: "TrainConfig", factor: int) -> "TrainConfig":
+def split_further(cfg: TrainConfig, factor: int) -> TrainConfig:
     """`cfg` with every micro-batch split into `factor` (the same update up to rounding: gpt/noise_scale.py reads the
     halves' gradients this way, and validates it); a UserError where the batch does not divide."""
     if cfg.batch_size % (factor * cfg.grad_accum_steps):

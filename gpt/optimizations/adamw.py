@@ -9,7 +9,7 @@ from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization
 
 
-def make_optimizer(model: nn.Module, cfg: "TrainConfig", skip=()) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: TrainConfig, skip=()) -> torch.optim.AdamW:
     """AdamW as the reference: weight decay on the weights of Linear layers (the tied embedding is the
     lm_head's weight, so it is one of them), none on biases, LayerNorm and position embeddings. `skip`: parameters
     another optimizer updates (Muon's hidden matrices, gpt/optimizations/muon.py).

@@ -42,12 +42,12 @@ ARCHITECTURES = ("gpt2", "modern")
 MODERN = dict(mlp="relu2", norm="rmsnorm", qk_norm=True, zero_init_proj=True, positions="rotary")
 
 
-def _check(cfg: "TrainConfig") -> None:
+def _check(cfg: TrainConfig) -> None:
     if cfg.architecture not in ARCHITECTURES:
         raise UserError(f"unknown architecture {cfg.architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
     return dict(MODERN) if cfg.architecture == "modern" else {}
 
 

@@ -7,7 +7,7 @@ from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization
 
 
-def checkpoint_blocks(model: nn.Module, cfg: "TrainConfig") -> nn.Module:
+def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     """Activation checkpointing: keep only each transformer block's input during the forward pass and
     recompute the block's inside during backward. Trades about one extra forward for the activations of
     every block. The RNG state is saved and restored, so dropout masks (and gradients) are unchanged.

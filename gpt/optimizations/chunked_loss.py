@@ -212,18 +212,18 @@ def time_head_and_loss(loss_fn, rows: int, dim: int, vocab: int, padded_vocab: i
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "peak_mib": peak}
 
 
-def loss_used(cfg: "TrainConfig", device_type: str, vocab_size: int) -> tuple[str, str | None]:
+def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
     """The loss a stage computes, and why it is not the one its config asks for (None when it is): cfg.loss, except
     the chunked loss in a run for time (cfg.goal) on a CPU where it was measured slower than the full loss at the
     stage's shape. A run for memory keeps it: its point there is the logits it never holds."""
     return cpu_loss_choice(cfg, vocab_size) if _chosen_by_measurement(cfg, device_type) else (cfg.loss, None)
 
 
-def _chosen_by_measurement(cfg: "TrainConfig", device_type: str) -> bool:
+def _chosen_by_measurement(cfg: TrainConfig, device_type: str) -> bool:
     return cfg.loss == "chunked" and cfg.goal == "time" and device_type == "cpu"
 
 
-def cpu_loss_choice(cfg: "TrainConfig", vocab_size: int) -> tuple[str, str | None]:
+def cpu_loss_choice(cfg: TrainConfig, vocab_size: int) -> tuple[str, str | None]:
     """On a CPU: the chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows,
     width, (padded) vocabulary and precision, compiled when the stage compiles, was measured faster than the full
     loss's; else the full loss."""
@@ -258,23 +258,23 @@ def implementation_of(model_config) -> str | None:
 # ---- fast_6 and lean_2 -------------------------------------------------------------------------------------
 
 
-def _check(cfg: "TrainConfig") -> None:
+def _check(cfg: TrainConfig) -> None:
     if cfg.loss not in LOSSES:
         raise UserError(f"unknown loss {cfg.loss!r} (choose full or chunked)")
     if cfg.loss_impl != "auto":
         check_impl(cfg.loss_impl)
 
 
-def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
+def _cannot_run(cfg: TrainConfig, device_type: str) -> str | None:
     return why_unavailable(cfg.loss_impl, device_type) if cfg.loss == "chunked" else None
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
     loss = loss_used(cfg, device_type, vocab_size)[0]
     return {"loss": loss, "loss_impl": resolve(cfg.loss_impl, device_type) if loss == "chunked" else cfg.loss_impl}
 
 
-def _no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     if not _chosen_by_measurement(cfg, device.type):
         return None
     from gpt.data import load_prepared  # the vocabulary: the stage's own data set, which it has just read

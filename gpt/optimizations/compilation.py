@@ -9,7 +9,7 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.report.formatting import fmt_time, steady_steps
 
 
-def compile_mode(cfg: "TrainConfig", device: torch.device) -> str | None:
+def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:
     """'reduce-overhead' (CUDA graphs: one launch replays the whole step's kernels) on CUDA, as the
     reference; CUDA graphs do not exist on the CPU, so the CPU gets the default mode. None: not compiled."""
     if not cfg.compile:
@@ -17,13 +17,13 @@ def compile_mode(cfg: "TrainConfig", device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else "default"
 
 
-def uses_cuda_graphs(cfg: "TrainConfig", device: torch.device) -> bool:
+def uses_cuda_graphs(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether the step replays CUDA graphs: each step must then be marked as a new iteration, and what a graph
     returns is overwritten by its next replay unless it is copied."""
     return compile_mode(cfg, device) == "reduce-overhead"
 
 
-def compile_model(model: nn.Module, cfg: "TrainConfig", device: torch.device) -> nn.Module:
+def compile_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
     """torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax,
     layer norm) into fewer kernels that read and write memory once."""
     mode = compile_mode(cfg, device)

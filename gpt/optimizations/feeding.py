@@ -17,13 +17,13 @@ from gpt.report.formatting import fmt_share, steady_steps
 DATASETS = ("raw_text", "tokens")  # raw text processed per sample in __getitem__ | pre-tokenised windows
 
 
-def training_data(cfg: "TrainConfig"):
+def training_data(cfg: TrainConfig):
     """The training split as the stage reads it: raw text normalised and tokenised per sample (the baseline's
     per-sample CPU work), or windows of the pre-tokenised token array."""
     return make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
 
 
-def make_loader(dataset, sampler, cfg: "TrainConfig", device: torch.device):
+def make_loader(dataset, sampler, cfg: TrainConfig, device: torch.device):
     """Batches of `cfg.batch_size` samples (one optimizer step per rank).
 
     num_workers > 0 moves the per-sample CPU work (__getitem__) into worker processes so it overlaps
@@ -46,12 +46,12 @@ def make_loader(dataset, sampler, cfg: "TrainConfig", device: torch.device):
     )
 
 
-def non_blocking(cfg: "TrainConfig", device: torch.device) -> bool:
+def non_blocking(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether batches are pinned and copied with non_blocking=True: only where there is a copy to overlap."""
     return cfg.pin_memory and device.type == "cuda"
 
 
-def to_device(batch, device: torch.device, cfg: "TrainConfig"):
+def to_device(batch, device: torch.device, cfg: TrainConfig):
     """Copy a batch to the device. With pinned memory, non_blocking=True lets the host queue the copy and
     go on (the copy overlaps with GPU work already queued); from pageable memory, or to the CPU, it is
     an ordinary copy."""
@@ -73,7 +73,7 @@ BIGGER_BATCH = Optimization(
 # ---- speed_2: DataLoader workers ---------------------------------------------------------------------------
 
 
-def _check_workers(cfg: "TrainConfig") -> None:
+def _check_workers(cfg: TrainConfig) -> None:
     if cfg.num_workers < 0:
         raise UserError(f"num_workers must be >= 0, got {cfg.num_workers}")
 
@@ -102,7 +102,7 @@ WORKERS = Optimization(
 # ---- speed_3: pinned memory and non-blocking copies --------------------------------------------------------
 
 
-def _pinned_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _pinned_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     if device.type != "cuda":
         return "no host-to-device copy to overlap: the batches already are in the memory the CPU computes from"
     return None
@@ -134,7 +134,7 @@ PINNED_MEMORY = Optimization(
 # ---- fast_1: pre-tokenised batches made on the device ------------------------------------------------------
 
 
-def _check_on_device_batches(cfg: "TrainConfig") -> None:
+def _check_on_device_batches(cfg: TrainConfig) -> None:
     if cfg.dataset not in DATASETS:
         raise UserError(f"unknown dataset kind {cfg.dataset!r} (choose raw_text or tokens)")
     if cfg.batch_gather and (cfg.dataset != "tokens" or cfg.num_workers):
@@ -146,7 +146,7 @@ def _no_simulated_gather(plan: SimulationPlan) -> None:
     plan.cfg.batch_gather = False  # the planner makes its batches in place
 
 
-def _token_array(cfg: "TrainConfig", raw, target: str):
+def _token_array(cfg: TrainConfig, raw, target: str):
     """The whole token array, int32, on the GPU (the simulation makes its batches in place and never holds it)."""
     if not (cfg.batch_gather and target == "cuda"):
         return None

@@ -39,7 +39,7 @@ def fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
 
 
-def attention_used(cfg: "TrainConfig", device_type: str) -> tuple[str, str | None]:
+def attention_used(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
     """The attention a stage computes with, and why it is not the one its config asks for (None when it is): SDPA
     except on a CPU where it was measured slower in a run for time (cfg.goal). A run for memory keeps it: it never
     holds the scores."""
@@ -48,7 +48,7 @@ def attention_used(cfg: "TrainConfig", device_type: str) -> tuple[str, str | Non
     return cpu_attention_choice(cfg)
 
 
-def cpu_attention_choice(cfg: "TrainConfig") -> tuple[str, str | None]:
+def cpu_attention_choice(cfg: TrainConfig) -> tuple[str, str | None]:
     """On a CPU: SDPA where one forward and backward of it, at the stage's micro-batch, heads, positions, head size,
     precision, dropout and compilation, was measured faster than the explicit attention's; else the explicit one."""
     shape = cfg.model_shape
@@ -100,11 +100,11 @@ def _time_one(fn, shape: tuple, dtype: torch.dtype, seconds: float = 0.3) -> flo
     return 1e3 * statistics.median(times)
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
     return {"attention": attention_used(cfg, device_type)[0]}
 
 
-def _no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     return attention_used(cfg, device.type)[1]
 
 

@@ -99,7 +99,7 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
     return torch.bfloat16 if bf16_is_fast(device_type)[0] else torch.float32
 
 
-def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
+def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     """Muon for the hidden matrices at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all
     passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW for the rest, with
     adamw.py's make_optimizer's groups and settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols)))
@@ -109,12 +109,12 @@ def make_muon(model: nn.Module, cfg: "TrainConfig") -> MuonWithAdamW:
     return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))
 
 
-def build_optimizer(model: nn.Module, cfg: "TrainConfig") -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The stage's optimizer, by cfg.matrix_optimizer: the reference's AdamW, or Muon with AdamW."""
     return make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_adamw(model, cfg)
 
 
-def _check_optimizer(cfg: "TrainConfig") -> None:
+def _check_optimizer(cfg: TrainConfig) -> None:
     if cfg.matrix_optimizer not in OPTIMIZERS:
         raise UserError(f"unknown matrix_optimizer {cfg.matrix_optimizer!r} (choose {' or '.join(OPTIMIZERS)})")
     if not (math.isfinite(cfg.muon_lr) and cfg.muon_lr > 0):
@@ -129,7 +129,7 @@ def _check_optimizer(cfg: "TrainConfig") -> None:
         raise UserError("Muon needs whole matrices and FSDP shards them: use DDP or one process with Muon")
 
 
-def _cannot_run(cfg: "TrainConfig", device_type: str) -> str | None:
+def _cannot_run(cfg: TrainConfig, device_type: str) -> str | None:
     if cfg.matrix_optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         return f"Muon needs torch.optim.Muon (PyTorch 2.9 or newer; this is {torch.__version__})"
     return None

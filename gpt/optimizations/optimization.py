@@ -24,9 +24,9 @@ from gpt.config import TrainConfig
 class SimulationPlan:
     """What the memory planner (gpt/memory) runs for a stage, as the optimizations rewrite it: the settings that
     run on fake CPU tensors, the notes the estimate prints, and whether the training state lives in host memory."""
-    cfg: "TrainConfig"  # the simulated settings; a simulate hook may change them
+    cfg: TrainConfig  # the simulated settings; a simulate hook may change them
     target: str  # "cuda" or "cpu": whose memory is predicted
-    source: "TrainConfig"  # the stage's own settings, as it runs them
+    source: TrainConfig  # the stage's own settings, as it runs them
     vocab_size: int  # of the data the stage trains on
     notes: list[str] = field(default_factory=list)
     state_on_host: bool = False  # FSDP CPU offload: parameters, gradients and optimizer state counted apart
@@ -40,7 +40,7 @@ class Optimization:
     code: str  # where the code it switches on lives, for readers ("gpt/optimizations/compilation.py:compile_model")
     time_targets: tuple[str, ...] = ()  # the shares of a step's time it acts on
     memory_targets: tuple[str, ...] = ()  # the parts of the peak memory it acts on
-    checks: Callable[["TrainConfig"], None] | None = None  # raises UserError for settings it cannot take
+    checks: Callable[[TrainConfig], None] | None = None  # raises UserError for settings it cannot take
     no_effect: Callable | None = None  # (cfg, device) -> why it changes nothing there, or None
     cannot_run: Callable | None = None  # (cfg, device_type) -> why a stage with it cannot run here, or None
     model: Callable | None = None  # (cfg, device_type, vocab_size) -> the GPTConfig fields it sets

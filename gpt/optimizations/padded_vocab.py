@@ -10,12 +10,12 @@ from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
 
 
-def _check(cfg: "TrainConfig") -> None:
+def _check(cfg: TrainConfig) -> None:
     if cfg.vocab_multiple < 1:
         raise UserError(f"vocab_multiple must be >= 1, got {cfg.vocab_multiple}")
 
 
-def _model_settings(cfg: "TrainConfig", device_type: str, vocab_size: int) -> dict:
+def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
     return {"vocab_multiple": cfg.vocab_multiple}
 
 

@@ -16,29 +16,29 @@ from gpt.optimizations.precision import bf16_is_fast
 MODES = (None, "ddp", "fsdp")
 
 
-def is_distributed(cfg: "TrainConfig") -> bool:
+def is_distributed(cfg: TrainConfig) -> bool:
     """Whether the stage runs in a process group (DDP or FSDP)."""
     return cfg.distributed is not None
 
 
-def launches(cfg: "TrainConfig") -> bool:
+def launches(cfg: TrainConfig) -> bool:
     """Whether this process must start the stage's processes (torchrun) rather than be one of them."""
     return is_distributed(cfg) and not distributed.under_torchrun()
 
 
-def with_processes(cfg: "TrainConfig", n: int | None) -> "TrainConfig":
+def with_processes(cfg: TrainConfig, n: int | None) -> TrainConfig:
     """`cfg` on `n` processes (a DDP/FSDP stage; a single-process stage, or n None, is left as it is)."""
     if n is not None and is_distributed(cfg):
         cfg.nproc = n
     return cfg
 
 
-def backend(cfg: "TrainConfig", device: torch.device) -> str | None:
+def backend(cfg: TrainConfig, device: torch.device) -> str | None:
     """The process group's backend (the record's choices.distributed_backend), None for one process."""
     return distributed.backend_for(device, host_collectives=cfg.fsdp_cpu_offload) if is_distributed(cfg) else None
 
 
-def parallelize(model: nn.Module, cfg: "TrainConfig", device: torch.device) -> nn.Module:
+def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
     """DDP: every rank holds the whole model and trains on its own part of the batch; gradients are
     averaged across ranks (all-reduce, in buckets that overlap with backward).
 
@@ -74,7 +74,7 @@ def device_mesh(device: torch.device):
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
+def fsdp_policies(cfg: TrainConfig, device: torch.device) -> dict:
     """FSDP2's precision and offloading settings (the "lean" ladder).
 
     fsdp_mixed_precision: each unit's parameters are all-gathered as bf16 copies and the unit computes in
@@ -102,12 +102,12 @@ def fsdp_policies(cfg: "TrainConfig", device: torch.device) -> dict:
 # ---- speed_6 (DDP) and memory_4 (FSDP) ----------------------------------------------------------------------
 
 
-def _check_mode(cfg: "TrainConfig") -> None:
+def _check_mode(cfg: TrainConfig) -> None:
     if cfg.distributed not in MODES:
         raise UserError(f"unknown distributed mode {cfg.distributed!r} (choose ddp or fsdp)")
 
 
-def _cannot_launch(cfg: "TrainConfig", device_type: str) -> str | None:
+def _cannot_launch(cfg: TrainConfig, device_type: str) -> str | None:
     return distributed.why_cannot_run(cfg.nproc, device_type) if launches(cfg) else None
 
 
@@ -116,7 +116,7 @@ def _one_ddp_rank(plan: SimulationPlan) -> None:
         plan.cfg.distributed = None  # one rank: same per-rank batch, no reducer (gpt/memory/__init__.py says why)
 
 
-def _ddp_buckets(cfg: "TrainConfig", raw, target: str):
+def _ddp_buckets(cfg: TrainConfig, raw, target: str):
     """One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
     wraps the model to the end of the run, so it adds to the peak wherever the peak is."""
     if cfg.distributed != "ddp" or target != "cuda":
@@ -145,12 +145,12 @@ DATA_PARALLEL = Optimization(
 # ---- lean_1: FSDP mixed precision ---------------------------------------------------------------------------
 
 
-def _check_fsdp_setting(cfg: "TrainConfig") -> None:
+def _check_fsdp_setting(cfg: TrainConfig) -> None:
     if (cfg.fsdp_mixed_precision or cfg.fsdp_cpu_offload) and cfg.distributed != "fsdp":
         raise UserError("fsdp_mixed_precision and fsdp_cpu_offload are FSDP settings: they need distributed='fsdp'")
 
 
-def _bf16_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _bf16_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     if "mp_policy" in fsdp_policies(cfg, device):
         return None
     return f"kept fp32 parameters for compute: bf16 is not fast here ({bf16_is_fast(device.type)[1]})"
@@ -163,7 +163,7 @@ FSDP_MIXED_PRECISION = Optimization(
     checks=_check_fsdp_setting, no_effect=_bf16_no_effect)
 
 
-def compute_dtype(cfg: "TrainConfig", device: torch.device, autocast_dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.dtype) -> torch.dtype:
     """The dtype the stage's matmuls compute in (the peak its MFU is taken against): autocast's, or, with autocast
     off, the bf16 parameter copies FSDP's mixed precision gathers for compute."""
     policy = fsdp_policies(cfg, device).get("mp_policy") if autocast_dtype == torch.float32 else None
@@ -173,7 +173,7 @@ def compute_dtype(cfg: "TrainConfig", device: torch.device, autocast_dtype: torc
 # ---- lean_3: CPU offload ------------------------------------------------------------------------------------
 
 
-def _cannot_offload(cfg: "TrainConfig", device_type: str) -> str | None:
+def _cannot_offload(cfg: TrainConfig, device_type: str) -> str | None:
     if cfg.fsdp_cpu_offload and device_type != "cuda":
         return ("nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
                 "in host memory")
@@ -192,7 +192,7 @@ def _offload_simulated(plan: SimulationPlan) -> None:
                       "host memory (host_mib), not in the GPU's peak")
 
 
-def _shards_in_transit(cfg: "TrainConfig", raw, target: str):
+def _shards_in_transit(cfg: TrainConfig, raw, target: str):
     """Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient
     shard waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation,
     where nothing moves between devices, does not see them)."""

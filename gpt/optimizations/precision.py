@@ -29,7 +29,7 @@ class MixedPrecision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
+def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
     """Autocast runs matmuls in 16-bit and keeps reductions (softmax, layer norm, the loss) in fp32.
 
     CUDA: fp16 with a GradScaler, as the reference (fp16 has a 5-bit exponent, so small gradients would
@@ -51,7 +51,7 @@ def mixed_precision(cfg: "TrainConfig", device: torch.device) -> MixedPrecision:
     return MixedPrecision(torch.float32, "cpu", None, f"kept fp32: bf16 is not faster here ({rates})")
 
 
-def simulated_precision(cfg: "TrainConfig", target: str, sim_device: torch.device) -> MixedPrecision:
+def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
     """What the memory planner computes in. The CPU's autocast dtype depends on this CPU's measured matmul rates;
     a CUDA estimate takes 16 bits (fp16 on CUDA, the same sizes as the bf16 simulated) whenever the stage
     autocasts, and casts by CUDA autocast's op lists where they differ from the CPU's (gpt/memory/__init__.py:
@@ -83,7 +83,7 @@ def cpu_bf16_is_faster() -> tuple[bool, str]:
     return bf16 > fp32, f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s"
 
 
-def matmul_precision(cfg: "TrainConfig", device: torch.device) -> str:
+def matmul_precision(cfg: TrainConfig, device: torch.device) -> str:
     """TF32 (CUDA, Ampere and newer): fp32 matmuls that autocast leaves in fp32 run on tensor cores with a
     10-bit mantissa, several times faster. Set for the whole process (it is global state), both ways, so a
     run never inherits an earlier run's setting. Returns what fp32 matmuls use."""
@@ -101,7 +101,7 @@ def has_tf32(device: torch.device) -> bool:
 # ---- speed_5: autocast -------------------------------------------------------------------------------------
 
 
-def _amp_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _amp_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     amp = mixed_precision(cfg, device)
     return amp.why if amp.dtype == torch.float32 else None
 
@@ -126,12 +126,12 @@ AMP = Optimization(
 # ---- fast_2: bf16 without a GradScaler, and TF32 -----------------------------------------------------------
 
 
-def _check_bf16(cfg: "TrainConfig") -> None:
+def _check_bf16(cfg: TrainConfig) -> None:
     if cfg.amp_bf16 and not cfg.amp:
         raise UserError("amp_bf16 chooses the autocast dtype: it needs amp on")
 
 
-def _bf16_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _bf16_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     amp = mixed_precision(cfg, device)
     if device.type == "cpu":
         return f"the CPU's autocast never uses fp16 or a GradScaler (here: {amp.why})"
@@ -145,7 +145,7 @@ BF16 = Optimization(
     checks=_check_bf16, no_effect=_bf16_no_effect)
 
 
-def _tf32_no_effect(cfg: "TrainConfig", device: torch.device) -> str | None:
+def _tf32_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     if not has_tf32(device):
         return "TF32 is a tensor-core format of NVIDIA GPUs from Ampere on: fp32 matmuls here are unchanged"
     return None

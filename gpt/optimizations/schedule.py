@@ -16,7 +16,7 @@ from gpt.optimizations.optimization import Optimization
 SCHEDULES = ("cosine", "wsd")
 
 
-def learning_rate(cfg: "TrainConfig", tokens: int) -> float:
+def learning_rate(cfg: TrainConfig, tokens: int) -> float:
     """The learning rate of the step that brings training to `tokens` tokens: a linear warm-up from 0 to cfg.lr over
     lr_warmup_tokens, then the decay to min_lr at lr_decay_tokens, min_lr after. lr_decay_tokens 0: cfg.lr throughout.
     cosine: a cosine decay from the end of the warm-up. wsd: cfg.lr until the last lr_cooldown share of
@@ -35,12 +35,12 @@ def learning_rate(cfg: "TrainConfig", tokens: int) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-def cooldown_start(cfg: "TrainConfig") -> float:
+def cooldown_start(cfg: TrainConfig) -> float:
     """wsd: the tokens at which the linear decay begins."""
     return cfg.lr_decay_tokens * (1.0 - cfg.lr_cooldown)
 
 
-def set_learning_rates(optimizer: torch.optim.Optimizer, cfg: "TrainConfig", tokens: int) -> None:
+def set_learning_rates(optimizer: torch.optim.Optimizer, cfg: TrainConfig, tokens: int) -> None:
     """Every param group at the schedule's share of its own peak learning rate (AdamW's groups: cfg.lr, so exactly
     learning_rate; Muon's: muon_lr, the same shape). The peak is each group's lr when first seen."""
     rate = learning_rate(cfg, tokens)
@@ -48,7 +48,7 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, cfg: "TrainConfig", tok
         group["lr"] = rate * (group.setdefault("peak_lr", group["lr"]) / cfg.lr)  # x 1.0 for cfg.lr: exact
 
 
-def _check_schedule(cfg: "TrainConfig") -> None:
+def _check_schedule(cfg: TrainConfig) -> None:
     if cfg.lr_schedule not in SCHEDULES:
         raise UserError(f"unknown lr_schedule {cfg.lr_schedule!r} (choose {' or '.join(SCHEDULES)})")
     if cfg.lr_schedule == "cosine":
