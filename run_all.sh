@@ -5,7 +5,7 @@
 #   ./run_all.sh --profile smoke --out /tmp/smoke_runs      # every stage on tiny shapes, a few minutes
 #   ./run_all.sh --only memory --resume   # one ladder; keep the stages that already have a record
 #
-# Options (--profile, --only, --device, --wandb, --out, --resume, --no-profiler) go to gpt/run_all.py (`--help`).
+# Options (--profile, --only, --device, --wandb, --out, --resume, --no-profiler, --fresh) go to gpt/run_all.py (`--help`).
 # Results: <out>/results.md with plots in <out>/plots/; per stage <out>/<stage>.json and <stage>.log.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -49,6 +49,7 @@ class TrainConfig:
     eval_every_tokens: int = 0  # evaluate every this many training tokens (and before the first step and at the end)
     eval_windows: int = 200  # held-out windows of the val split, the same for every stage and run (gpt/evaluation.py)
     target_loss: float | None = None  # the validation loss whose crossing is timed (run_all: speed_0's, see README)
+    stop_at_target: bool = False  # end at the first evaluation at or below target_loss (the speedrun's stages)
 
     # --- optimizer: AdamW as the reference (two parameter groups) ---
     lr: float = 5e-4

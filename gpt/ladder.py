@@ -138,6 +138,8 @@ def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides)
     cfg = TrainConfig(**settings, goal=LADDER_GOAL[ladder])
     for name in lineage(stage):
         load_stage(name).change(cfg)
+    # a speedrun stage is judged by its time to the target alone: training on past it would only cost the run time
+    cfg.stop_at_target = ladder in ONLY_TO_A_LOSS
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)

@@ -46,9 +46,12 @@ from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
 from gpt.profiles import PROFILES
 from gpt.records import environment, writable_dir, write_record
+from gpt.reuse import data_sha256, provenance, reuse_record, reused_note
 from gpt.time_to_loss import validation_loss_of
 
 BASELINE = "speed_0_baseline"
+# The part of the record that does not depend on the machine (gpt/reuse.py): reused while its code is unchanged
+CURVE_KEYS = ("config", "batch_size", "block_size", "estimator", "curve", "window", "provenance", "reused_from")
 # t(B) is timed with the code the batch stage runs on: its parent's (speedrun_1's systems changes, batch kept)
 TIMED_WITH = "speedrun_1_systems"
 EMA_SHARE = 1 / 20  # the moving averages' time constant, as a share of the run's steps (100 of the cpu run's 2000)
@@ -283,6 +286,8 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--data-dir", help="prepared data directory (default: the profile's)")
     p.add_argument("--out", help="write the record (curve, step times, choice) to this JSON file")
+    p.add_argument("--reuse", metavar="JSON", help="an earlier record of this command: its noise-scale curve is reused "
+                   "(the step times are measured afresh) if it was measured with the same code, torch, profile and data")
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
                    help="batch sizes whose step time is measured (the baseline's is always added)")
     return p.parse_args(argv)
@@ -300,7 +305,10 @@ def main(argv=None) -> int:
         writable_dir(out.parent)
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)
-    record = measure(cfg)
+    key = {"profile": args.profile, "device_type": resolve_device(cfg.device).type, "data": data_sha256(cfg.data_dir)}
+    reused = reuse_record(args.reuse, key)
+    record = ({k: reused[k] for k in CURVE_KEYS} if reused else
+              {**measure(cfg), "provenance": provenance(key)})  # provenance after the run: its imports are done
     timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)
     times = step_times(timed, sorted({*batches, cfg.batch_size}))
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
@@ -326,7 +334,9 @@ def summary_line(record: dict) -> str:
             f"the one that minimises the predicted time to a loss, (1 + B_noise/B) t(B): {choice['speedup']:.2f}x "
             f"sooner than batch {record['batch_size']}, on {choice['tokens_factor']:.2f}x the tokens. The book's "
             f"batch x8 ({8 * record['batch_size']}) needs {(1 + 8 * record['batch_size'] / window['b_noise']) / (1 + record['batch_size'] / window['b_noise']):.2f}x "
-            "the tokens by the same model.")
+            "the tokens by the same model."
+            + (f" The curve and B_noise were {reused_note(record)}; the step times are this run's." if
+               record.get("reused_from") else ""))
 
 
 def print_summary(record: dict) -> None:

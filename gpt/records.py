@@ -107,6 +107,7 @@ METRIC_KEYS = {
 LOSS_METRIC_KEYS = {
     "curve", "steps", "tokens", "train_seconds", "startup_s", "first_step_s", "compile_cache", "eval_seconds",
     "evaluations", "tokens_per_s", "val_loss_initial", "val_loss_final", "train_loss_final", "target_loss", "target",
+    "stopped_at_target",
 }
 STATUSES = {"ok", "oom", "failed", "skipped"}
 

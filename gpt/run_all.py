@@ -3,13 +3,15 @@ then the speed and fast stages trained to a loss (records in <out>/time_to_loss/
 <out>/speedrun/), then results.md.
 
     ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss|speedrun] [--device auto|cpu|cuda]
-                  [--wandb MODE] [--out DIR] [--resume] [--no-profiler]
+                  [--wandb MODE] [--out DIR] [--resume] [--no-profiler] [--fresh]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
 oom, failed, skipped); a stage that dies without one (killed, crashed interpreter) gets a `failed` record
 from here. Ctrl-C (or SIGTERM) stops the running stage and everything it started, keeps every finished
-record, and still writes the report; `--resume` then runs only the stages still missing.
+record, and still writes the report; `--resume` then runs only the stages still missing. The results no machine
+changes (the planner's H100 estimates, the noise-scale curve) are reused from records/ while their code is unchanged
+(gpt/reuse.py); `--fresh` computes them anew.
 """
 import argparse
 import fcntl
@@ -60,6 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "copied to records/<profile>-<device>/ and results.md written from there)")
     p.add_argument("--resume", action="store_true",
                    help="skip stages that already have an ok/oom/skipped record for this profile and device")
+    p.add_argument("--fresh", action="store_true",
+                   help="compute the machine-independent results anew (the H100 memory estimates, the noise-scale "
+                   "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)")
     p.add_argument("--no-profiler", action="store_true",
                    help="no profiled steps after timing: no time breakdown, no traces")
     return p.parse_args(argv)
@@ -258,7 +263,8 @@ def outcome(record: dict) -> str:
         return (f"ok  val loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f} in {m['tokens']:,} tokens, "
                 f"{fmt_num(m['train_seconds'])} s, {m['tokens_per_s']:,.0f} tokens/s"
                 + ("" if m.get("target_loss") is None else
-                   f", target reached at {fmt_num(target['seconds'])} s" if target else ", target not reached"))
+                   f", target reached at {fmt_num(target['seconds'])} s" if target else ", target not reached")
+                + (" (stopped there)" if m.get("stopped_at_target") else ""))
     return (f"ok  {fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
             f"{m['tokens_per_s']:,.0f} tokens/s, peak {fmt_mib(m['peak_memory_mib'])} MiB")
 
@@ -327,14 +333,18 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
     return failures, False
 
 
-def run_memory_planner(out: Path) -> None:
+def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     """The GPU memory planner's three reports (gpt/memory), after the ladders so they never share the CPU
     with a timed stage: estimates vs this run's measured peaks, vs the documented H100 peaks, and the
-    largest model that fits 80 GiB. Their JSON files become the report's "Memory planner" section."""
+    largest model that fits 80 GiB. Their JSON files become the report's "Memory planner" section. The last two
+    do not depend on the machine: `reuse_from`'s are reused while their code is unchanged (gpt/reuse.py)."""
+    def reuse(name: str) -> list[str]:
+        return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
+
     commands = {
         "compare": ["compare", "--runs", str(out)],
-        "reference": ["reference"],
-        "fit": ["fit", "--budget-gib", "80"],
+        "reference": ["reference", *reuse("reference")],
+        "fit": ["fit", "--budget-gib", "80", *reuse("fit")],
     }
     running = {}  # side by side: each is one busy Python thread, and no timing is left to disturb
     for name, args in commands.items():
@@ -390,7 +400,8 @@ def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
           f"{baseline}'s model (the highest final validation loss of its {BASELINE_SEEDS} seeds)", flush=True)
     if target is None:
         return failures, False
-    run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)))
+    run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)),
+                    None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN))
     *stages, last = LADDERS[SPEEDRUN]
     first = stage_config(last, profile).seed
     jobs = (loss_jobs(stages, out, target=target, ladder=SPEEDRUN)
@@ -399,15 +410,17 @@ def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
     return failures + more, interrupted
 
 
-def run_noise_scale(profile: str, device: str, folder: Path) -> None:
+def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | None) -> None:
     """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch,
-    and the report's plot of it."""
+    and the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while its code is
+    unchanged (gpt/reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
-    print(f"[speedrun] python -m gpt.noise_scale  (log: {log})", flush=True)
+    reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
+    print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
     with open(log, "w") as f:
         rc = subprocess.call([sys.executable, "-m", "gpt.noise_scale", "--profile", profile, "--device", device,
-                              "--out", str(folder / "noise_scale.json")], stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+                              "--out", str(folder / "noise_scale.json"), *reuse], stdout=f,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
     if rc:
         print(f"[speedrun] the noise-scale measurement failed (exit {rc}); see {log}")
 
@@ -466,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu" and not interrupted:
         remeasure_cpu_peak(out, rounds)
     if "memory" in ladders and not interrupted:
-        run_memory_planner(out)
+        run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
     # The default run is the project's report: its JSON records go to records/<profile>-<device>/ (committed), and
     # results.md and plots/ at the top of the repo are generated from there. A run with --out keeps its report

@@ -57,6 +57,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     loss.add_argument("--eval-every-tokens", type=int, help="evaluate every this many tokens (default: the "
                       "profile's, or a fortieth of --train-tokens)")
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
+    loss.add_argument("--full-budget", action="store_true", help="train the whole budget even once the target is "
+                      "reached (a speedrun stage stops there)")
     loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
     loss.add_argument("--lr", type=float, help="another peak learning rate than the profile's (its floor keeps the "
                       "profile's ratio to it), e.g. to retune a stage that changes the batch")
@@ -71,7 +73,8 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
         raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
     budget = args.train_tokens
-    overrides = {"target_loss": args.target_loss, "seed": args.seed, "eval_every_tokens": args.eval_every_tokens}
+    overrides = {"target_loss": args.target_loss, "seed": args.seed, "eval_every_tokens": args.eval_every_tokens,
+                 "stop_at_target": False if args.full_budget else None}
     if budget:
         overrides.update(budget_settings(budget, profile["lr_warmup_tokens"]))
         overrides["eval_every_tokens"] = args.eval_every_tokens or overrides["eval_every_tokens"]
@@ -107,8 +110,10 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     to_a_loss = args.time_to_loss or args.train_tokens is not None or trains_to_a_loss_only(stage)
-    if not to_a_loss and any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed, args.lr)):
-        raise UserError("--eval-every-tokens, --target-loss, --seed and --lr set a run to a loss: add --time-to-loss")
+    if not to_a_loss and (args.full_budget or any(v is not None for v in (args.eval_every_tokens, args.target_loss,
+                                                                             args.seed, args.lr))):
+        raise UserError("--eval-every-tokens, --target-loss, --seed, --lr and --full-budget set a run to a loss: add "
+                        "--time-to-loss")
     cfg = stage_config(stage, profile, to_a_loss, samples=args.samples, repeats=args.repeats,
                        warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
                        batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
@@ -272,7 +277,8 @@ def print_loss_summary(record: dict, out: Path) -> None:
     if m.get("target_loss") is not None:
         reached = (f"reached after {target['tokens']:,.0f} tokens, {target['seconds']:.1f} s of training"
                    if target else "not reached within the budget")
-        print(f"  target {m['target_loss']:.3f}: {reached}")
+        print(f"  target {m['target_loss']:.3f}: {reached}" + ("; the run stopped there (--full-budget trains on)"
+                                                              if m.get("stopped_at_target") else ""))
     print(f"  precision {ch['amp_dtype']}, compile {ch['compile_mode'] or 'off'}, "
           f"backend {ch['distributed_backend'] or 'single process'}")
     seed = record.get("seed")

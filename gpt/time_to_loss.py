@@ -83,13 +83,19 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         done = trainer.step.steps_done
         if done % interval == 0 or done == steps:
             evaluate()
-        if done == steps:
+        if done == steps or at_target(cfg, curve):
             break
         todo = min(interval - done % interval, steps - done)
         clock.measure(lambda: losses.extend(trainer.run(todo)))
     trainer.step.progress.close()
     return {**run_facts(trainer, label),
-            "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, steps, cache)}
+            "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, trainer.step.steps_done, cache)}
+
+
+def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
+    """A run that stops at its target (cfg.stop_at_target) has reached it: its last evaluation is at or below it. The
+    crossing is read from the curve up to there, so stopping changes no figure but the final loss."""
+    return cfg.stop_at_target and cfg.target_loss is not None and curve[-1]["val_loss"] <= cfg.target_loss
 
 
 def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
@@ -133,6 +139,7 @@ def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, first_st
         "train_loss_final": final["train_loss"],
         "target_loss": cfg.target_loss,
         "target": crossing(curve, cfg.target_loss) if cfg.target_loss is not None else None,
+        "stopped_at_target": at_target(cfg, curve),
     }
 
 

@@ -128,7 +128,7 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
     monkeypatch.setattr(run_all, "stage_command", lambda name, *args: (
         ["env", *hooked, *real_stage_command(name, *args), "--data-dir", str(char_data)] if name == stage
         else stub_command(name, *args)))
-    monkeypatch.setattr(run_all, "run_memory_planner", lambda out: None)
+    monkeypatch.setattr(run_all, "run_memory_planner", lambda out, reuse_from: None)
     monkeypatch.setattr(run_all, "SECTIONS", list(TIMED_LADDERS))  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
 

@@ -122,6 +122,7 @@ def gpt_modules() -> dict[str, set[str]]:
 def changed_fields(stage: str) -> set[str]:
     parent, to_a_loss = parent_of(stage), trains_to_a_loss_only(stage)  # the speedrun's parent: speed_0 to a loss
     before, after = stage_config(parent, "smoke", to_a_loss).to_dict(), stage_config(stage, "smoke").to_dict()
+    before["stop_at_target"] = to_a_loss  # the speedrun ladder's rule (gpt/ladder.py), no stage's change
     return {f for f in after if before[f] != after[f]}
 
 

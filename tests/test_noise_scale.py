@@ -139,6 +139,24 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     noise_scale.plot_noise_scale(record, tmp_path / "noise.png")
     assert (tmp_path / "noise.png").stat().st_size > 0
 
+    # again with --reuse: the curve is the record's (no training), the step times are measured anew
+    monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("the curve was measured again"))
+    again = tmp_path / "again.json"
+    assert noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
+                             "--batches", "4,8", "--out", str(again), "--reuse", str(out)]) == 0
+    reused = json.loads(again.read_text())
+    assert reused["curve"] == record["curve"] and reused["window"] == record["window"]
+    assert reused["reused_from"] == str(out) and reused["provenance"] == record["provenance"]
+    assert set(reused["step_times"]) == {"4", "8"} and reused["env"]["time"] >= record["env"]["time"]
+    assert "were computed on" in noise_scale.summary_line(reused) and "were computed" not in \
+        noise_scale.summary_line(record)
+    # measured with another profile's settings: not reused
+    other = {**record, "provenance": {**record["provenance"], "key": {**record["provenance"]["key"], "profile": "cpu"}}}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(pytest.fail.Exception, match="measured again"):
+        noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
+                          "--out", str(again), "--reuse", str(tmp_path / "other.json")])
+
 
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "12,x"], "--batches takes batch sizes"),

@@ -8,6 +8,7 @@ import torch
 from gpt import optimizations, run_all
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
 from gpt.optimizations import changed
+from gpt.published import published_dir
 from gpt.records import time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
 from gpt.time_to_loss import SPEEDRUN_SEEDS, baseline_model_loss
@@ -137,7 +138,7 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
         return 0
 
     monkeypatch.setattr(run_all, "run_stage", fake_run_stage)
-    monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: calls.append(("noise_scale", None, None)))
+    monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: calls.append(("noise_scale", a[-1], None)))
     monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
     monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
     monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
@@ -146,11 +147,14 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     assert [c[1] for c in baseline] == [None, 3408, 3409] and all(c[2] is None for c in baseline)
     target = repr(max(2.0, 2.0, 2.0 + 0.1))  # the worst seed's final loss
     rest = calls[len(baseline):]
-    assert rest[0][0] == "noise_scale"
+    assert rest[0] == ("noise_scale", published_dir("cpu", "cpu") / "speedrun", None)  # the committed curve, if valid
     assert [c[0] for c in rest[1:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
     assert all(c[2] == target for c in rest[1:])
     assert [c[1] for c in rest[-SPEEDRUN_SEEDS:]] == [None] + [3407 + i for i in range(1, SPEEDRUN_SEEDS)]
     assert "## Speedrun" in (tmp_path / "results.md").read_text()
+    calls.clear()
+    run_all.main(["--only", "speedrun", "--profile", "cpu", "--out", str(tmp_path), "--wandb", "disabled", "--fresh"])
+    assert ("noise_scale", None, None) in calls  # --fresh: measured anew
 
 
 def test_the_speedruns_wandb_runs_have_a_group_of_their_own(monkeypatch):

@@ -117,6 +117,32 @@ def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
     assert every_step["metrics"]["val_loss_final"] == at_the_end["metrics"]["val_loss_final"]
 
 
+def test_a_run_that_stops_at_its_target_is_the_full_runs_curve_up_to_the_crossing(char_data):
+    """stop_at_target (the speedrun's stages) ends the run at the first evaluation at or below the target: the same
+    evaluations up to there as the whole budget's run (values, tokens), the same crossing, and no step more."""
+    cfg = smoke_to_a_loss(char_data, train_tokens=4096, lr_decay_tokens=4096, eval_every_tokens=512)
+    full = time_to_loss.run(cfg)["metrics"]
+    target = full["curve"][3]["val_loss"] + 1e-6  # reached at the third evaluation after the start
+    assert all(p["val_loss"] > target for p in full["curve"][:3])
+    runs = {stop: time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "target_loss": target,
+                                                           "stop_at_target": stop}))["metrics"]
+            for stop in (False, True)}
+    stopped, whole = runs[True], runs[False]
+    assert stopped["stopped_at_target"] and not whole["stopped_at_target"]
+    assert [p["val_loss"] for p in stopped["curve"]] == [p["val_loss"] for p in whole["curve"][:4]]
+    assert stopped["tokens"] == whole["curve"][3]["tokens"] == stopped["steps"] * cfg.tokens_per_step
+    assert whole["steps"] == 4096 // cfg.tokens_per_step > stopped["steps"]
+    assert stopped["target"]["tokens"] == whole["target"]["tokens"]
+
+
+def test_the_speedrun_stages_stop_at_the_target_unless_told_to_train_the_whole_budget(char_data):
+    assert stage_config("speedrun_1_systems", "smoke").stop_at_target
+    assert not smoke_to_a_loss(char_data).stop_at_target  # speed_0: its final loss is the speedrun's target
+    overrides = to_a_loss_overrides(parse_args("speedrun_1_systems", ["--full-budget"]),
+                                    profile_settings("smoke", "time_to_loss"))
+    assert not stage_config("speedrun_1_systems", "smoke", **overrides).stop_at_target
+
+
 # ---- reading a curve ---------------------------------------------------------------------------------------
 
 

@@ -7,12 +7,13 @@
     snapshot   a CUDA allocator snapshot (torch.cuda.memory._dump_snapshot): its step's peak and what made it
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
-from gpt import allocator_snapshot, optimizations
+from gpt import allocator_snapshot, optimizations, reuse
 from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
 from gpt.errors import CannotSimulate, UserError, exit_on_user_error
@@ -23,6 +24,7 @@ from gpt.memory.planner import (
     REFERENCE_VOCAB,
     SHAPE_RULE,
     SNAPSHOT_DIR,
+    SNAPSHOTS,
     VARIANTS,
     VERIFY_MAX_LAYERS,
     Runner,
@@ -123,12 +125,26 @@ def _common(parser, json_help: str, jobs: bool = False):
                         help="device whose memory is predicted (default cuda); the simulation always runs "
                              "on fake CPU tensors")
     parser.add_argument("--json", help=json_help)
+    if jobs:  # the machine-independent reports (gpt/reuse.py)
+        parser.add_argument("--reuse", metavar="JSON", help="an earlier --json output of this command: copied to "
+                            "--json instead of computing, if it was computed from the same code, torch and arguments")
 
 
 def _jobs(args) -> int:
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     return args.jobs
+
+
+def _reuse_key(args) -> dict:
+    """What a reference or fit report follows from besides the code (gpt/reuse.py): its arguments, and the reference's
+    snapshots by content (their directory differs from checkout to checkout)."""
+    key = {k: v for k, v in vars(args).items() if k not in ("command", "json", "jobs", "reuse", "snapshots")}
+    key["command"] = args.command.__name__
+    if getattr(args, "snapshots", None):
+        found = [Path(args.snapshots) / name for name in SNAPSHOTS.values()]
+        key["snapshots"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in found if p.is_file()}
+    return key
 
 
 # ---- estimate -------------------------------------------------------------------------------------------
@@ -207,6 +223,8 @@ def _mib(x: float) -> str:
 
 
 def cmd_reference(args) -> int:
+    if args.json and reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
+        return 0
     snapshots = reference_snapshots(args.snapshots)
     print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}); "
           f"snapshots: {', '.join(p.name for p, _ in snapshots.values()) or 'none'}")
@@ -253,7 +271,8 @@ def cmd_reference(args) -> int:
                     snapshot_start_mib=round(traced.start_mib, 2), snapshot_params=traced.params)
         write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
                                        "variant": VARIANTS["reference"][0], "stages": stages,
-                                       "figures": [{"figure": label, "value": value} for label, value in figures]})
+                                       "figures": [{"figure": label, "value": value} for label, value in figures],
+                                       "provenance": reuse.provenance(_reuse_key(args))})
     return 0
 
 
@@ -274,6 +293,8 @@ def cmd_fit(args) -> int:
         raise UserError(f"--budget-gib must be positive, got {args.budget_gib:g}")
     if any(w < 2 for w in args.world_sizes):
         raise UserError("--world-sizes are FSDP process counts: each must be at least 2")
+    if args.json and reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
+        return 0
     code = "reference" if args.reference_code else "project"
     print(f"Largest model within {args.budget_gib:g} GiB per GPU (target {args.target}, {VARIANTS[code][0]}).")
     print(f"Shape rule: {SHAPE_RULE}.")
@@ -311,7 +332,7 @@ def cmd_fit(args) -> int:
     if args.json:
         write_record(Path(args.json), {"kind": "fit", "budget_gib": args.budget_gib, "target": args.target,
                                        "shape_rule": SHAPE_RULE, "code": VARIANTS[code][0], "rows": rows,
-                                       "notes": notes})
+                                       "notes": notes, "provenance": reuse.provenance(_reuse_key(args))})
     return 0
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from gpt.memory.planner import NOTES, reference_config
 from gpt.records import read_record
+from gpt.reuse import reused_note
 from gpt.report.formatting import fmt_mib, fmt_pct, table
 from gpt.report.plots import pyplot, short, stacked_memory_bars
 
@@ -16,6 +17,8 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
         return []
     lines = ["## Memory planner", "",
              "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
+    lines += [f"The {name} report was {reused_note(files[name])}." for name in ("reference", "fit")
+              if files[name] and files[name].get("reused_from")]
     if files["reference"]:
         lines += reference_part(files["reference"], plots, rel)
     if files["fit"]:

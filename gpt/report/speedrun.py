@@ -161,8 +161,8 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
              f"its seeds, as it fails half of `{BASELINE}`'s). `{BASELINE}`'s seeds are timed to it the same way, "
              "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
              "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
-             "only if every seed it trained with reaches the target; the last stage trains with several seeds, the "
-             "others with one. The changes tried and dropped, with their figures, are in docs/speedrun.md's log.", ""]
+             "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
+             "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried and dropped, with their figures, are in docs/speedrun.md's log.", ""]
     lines += speedrun_table(sr)
     lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
     if plot_speedrun(sr, plots / "speedrun.png"):
