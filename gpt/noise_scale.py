@@ -335,7 +335,7 @@ def summary_line(record: dict) -> str:
             f"sooner than batch {record['batch_size']}, on {choice['tokens_factor']:.2f}x the tokens. The book's "
             f"batch x8 ({8 * record['batch_size']}) needs {(1 + 8 * record['batch_size'] / window['b_noise']) / (1 + record['batch_size'] / window['b_noise']):.2f}x "
             "the tokens by the same model."
-            + (f" The curve and B_noise were {reused_note(record)}; the step times are this run's." if
+            + (f" The curve and B_noise were {reused_note(record, plural=True)}; the step times are this run's." if
                record.get("reused_from") else ""))
 
 

@@ -68,14 +68,16 @@ def data_sha256(data_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def reused_note(record: dict) -> str:
-    """The report's words for a reused record: where and when it was computed."""
+def reused_note(record: dict, plural: bool = False) -> str:
+    """The report's words for a reused record (or several computed together): where and when it was computed."""
     prov = record["provenance"]
     when = datetime.fromisoformat(prov["computed"]).strftime("%Y-%m-%d") if prov.get("computed") else "?"
     commit = str(prov.get("git_commit"))
     commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
-    return (f"computed on {when} at commit {commit} ({prov.get('machine')}) and reused: it does not depend on the "
-            "machine, and the code it ran is unchanged (gpt/reuse.py; `./run_all.sh --fresh` recomputes it)")
+    subject, verb, obj = ("they", "do", "them") if plural else ("it", "does", "it")
+    return (f"computed on {when} at commit {commit} ({prov.get('machine')}) and reused: {subject} {verb} not depend "
+            f"on the machine, and the code behind {obj} is unchanged (gpt/reuse.py; `./run_all.sh --fresh` recomputes "
+            f"{obj})")
 
 
 def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None = None) -> dict | None:
@@ -88,7 +90,8 @@ def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None =
         why = "no record there" if record is None else "computed from other code, torch, data or arguments"
         print(f"not reusing {source} ({why}): computing it", flush=True)
         return None
-    record = {**record, "reused_from": str(source)}
+    source = Path(source).resolve()
+    record = {**record, "reused_from": str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source)}
     if dest is not None:
         write_record(Path(dest), record)
     print(f"reused {source}: {reused_note(record)}", flush=True)

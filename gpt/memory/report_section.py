@@ -17,8 +17,11 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
         return []
     lines = ["## Memory planner", "",
              "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
-    lines += [f"The {name} report was {reused_note(files[name])}." for name in ("reference", "fit")
-              if files[name] and files[name].get("reused_from")]
+    notes = {name: reused_note(files[name]) for name in ("reference", "fit") if (files[name] or {}).get("reused_from")}
+    if len(notes) == 2 and len(set(notes.values())) == 1:  # computed together: one sentence
+        lines += [f"The reference and fit reports were {reused_note(files['fit'], plural=True)}."]
+    else:
+        lines += [f"The {name} report was {note}." for name, note in notes.items()]
     if files["reference"]:
         lines += reference_part(files["reference"], plots, rel)
     if files["fit"]:
