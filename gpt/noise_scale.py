@@ -191,10 +191,14 @@ def noise_record(cfg: TrainConfig, small_sq: list[float], big_sq: list[float],
 
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
     """Seconds of one training step of `cfg` at each batch size on its device: the median of `repeats` steps after
-    `warmup` untimed ones, each step between two device synchronisations (data feed included, as training has it)."""
+    `warmup` untimed ones, each step between two device synchronisations (data feed included, as training has it).
+    A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:
+        # compiled as the stage's own process compiles it, for this one batch: without the reset, Dynamo would mark
+        # the batch dimension dynamic from the second size on, and time every later batch on a dynamic-shape graph
+        torch._dynamo.reset()
         at_b = optimizations.validate(TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch,
                                                              "samples": batch * (warmup + repeats)}))
         trainer = train.prepare(at_b, device, warmup + repeats, f"{label} B={batch}")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import sympy
 import torch
 
 from conftest import REPO
@@ -156,6 +157,29 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
                           "--out", str(again), "--reuse", str(tmp_path / "other.json")])
+
+
+def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch):
+    """t(B) times each batch on the graph its own stage would run: compiled for that batch alone. Without a reset,
+    Dynamo marks the batch dimension dynamic at the second size and times it on a dynamic-shape graph (symbols
+    created for the sizes): the first t(B) of 2026-11-26 timed batches 24, 48 and 96 that way."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    symbols = []  # the sizes Dynamo made symbolic (a static size is created as a constant)
+    create = ShapeEnv.create_symbol
+
+    def create_and_note(self, val, *args, **kwargs):
+        made = create(self, val, *args, **kwargs)
+        if isinstance(made, sympy.Symbol):
+            symbols.append(val)
+        return made
+
+    monkeypatch.setattr(ShapeEnv, "create_symbol", create_and_note)
+    cfg = stage_config(noise_scale.TIMED_WITH, "smoke", data_dir=str(char_data), device="cpu", n_layer=1)
+    assert cfg.compile
+    times = noise_scale.step_times(cfg, [2, 4], warmup=1, repeats=2)
+    assert set(times) == {2, 4} and all(t > 0 for t in times.values())
+    assert symbols == []  # every size a constant: static graphs
 
 
 @pytest.mark.parametrize("argv, message", [
