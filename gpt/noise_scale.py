@@ -304,6 +304,9 @@ def main(argv=None) -> int:
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     cfg = stage_config(BASELINE, args.profile, to_a_loss=True, device=args.device, data_dir=data_dir)
     halves_config(cfg)  # bad settings: one line before anything runs
+    timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)
+    if reason := optimizations.why_cannot_run(timed, resolve_device(timed.device).type):
+        raise UserError(f"t(B) is timed with {TIMED_WITH}'s code, which cannot run here: {reason}")
     out = Path(args.out) if args.out else None
     if out:
         writable_dir(out.parent)
@@ -313,7 +316,6 @@ def main(argv=None) -> int:
     reused = reuse_record(args.reuse, key)
     record = ({k: reused[k] for k in CURVE_KEYS} if reused else
               {**measure(cfg), "provenance": provenance(key)})  # provenance after the run: its imports are done
-    timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)
     times = step_times(timed, sorted({*batches, cfg.batch_size}))
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
     record.update(device=device_name(resolve_device(cfg.device)), env=environment(),

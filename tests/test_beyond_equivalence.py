@@ -318,11 +318,13 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     def skip_reason(stage):
         return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
 
+    installed = set()  # the libraries this test says are installed, whatever this machine has
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in installed else None)
+
     def op(input, linear_weight, target, *, linear_bias=None, options=None): ...  # the signature called
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", op, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no liger, no cce
     with pytest.raises(UserError, match="on a cpu needs PyTorch 2.12 or newer"):
         chunked_loss.resolve("auto", "cpu")
     with pytest.raises(UserError, match="pip install liger-kernel"):
@@ -331,12 +333,10 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
         chunked_loss.resolve("cce", "cuda")
     assert skip_reason("fast_6_chunked_loss").startswith("the chunked loss on a cpu needs PyTorch 2.12")
     assert skip_reason("fast_5_fused_adamw") is None
-    monkeypatch.undo()
-    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
-    fake_module(monkeypatch, "cut_cross_entropy")
+    installed.add("cut_cross_entropy")
     assert chunked_loss.resolve("auto", "cuda") == "cce"
     assert chunked_loss.why_unavailable("cce", "cpu") == "the chunked loss 'cce' runs on CUDA only (Triton kernels)"
-    fake_module(monkeypatch, "liger_kernel")
+    installed.add("liger_kernel")
     assert chunked_loss.resolve("auto", "cuda") == "liger" and chunked_loss.resolve("cce", "cuda") == "cce"
 
 
@@ -421,6 +421,32 @@ def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, 
     assert torch.equal(x.grad, x_ref.grad) and torch.equal(weight.grad, w_ref.grad)
     assert weight.grad[vocab:].abs().max() == 0
     assert seen == (dict(accum_dtype=torch.float32) if impl == "liger" else dict(filter_eps=None, impl="cce"))
+
+
+@pytest.mark.parametrize("impl", ["liger", "cce"])
+def test_triton_chunked_losses_run_outside_torch_compile(impl, monkeypatch):
+    """fast_6 compiles its model, loss included, and Dynamo must not trace into the libraries' own autograd
+    functions: on torch 2.11 it could not trace liger's (fake tensors fail on its torch.addmm(out_dtype=...,
+    out=...): fast_6 died before its first step on an H100, tests/test_gpu.py::test_fast_stages_run_on_cuda).
+    The stand-in records whether it ran under Dynamo's tracing; it must have run, and eagerly."""
+    stand_ins(monkeypatch)
+    module, name = {"liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy"),
+                    "cce": ("cut_cross_entropy", "linear_cross_entropy")}[impl]
+    kernel, traced = getattr(sys.modules[module], name), []
+
+    def recording_kernel(*args, **kwargs):
+        traced.append(torch.compiler.is_compiling())
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(sys.modules[module], name, recording_kernel)
+    vocab, padded = 80, 128
+    x, weight = torch.randn(64, 32, requires_grad=True), torch.randn(padded, 32, requires_grad=True)
+    bias = torch.zeros(padded)
+    bias[vocab:] = float("-inf")
+    torch._dynamo.reset()
+    loss_fn = torch.compile(lambda *a: chunked_loss.chunked_cross_entropy(*a, impl=impl), backend="eager")
+    loss_fn(x, weight, torch.randint(vocab, (64,)), vocab, bias).backward()
+    assert traced == [False] and x.grad is not None
 
 
 @pytest.mark.slow
@@ -712,7 +738,7 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
     chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back
     to liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
     def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
-    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older)
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older, raising=False)  # 2.11 has none
     assert not chunked_loss.installed("torch")
     reason = why_cannot_run(stage_config("fast_6_chunked_loss", "smoke", device="cpu"), "cpu")
     assert reason.startswith("the chunked loss on a cpu needs PyTorch 2.12") and "lacks linear_bias=" in reason

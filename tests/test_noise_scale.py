@@ -11,11 +11,12 @@ import pytest
 import sympy
 import torch
 
-from conftest import REPO
+from conftest import REPO, needs_torch_chunked_loss
 from gpt import noise_scale, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.ladder import stage_config
+from gpt.optimizations import chunked_loss
 from gpt.noise_scale import (HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates,
                              suggested_settings)
 from gpt.optimizations.feeding import to_device
@@ -122,6 +123,19 @@ def test_suggested_settings_follow_the_square_root_rule(char_data):
 # ---- the command line, end to end ---------------------------------------------------------------------------
 
 
+def test_without_the_timed_stages_loss_it_stops_in_one_line_before_training(char_data, tmp_path, monkeypatch):
+    """t(B) is timed with speedrun_1's code, whose chunked loss a CPU has only from PyTorch 2.12 (torch 2.11 has no
+    F.linear_cross_entropy): there the command measured the whole curve (minutes), then died building that stage.
+    It must say why at once, before any training."""
+    monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)  # as on torch 2.11
+    monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("trained before saying it cannot run"))
+    with pytest.raises(SystemExit) as e:
+        noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
+                          "--out", str(tmp_path / "noise.json")])
+    assert e.value.code == 2 and not (tmp_path / "noise.json").exists()
+
+
+@needs_torch_chunked_loss
 def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypatch):
     """The whole command on the smoke profile; t(B) eager (each batch would compile its own graphs, two thirds of
     this test's time: the compiled step is speedrun_1's, which the ladder runs)."""

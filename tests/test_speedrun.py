@@ -5,6 +5,7 @@ tests/test_architecture.py)."""
 import pytest
 import torch
 
+from conftest import needs_torch_chunked_loss
 from gpt import optimizations, run_all
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
 from gpt.optimizations import changed
@@ -43,6 +44,7 @@ def test_the_systems_stage_changes_only_what_the_fast_ladder_proves_keeps_the_mo
     assert not differ & {"batch_size", "lr", "min_lr", "betas", "train_tokens", "lr_decay_tokens", "seed"}
 
 
+@needs_torch_chunked_loss
 def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     """The first step's gradients of the systems stage's settings against the baseline's, on a tiny model: the
     same batch, the same weights, so the same gradients up to float32 reassociation (SDPA, the chunked loss and
@@ -142,7 +144,8 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
     monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
     monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
-    run_all.main(["--only", "speedrun", "--profile", "cpu", "--out", str(tmp_path), "--wandb", "disabled"])
+    args = ["--only", "speedrun", "--profile", "cpu", "--device", "cpu", "--out", str(tmp_path), "--wandb", "disabled"]
+    run_all.main(args)
     baseline = [c for c in calls if c[0] == "speed_0_baseline"]
     assert [c[1] for c in baseline] == [None, 3408, 3409] and all(c[2] is None for c in baseline)
     target = repr(max(2.0, 2.0, 2.0 + 0.1))  # the worst seed's final loss
@@ -153,7 +156,7 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     assert [c[1] for c in rest[-SPEEDRUN_SEEDS:]] == [None] + [3407 + i for i in range(1, SPEEDRUN_SEEDS)]
     assert "## Speedrun" in (tmp_path / "results.md").read_text()
     calls.clear()
-    run_all.main(["--only", "speedrun", "--profile", "cpu", "--out", str(tmp_path), "--wandb", "disabled", "--fresh"])
+    run_all.main([*args, "--fresh"])
     assert ("noise_scale", None, None) in calls  # --fresh: measured anew
 
 

@@ -16,7 +16,10 @@ All three give the loss and gradients of the full loss up to float summation ord
   Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
   with the bias);
 - Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
-- the head's weight gradient: liger accumulates it in fp32 (accum_dtype); torch adds each chunk's weight
+- the head's weight gradient: liger accumulates it in fp32 (accum_dtype); Cut Cross-Entropy adds its blocks'
+  input and weight gradients into buffers of the input's dtype (cut-cross-entropy 25.1.1, cce_backward.py: no
+  fp32 option), so in bf16: on an H100 (torch 2.11, 2048 rows x 768 -> 50304) its gradients were 1.7e-2 of the
+  largest entry from fp32's, against 4.6e-3 for the bf16 full loss (tests/test_gpu.py); torch adds each chunk's weight
   gradient into a buffer of the input's dtype, bf16 under bf16 autocast, with its default policy on CUDA
   ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
   gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks: at fast_6's
@@ -138,16 +141,25 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
     bias = None if padding_bias is None else padding_bias.to(dtype)
     if impl == "torch":
         return F.linear_cross_entropy(x, weight, targets, linear_bias=bias, options=loss_chunking(device_type))
+    check_impl(impl)
+    return triton_library_loss(impl, x, weight, targets, vocab_size, bias)
+
+
+@torch.compiler.disable
+def triton_library_loss(impl: str, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    """liger's or Cut Cross-Entropy's kernels, run as the library ships them, outside torch.compile (a compiled
+    model's graph breaks here): on torch 2.11 Dynamo could not trace liger's autograd function (fake tensors fail
+    on its torch.addmm(out_dtype=..., out=...); fast_6 died before its first step on an H100), and Inductor has
+    nothing to add to a library's own Triton kernels."""
     if impl == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         return liger_fused_linear_cross_entropy(x, weight, targets, bias=bias, accum_dtype=torch.float32)
-    if impl == "cce":
-        from cut_cross_entropy import linear_cross_entropy
+    from cut_cross_entropy import linear_cross_entropy
 
-        # no bias argument: the real rows only; filter_eps=None computes every gradient entry (exact)
-        return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
-    check_impl(impl)
+    # no bias argument: the real rows only; filter_eps=None computes every gradient entry (exact)
+    return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
 
 
 def loss_chunking(device_type: str):
