@@ -27,6 +27,11 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or cpu_model() or "cpu"
 
 
+def device_label(device: torch.device) -> str:
+    """How a run's sentences name the device a choice was measured on: "CPU", or "GPU (<its name>)"."""
+    return f"GPU ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "CPU"
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -28,9 +28,10 @@ from gpt.config import TrainConfig
 from gpt.devices import device_name, resolve_device, synchronize
 from gpt.flops import fastest_peak_flops, mfu, peak_flops
 from gpt.optimizations import parallel
-from gpt.optimizations.chunked_loss import implementation_of
+from gpt.optimizations.chunked_loss import implementation_of, loss_used
 from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.feeding import non_blocking
+from gpt.optimizations.fused_attention import attention_used
 from gpt.peak_memory import (cpu_step_memory, cuda_peaks_mib, cuda_step_memory, memory_method,
                              release_cuda_cache, reset_cuda_peak)
 from gpt.records import SCHEMA_VERSION, environment
@@ -263,7 +264,15 @@ def choices(trainer: train.Trainer) -> dict:
         "distributed_backend": parallel.backend(cfg, device),
         "memory_method": memory_method(device, compile_mode(cfg, device)),
         "loss_impl": implementation_of(trainer.raw.config),
+        # what the model computes with where a run for time measured the config's choice slower here, or missing
+        **model_choices(cfg, device, trainer.raw.config),
     }
+
+
+def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
+    """The attention and the loss the model computes with, and why where it is not what the config asks for."""
+    return {"attention": model_config.attention, "attention_why": attention_used(cfg, device.type)[1],
+            "loss": model_config.loss, "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1]}
 
 
 def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:

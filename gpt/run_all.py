@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import machine_cache
+from gpt import machine_cache, optimizations
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
@@ -70,12 +70,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def needs_run(record: dict | None, profile: str, device: str) -> bool:
-    """--resume keeps a record only if it is a final answer measured with the same profile and device."""
+def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" = None) -> bool:
+    """--resume keeps a record only if it is a final answer measured with the same profile and device, and, for a
+    skipped stage, only while it still cannot run here (a library installed since, a second GPU)."""
     if record is None or record.get("status") not in KEEP_ON_RESUME or record.get("profile") != profile:
         return True
     measured_on = record.get("device", {}).get("type") or record.get("config", {}).get("device")
-    return measured_on not in (device, "auto")
+    if measured_on not in (device, "auto"):
+        return True
+    return record["status"] == "skipped" and job is not None and still_runs(job, profile, device)
+
+
+def still_runs(job: "Job", profile: str, device: str) -> bool:
+    """Whether the stage of `job` can run on this machine now (no reason to skip it)."""
+    cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
+    return optimizations.why_cannot_run(cfg, device) is None
 
 
 def prepare_data(profile: str, sections: list[str]) -> None:
@@ -295,7 +304,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
     for job in jobs:
         stage, path, log = job.stage, job.record, job.log
         prefix = progress.prefix(job)
-        if args.resume and not needs_run(read_record(path), profile, device):
+        if args.resume and not needs_run(read_record(path), profile, device, job):
             print(f"{prefix} kept: {outcome(read_record(path))}")
             continue
 
@@ -458,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if profile == "smoke" else 4  # smoke: the tests' profile, seconds per stage
     if device == "cpu":
         measure_cpu_peaks(out, rounds)
-        for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh by the first stage that needs each choice
-            machine_cache.forget(name)
+    for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
+        machine_cache.forget(name)
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
     try:
         failures, interrupted = run_stages(jobs, args, profile, device, out, progress)

@@ -88,7 +88,7 @@ def test_bf16_stage_changes_nothing_on_a_cpu(char_data, monkeypatch):
     faster, says nothing)."""
     from gpt.optimizations import fused_attention
 
-    monkeypatch.setattr(fused_attention, "cpu_attention_choice", lambda cfg: ("sdpa", None))
+    monkeypatch.setattr(fused_attention, "measured_attention_choice", lambda cfg, device_type: ("sdpa", None))
     before, after = tiny_config(char_data, amp=True), tiny_config(char_data, amp=True, amp_bf16=True, tf32=True)
     assert mixed_precision(after, CPU) == mixed_precision(before, CPU)
     assert matmul_precision(after, CPU) == "fp32"
@@ -241,7 +241,7 @@ def small_chunks(monkeypatch):
     CPU the full one, so without the pin both sides would compute the full loss, and the spy would count the
     measurement's own calls. Returns the spy's calls (each call's chunk size)."""
     monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
-    monkeypatch.setattr(chunked_loss, "cpu_loss_choice", lambda cfg, vocab_size: ("chunked", None))
+    monkeypatch.setattr(chunked_loss, "measured_loss_choice", lambda cfg, vocab_size, device_type: ("chunked", None))
     monkeypatch.setattr(chunked_loss, "time_head_and_loss", None)  # nothing measures: every call is training's
     calls = []
     real = torch.nn.functional.linear_cross_entropy
@@ -331,7 +331,8 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
         chunked_loss.resolve("auto", "cuda")
     with pytest.raises(UserError, match="`pip install cut-cross-entropy`"):
         chunked_loss.resolve("cce", "cuda")
-    assert skip_reason("fast_6_chunked_loss").startswith("the chunked loss on a cpu needs PyTorch 2.12")
+    assert skip_reason("lean_2_chunked_loss").startswith("the chunked loss on a cpu needs PyTorch 2.12")
+    assert skip_reason("fast_6_chunked_loss") is None  # a run for time computes the full loss instead
     assert skip_reason("fast_5_fused_adamw") is None
     installed.add("cut_cross_entropy")
     assert chunked_loss.resolve("auto", "cuda") == "cce"
@@ -659,10 +660,10 @@ def test_loss_benchmark_times_the_full_loss_and_each_available_implementation(ca
     assert "liger, cce\n" in out.split("not available here: ")[1]  # Triton kernels: CUDA only
 
 
-def test_a_cpu_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_data, monkeypatch):
+def test_a_run_for_time_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_data, monkeypatch):
     """fast_3's CPU rule: SDPA only where one forward and backward of it was measured faster at the stage's shape
     and precision; otherwise the explicit attention, and the record's no_effect gives both times. The measurement
-    is kept (gpt/machine_cache.py) and leaves the random state alone; CUDA always gets SDPA."""
+    is kept (gpt/machine_cache.py) and leaves the random state alone. A GPU follows the same rule, measured there."""
     from gpt.optimizations import fused_attention
 
     calls = []
@@ -679,7 +680,11 @@ def test_a_cpu_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_
     assert reason.startswith("kept the explicit attention: SDPA is slower on this CPU at this shape")
     assert "6 x 2 heads x 24 positions x 16, float32: explicit 1.00 ms, SDPA 4.00 ms" in reason
     assert len(calls) == 1  # measured once, then read from the cache
-    assert fused_attention.attention_used(cfg, "cuda") == ("sdpa", None)
+    # a GPU measures too, apart from the CPU and under its own name
+    monkeypatch.setattr(fused_attention, "device_label", lambda device: "GPU (H200)")
+    choice, why = fused_attention.attention_used(cfg, "cuda")
+    assert choice == "naive" and "slower on this GPU (H200)" in why and len(calls) == 2
+    assert calls[-1][-1] == torch.device("cuda")
     monkeypatch.setattr(fused_attention, "time_attentions", lambda *shape: [4.0, 1.0])
     faster = tiny_config(char_data, attention="sdpa", block_size=20, batch_size=5, samples=60)
     assert fused_attention.attention_used(faster, "cpu") == ("sdpa", None)
@@ -721,8 +726,14 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
     assert owner("loss").no_effect(cfg, CPU) == why  # measured once, then read from the cache
     assert chunked_loss.loss_used(tiny_config(char_data, loss="chunked", block_size=12, samples=320, goal="memory"),
                                   "cpu", 65) == ("chunked", None)
-    assert chunked_loss.loss_used(cfg, "cuda", 65) == ("chunked", None)
     assert built_model_config(cfg).loss == "full"
+    # a GPU measures too, under its own name: there the chunked loss was measured faster
+    times = iter([{"median_ms": 5.0}, {"median_ms": 2.0}])
+    monkeypatch.setattr(chunked_loss, "device_label", lambda device: "GPU (H200)")
+    assert chunked_loss.loss_used(cfg, "cuda", 65) == ("chunked", None)
+    times = iter([{"median_ms": 2.0}, {"median_ms": 5.0}])
+    other = tiny_config(char_data, loss="chunked", block_size=12, samples=320, batch_size=4)
+    assert "slower on this GPU (H200) at this shape" in chunked_loss.loss_used(other, "cuda", 65)[1]
 
 
 def test_a_run_for_memory_keeps_sdpa_whatever_its_time(char_data, monkeypatch):
@@ -740,7 +751,7 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
     def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older, raising=False)  # 2.11 has none
     assert not chunked_loss.installed("torch")
-    reason = why_cannot_run(stage_config("fast_6_chunked_loss", "smoke", device="cpu"), "cpu")
+    reason = why_cannot_run(stage_config("lean_2_chunked_loss", "smoke", device="cpu"), "cpu")
     assert reason.startswith("the chunked loss on a cpu needs PyTorch 2.12") and "lacks linear_bias=" in reason
     fake_module(monkeypatch, "liger_kernel")
     assert chunked_loss.resolve("auto", "cuda") == "liger"

@@ -11,7 +11,7 @@ import pytest
 import sympy
 import torch
 
-from conftest import REPO, needs_torch_chunked_loss
+from conftest import REPO
 from gpt import noise_scale, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
@@ -123,11 +123,10 @@ def test_suggested_settings_follow_the_square_root_rule(char_data):
 # ---- the command line, end to end ---------------------------------------------------------------------------
 
 
-def test_without_the_timed_stages_loss_it_stops_in_one_line_before_training(char_data, tmp_path, monkeypatch):
-    """t(B) is timed with speedrun_1's code, whose chunked loss a CPU has only from PyTorch 2.12 (torch 2.11 has no
-    F.linear_cross_entropy): there the command measured the whole curve (minutes), then died building that stage.
-    It must say why at once, before any training."""
-    monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)  # as on torch 2.11
+def test_where_the_timed_stage_cannot_run_it_stops_in_one_line_before_training(char_data, tmp_path, monkeypatch):
+    """t(B) is timed with speedrun_1's code: where that cannot run, the command says why at once, before any training
+    (it once measured the whole curve, minutes, then died building that stage)."""
+    monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: "it needs two GPUs")
     monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("trained before saying it cannot run"))
     with pytest.raises(SystemExit) as e:
         noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
@@ -135,7 +134,15 @@ def test_without_the_timed_stages_loss_it_stops_in_one_line_before_training(char
     assert e.value.code == 2 and not (tmp_path / "noise.json").exists()
 
 
-@needs_torch_chunked_loss
+def test_on_a_torch_without_the_chunked_op_t_b_is_timed_with_the_full_loss(monkeypatch):
+    """torch 2.11 has no F.linear_cross_entropy: speedrun_1, a run for time, computes the full loss there, so the
+    noise scale runs instead of refusing."""
+    monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)  # as on torch 2.11
+    timed = stage_config(noise_scale.TIMED_WITH, "smoke", device="cpu")
+    assert noise_scale.optimizations.why_cannot_run(timed, "cpu") is None
+    assert chunked_loss.loss_used(timed, "cpu", 65)[0] == "full"
+
+
 def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypatch):
     """The whole command on the smoke profile; t(B) eager (each batch would compile its own graphs, two thirds of
     this test's time: the compiled step is speedrun_1's, which the ladder runs)."""

@@ -355,6 +355,18 @@ def test_resume_keeps_only_final_records_of_the_same_profile_and_device():
         assert not run_all.needs_run(fake_record("speed_6_ddp", status=status), "smoke", "cpu")
 
 
+def test_resume_reruns_a_skipped_stage_whose_reason_no_longer_holds(tmp_path, monkeypatch):
+    """A stage skipped for what this machine lacked (the chunked loss before its library was installed, a second
+    GPU) runs again on --resume once nothing stops it; while the reason holds, the record is kept."""
+    job = run_all.ladder_jobs(["fast_6_chunked_loss"], tmp_path)[0]
+    skipped = fake_record("fast_6_chunked_loss", status="skipped")
+    monkeypatch.setattr(run_all.optimizations, "why_cannot_run", lambda cfg, device_type: "needs what is missing")
+    assert not run_all.needs_run(skipped, "smoke", "cpu", job)
+    monkeypatch.setattr(run_all.optimizations, "why_cannot_run", lambda cfg, device_type: None)  # installed since
+    assert run_all.needs_run(skipped, "smoke", "cpu", job)
+    assert not run_all.needs_run(fake_record("fast_6_chunked_loss", status="oom"), "smoke", "cpu", job)
+
+
 STUB = textwrap.dedent("""
     # a stand-in for a stage script: copy the prepared record, or fail the way the test asks
     import os, signal, sys
@@ -398,7 +410,7 @@ def stub_stages(tmp_path, monkeypatch):
     return out, behave, calls
 
 
-def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
+def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages, monkeypatch):
     out, behave, calls = stub_stages
     speed = LADDERS["speed"]
     for i, stage in enumerate(speed):
@@ -420,6 +432,7 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages):
 
     behave("speed_2_num_workers", "ok", fake_record("speed_2_num_workers"))
     behave("speed_4_compile", "ok", fake_record("speed_4_compile"))
+    monkeypatch.setattr(run_all, "still_runs", lambda job, profile, device: False)  # still one GPU
     assert run_all.main(args + ["--resume"]) == 0
     assert calls() == speed + ["speed_2_num_workers", "speed_4_compile"]  # ok and skipped stages kept
     assert "**failed**" not in (out / "results.md").read_text()

@@ -8,7 +8,7 @@ import torch
 from conftest import needs_torch_chunked_loss
 from gpt import optimizations, run_all
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
-from gpt.optimizations import changed
+from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.published import published_dir
 from gpt.records import time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
@@ -180,3 +180,49 @@ def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_pat
         assert p.returncode == 2, p.stderr
         assert p.stderr.strip().count("\n") == 0 and "--lr" in p.stderr
     assert not list(tmp_path.rglob("*.json"))  # rejected before any training
+
+
+@pytest.fixture
+def torch_211_image(monkeypatch):
+    """What a CUDA image with torch 2.11 and no optional kernel library offers: no F.linear_cross_entropy, neither
+    liger-kernel nor Cut Cross-Entropy importable."""
+    import importlib.util
+
+    import torch
+
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in chunked_loss.MODULES.values()
+                        else real_find_spec(name, *a))
+
+
+@pytest.mark.parametrize("stage", SPEEDRUN)
+def test_every_speedrun_stage_runs_on_a_cuda_image_without_a_chunked_loss(stage, torch_211_image):
+    """The speedrun is judged by time: where no chunked implementation runs, its stages compute the full loss and
+    say so (the record's choices), instead of being skipped whole, as they were on torch 2.11."""
+    cfg = stage_config(stage, "reference")
+    assert cfg.loss == "chunked"  # speedrun_1 asks for it; the fallback is the device's, not the config's
+    assert why_cannot_run(cfg, "cuda") is None
+    loss, why = chunked_loss.loss_used(cfg, "cuda", 80)
+    assert loss == "full" and why.startswith("kept the full loss: the chunked loss needs PyTorch 2.12")
+    assert model_settings(cfg, "cuda", 80)["loss"] == "full"
+
+
+def test_a_run_for_memory_or_a_named_implementation_still_needs_the_chunked_loss(torch_211_image):
+    """lean_2's point is the logits it never holds, and an implementation asked for by name is the user's choice:
+    both are skipped with the reason rather than silently computing the full loss."""
+    assert why_cannot_run(stage_config("lean_2_chunked_loss", "reference"), "cuda").startswith("the chunked loss")
+    named = stage_config("speedrun_1_systems", "reference", loss_impl="liger")
+    assert why_cannot_run(named, "cuda") == "the chunked loss 'liger' needs `pip install liger-kernel`"
+
+
+def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
+    """The record's choices name the loss and the attention the model computed with, and why they are not the
+    config's: here speedrun_1's chunked loss on a torch without it."""
+    from gpt.model import GPTConfig
+    from gpt.protocol import model_choices
+
+    cfg = stage_config("speedrun_1_systems", "smoke", attention="naive")
+    got = model_choices(cfg, torch.device("cpu"), GPTConfig(vocab_size=65, loss="full", attention="naive"))
+    assert got["loss"] == "full" and got["loss_why"].startswith("kept the full loss: the chunked loss on a cpu needs")
+    assert got["attention"] == "naive" and got["attention_why"] is None

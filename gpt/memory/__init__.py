@@ -283,8 +283,8 @@ def _cuda_rules():
           mock.patch.object(F, "dropout", _cuda_dropout),
           mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
           mock.patch.object(parallel, "bf16_is_fast", return_value=(True, "a CUDA GPU")),
-          mock.patch.object(fused_attention, "cpu_attention_choice", return_value=("sdpa", None)),
-          mock.patch.object(chunked_loss, "cpu_loss_choice", return_value=("chunked", None)),
+          mock.patch.object(fused_attention, "measured_attention_choice", return_value=("sdpa", None)),
+          mock.patch.object(chunked_loss, "measured_loss_choice", return_value=("chunked", None)),
           _CudaAutocastLists()):
         yield
 

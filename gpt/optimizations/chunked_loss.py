@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from gpt import machine_cache
 from gpt.config import TrainConfig
-from gpt.devices import synchronize
+from gpt.devices import device_label, synchronize
 from gpt.errors import CannotSimulate, UserError
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
@@ -226,39 +226,47 @@ def time_head_and_loss(loss_fn, rows: int, dim: int, vocab: int, padded_vocab: i
 
 def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
     """The loss a stage computes, and why it is not the one its config asks for (None when it is): cfg.loss, except
-    the chunked loss in a run for time (cfg.goal) on a CPU where it was measured slower than the full loss at the
-    stage's shape. A run for memory keeps it: its point there is the logits it never holds."""
-    return cpu_loss_choice(cfg, vocab_size) if _chosen_by_measurement(cfg, device_type) else (cfg.loss, None)
+    in a run for time (cfg.goal) with the implementation left to "auto", where the full loss computes the same
+    mathematics: there the full loss where no chunked implementation runs on this device, or where the chunked one
+    was measured slower at the stage's shape. A run for memory, or one that names its implementation, keeps the
+    chunked loss: its point there is the logits it never holds, or the library the user asked for."""
+    if not _falls_back(cfg):
+        return cfg.loss, None
+    if missing := why_unavailable(cfg.loss_impl, device_type):
+        return "full", f"kept the full loss: {missing}"
+    return measured_loss_choice(cfg, vocab_size, device_type)
 
 
-def _chosen_by_measurement(cfg: TrainConfig, device_type: str) -> bool:
-    return cfg.loss == "chunked" and cfg.goal == "time" and device_type == "cpu"
+def _falls_back(cfg: TrainConfig) -> bool:
+    return cfg.loss == "chunked" and cfg.goal == "time" and cfg.loss_impl == "auto"
 
 
-def cpu_loss_choice(cfg: TrainConfig, vocab_size: int) -> tuple[str, str | None]:
-    """On a CPU: the chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows,
-    width, (padded) vocabulary and precision, compiled when the stage compiles, was measured faster than the full
-    loss's; else the full loss."""
-    impl = resolve(cfg.loss_impl, "cpu")
+def measured_loss_choice(cfg: TrainConfig, vocab_size: int, device_type: str) -> tuple[str, str | None]:
+    """The chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows, width,
+    (padded) vocabulary and precision, compiled when the stage compiles, was measured faster than the full loss's
+    on this device; else the full loss. Measured once per machine (gpt/machine_cache.py)."""
+    impl = resolve(cfg.loss_impl, device_type)
+    device = torch.device(device_type)
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
     padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
-    dtype = mixed_precision(cfg, torch.device("cpu")).dtype
+    dtype = mixed_precision(cfg, device).dtype
     what = (f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
             + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}"
             + (", compiled" if cfg.compile else ""))
 
     def measure():
         # As a compiled model runs them: Inductor fuses the full loss; the chunked op stays eager (the profiled
-        # fast_6 step shows it outside the compiled regions).
+        # fast_6 step shows it outside the compiled regions; liger and cce run outside compile by design).
         full = torch.compile(full_cross_entropy) if cfg.compile else full_cross_entropy
         chunked = lambda *a: chunked_cross_entropy(*a, impl=impl)  # noqa: E731
-        return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, torch.device("cpu"))["median_ms"]
+        return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, device)["median_ms"]
                 for fn in (full, chunked)]
 
-    full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, f"{impl}|{what}", measure)
+    here = device_label(device)
+    full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, f"{impl}|{here}|{what}", measure)
     if chunked_ms <= full_ms:
         return "chunked", None
-    return "full", (f"kept the full loss: the chunked loss ({impl}) is slower on this CPU at this shape ({what}: "
+    return "full", (f"kept the full loss: the chunked loss ({impl}) is slower on this {here} at this shape ({what}: "
                     f"full {full_ms:.2f} ms, chunked {chunked_ms:.2f} ms)")
 
 
@@ -278,7 +286,9 @@ def _check(cfg: TrainConfig) -> None:
 
 
 def _cannot_run(cfg: TrainConfig, device_type: str) -> str | None:
-    return why_unavailable(cfg.loss_impl, device_type) if cfg.loss == "chunked" else None
+    if cfg.loss != "chunked" or _falls_back(cfg):  # a run for time computes the full loss instead (loss_used)
+        return None
+    return why_unavailable(cfg.loss_impl, device_type)
 
 
 def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
@@ -287,7 +297,7 @@ def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict
 
 
 def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
-    if not _chosen_by_measurement(cfg, device.type):
+    if not _falls_back(cfg):
         return None
     from gpt.data import load_prepared  # the vocabulary: the stage's own data set, which it has just read
 

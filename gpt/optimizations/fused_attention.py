@@ -3,11 +3,12 @@
 Both attentions are here, and gpt/model.py:CausalSelfAttention.forward calls the one its config names. The
 explicit one writes the score matrix, masks it, softmaxes it, applies dropout and reads it again for the product
 with v; the fused kernel (FlashAttention on recent GPUs, a fused CPU kernel) computes the softmax block by block
-and never stores it. On a GPU the fused kernel is the one to use. On a CPU it is not always faster: at the
-character-level shape of training to a loss (head size 32, 64 positions) its bf16 backward took 5x the explicit
-attention's time on the machines this was built on. So a CPU computes with SDPA only where it was measured faster
-at the stage's own shape and precision (`cpu_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps
-the explicit attention, with both times as the record's `no_effect`: the rule speed_5 follows for bf16.
+and never stores it. The fused kernel is not faster at every shape: on a CPU, at the character-level shape of training to a loss
+(head size 32, 64 positions), its bf16 backward took 5x the explicit attention's time on the machines this was built
+on, and on a GPU at small head sizes compiled explicit attention can win too. So a run for time computes with SDPA
+only where it was measured faster on its device at the stage's own shape and precision
+(`measured_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps the explicit attention, with both
+times as the record's `no_effect`: the rule speed_5 follows for bf16.
 gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
 gpt/memory/__init__.py:_cuda_sdpa.
 """
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
+from gpt.devices import device_label, synchronize
 from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
@@ -41,54 +43,59 @@ def fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
 
 def attention_used(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
     """The attention a stage computes with, and why it is not the one its config asks for (None when it is): SDPA
-    except on a CPU where it was measured slower in a run for time (cfg.goal). A run for memory keeps it: it never
-    holds the scores."""
-    if cfg.attention != "sdpa" or device_type != "cpu" or cfg.goal != "time":
+    except where it was measured slower on this device in a run for time (cfg.goal). A run for memory keeps it: it
+    never holds the scores."""
+    if cfg.attention != "sdpa" or cfg.goal != "time":
         return cfg.attention, None
-    return cpu_attention_choice(cfg)
+    return measured_attention_choice(cfg, device_type)
 
 
-def cpu_attention_choice(cfg: TrainConfig) -> tuple[str, str | None]:
-    """On a CPU: SDPA where one forward and backward of it, at the stage's micro-batch, heads, positions, head size,
-    precision, dropout and compilation, was measured faster than the explicit attention's; else the explicit one."""
+def measured_attention_choice(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
+    """SDPA where one forward and backward of it, at the stage's micro-batch, heads, positions, head size,
+    precision, dropout and compilation, was measured faster on this device than the explicit attention's; else the
+    explicit one. Measured once per machine (gpt/machine_cache.py)."""
+    device = torch.device(device_type)
     shape = cfg.model_shape
     batch, heads, positions = cfg.micro_batch_size, shape["n_head"], cfg.block_size
     head_size = shape["n_embd"] // heads
-    dtype = mixed_precision(cfg, torch.device("cpu")).dtype
+    dtype = mixed_precision(cfg, device).dtype
     what = (f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}"
             + (", compiled" if cfg.compile else ""))
+    here = device_label(device)
     explicit_ms, fused_ms = machine_cache.remembered(
-        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}",
-        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile))
+        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}" + ("" if device_type == "cpu" else f"|{here}"),
+        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile, device))
     if fused_ms <= explicit_ms:
         return "sdpa", None
-    return "naive", (f"kept the explicit attention: SDPA is slower on this CPU at this shape (forward and backward "
-                     f"of one layer's attention, {what}: explicit {explicit_ms:.2f} ms, SDPA {fused_ms:.2f} ms)")
+    return "naive", (f"kept the explicit attention: SDPA is slower on this {here} at this shape (forward and "
+                     f"backward of one layer's attention, {what}: explicit {explicit_ms:.2f} ms, SDPA "
+                     f"{fused_ms:.2f} ms)")
 
 
 def time_attentions(batch: int, heads: int, positions: int, head_size: int, dtype: torch.dtype, dropout: float,
-                    compiled: bool) -> list[float]:
-    """Milliseconds of one forward and backward of each attention (explicit, fused): the median of ~0.3 s of
-    calls after warm-up, on real tensors (also when the memory planner calls this under FakeTensorMode), with the
-    random state put back as it was (a stage measures this while it builds its model, after seeding it)."""
+                    compiled: bool, device: torch.device = torch.device("cpu")) -> list[float]:
+    """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`: the median of
+    ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under FakeTensorMode),
+    with the random state put back as it was (a stage measures this while it builds its model, after seeding it)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily(), torch.random.fork_rng(devices=[]):
-        mask = torch.ones(positions, positions, dtype=torch.bool).tril()
+    with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        mask = torch.ones(positions, positions, dtype=torch.bool, device=device).tril()
         drop = torch.nn.Dropout(dropout)
         explicit = lambda q, k, v: explicit_attention(q, k, v, mask, drop)  # noqa: E731
         fused = lambda q, k, v: fused_attention(q, k, v, dropout)  # noqa: E731
-        return [_time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype)
+        return [_time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype, device)
                 for fn in (explicit, fused)]
 
 
-def _time_one(fn, shape: tuple, dtype: torch.dtype, seconds: float = 0.3) -> float:
-    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+def _time_one(fn, shape: tuple, dtype: torch.dtype, device: torch.device, seconds: float = 0.3) -> float:
+    q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
 
     def step():
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             y = fn(q, k, v)
         y.float().sum().backward()
+        synchronize(device)  # a GPU's kernels are queued: the clock must wait for them
 
     for _ in range(3):
         step()
