@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from gpt import machine_cache, optimizations
+from gpt import machine_cache, optimizations, quick
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
-from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, stage_config
+from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, ladder_of, stage_config
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings
@@ -47,6 +47,7 @@ KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `f
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
 SPEEDRUN = "speedrun"  # the ladder judged by the time to speed_0's model (gpt/ladder.py)
 SECTIONS = [*TIMED_LADDERS, TIME_TO_LOSS, SPEEDRUN]
+QUICK_SECTIONS = ["speed", "fast", SPEEDRUN]  # a quick run's, in order (gpt/quick.py)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,7 +68,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)")
     p.add_argument("--no-profiler", action="store_true",
                    help="no profiled steps after timing: no time breakdown, no traces")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true",
+                   help="a first look within a time limit: on a GPU its tests, then the speed and fast ladders at "
+                   f"{quick.QUICK_REPEATS} repeats and the speedrun on one seed (with --only: that section); records "
+                   "in runs/<profile>-<device>-quick, never published (gpt/quick.py)")
+    p.add_argument("--time-limit", type=float, metavar="MINUTES",
+                   help="the quick run's limit (default: " + ", ".join(f"{m:g} min on {d}" for d, m in
+                                                                       quick.DEFAULT_LIMIT_MIN.items()) + ")")
+    args = p.parse_args(argv)
+    if args.time_limit is not None and not args.quick:
+        p.error("--time-limit is the quick run's: add --quick")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error(f"--time-limit must be a positive number of minutes, got {args.time_limit:g}")
+    return args
 
 
 def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" = None) -> bool:
@@ -195,9 +208,14 @@ def _last_line(log: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def run_stage(cmd: list[str], log: Path, show) -> int:
+class TimeLimitReached(Exception):
+    """The quick run's limit came while a stage ran: the stage was stopped."""
+
+
+def run_stage(cmd: list[str], log: Path, show, deadline: quick.Deadline | None = None) -> int:
     """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
-    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted."""
+    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
+    `deadline` passed first."""
     with open(log, "w") as f:
         # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -209,6 +227,8 @@ def run_stage(cmd: list[str], log: Path, show) -> int:
                     return proc.wait(timeout=1)
                 except subprocess.TimeoutExpired:
                     show(time.monotonic() - t0)
+                    if deadline and deadline.passed():
+                        raise TimeLimitReached from None
         except BaseException:
             _stop(proc)
             raise
@@ -235,8 +255,8 @@ class Job:
         return self.stage + (f" seed {self.seed}" if self.seed is not None else "")
 
 
-def ladder_jobs(stages: list[str], out: Path) -> list[Job]:
-    return [Job(stage, record_path(out, stage)) for stage in stages]
+def ladder_jobs(stages: list[str], out: Path, extra=lambda stage: []) -> list[Job]:
+    return [Job(stage, record_path(out, stage), extra(stage)) for stage in stages]
 
 
 def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None,
@@ -250,13 +270,14 @@ def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None 
             for stage in stages for seed in seeds]
 
 
-def failed_record(job: Job, profile: str, device: str, reason: str) -> dict:
-    """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter)."""
+def failed_record(job: Job, profile: str, device: str, reason: str, status: str = "failed") -> dict:
+    """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter), or that a
+    quick run had no time left for (status "skipped")."""
     try:
         cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
     except UserError:
         cfg = None
-    record = unfinished_record(job.stage, profile, "failed", reason, cfg)
+    record = unfinished_record(job.stage, profile, status, reason, cfg)
     if job.to_a_loss:
         record.update(mode="time_to_loss", seed=cfg.seed if cfg else job.seed)
     return record
@@ -297,7 +318,9 @@ class Progress:
 
 
 def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
-    """Run the jobs in order with a progress line each; returns (failed stages, interrupted)."""
+    """Run the jobs in order with a progress line each; returns (failed stages, interrupted). In a quick run a job
+    the time limit leaves no room for is recorded as not run, and one running when it comes is stopped."""
+    deadline = getattr(args, "deadline", None)
     tty = sys.stdout.isatty()
     cr = "\r" if tty else ""  # on a terminal the final line overwrites the ticking one
     start, failures = progress.start, 0
@@ -313,20 +336,29 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                 print(f"\r{prefix} running {clock(seconds)}  (total {clock(time.monotonic() - start)})",
                       end="", flush=True)
 
+        if deadline and deadline.passed():
+            record = failed_record(job, profile, device, quick.NOT_RUN.format(limit=deadline.label), "skipped")
+            write_record(path, record)
+            print(f"{prefix} {outcome(record)}")
+            continue
         print(prefix, end="" if tty else " running\n", flush=True)
         before = path.stat().st_mtime_ns if path.exists() else None
-        t0, rc, interrupted = time.monotonic(), None, False
+        t0, rc, interrupted, stopped = time.monotonic(), None, False, False
         try:
             cmd = (stage_command(stage, profile, device, args.wandb, out) + ["--no-profiler"] * args.no_profiler
                    + job.extra)
-            rc = run_stage(cmd, log, show)
+            rc = run_stage(cmd, log, show, deadline)
         except KeyboardInterrupt:
             interrupted = True
+        except TimeLimitReached:
+            stopped = True
         record = read_record(path) if path.exists() and path.stat().st_mtime_ns != before else None
         # no record of its own (or one from a crash the interruption caused): write one, so that no
         # stale record passes for this run's result
-        if record is None or (interrupted and record.get("status") == "failed"):
-            if interrupted:
+        if record is None or ((interrupted or stopped) and record.get("status") == "failed"):
+            if stopped:
+                reason = quick.STOPPED.format(limit=deadline.label)
+            elif interrupted:
                 reason = "interrupted (Ctrl-C or SIGTERM) before it finished"
             elif rc < 0:
                 reason = f"killed by {signal.Signals(-rc).name}"
@@ -334,6 +366,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                 reason = f"exit code {rc} without a record: {_last_line(log)}"
             record = failed_record(job, profile, device, reason)
             write_record(path, record)
+        quick.mark(path, time.monotonic() - t0, deadline is not None)
         failures += record.get("status") == "failed"
         print(f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
               f"total {clock(time.monotonic() - start)})" + ("" if record["status"] == "ok" else f"  log: {log}"))
@@ -396,25 +429,29 @@ def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
     """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest
     final validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the
     report's plot), then every speedrun stage with that target: the last one with every seed, the others with the
-    profile's. Returns (failed stages, interrupted)."""
+    profile's. A quick run trains one seed of each and measures no noise scale. Returns (failed stages, interrupted)."""
     baseline, failures = LADDERS["speed"][0], 0
+    seeds = [None] if args.quick else baseline_seeds(profile)
     if not baseline_ran:
-        failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,
-                                           out, progress)
+        failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
         if interrupted:
             return failures, True
     folder = time_to_loss_dir(out)
-    target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in baseline_seeds(profile)])
+    target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in seeds])
     print(f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
-          f"{baseline}'s model (the highest final validation loss of its {BASELINE_SEEDS} seeds)", flush=True)
+          f"{baseline}'s model (the highest final validation loss of its {len(seeds)} seed(s))", flush=True)
     if target is None:
         return failures, False
-    run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)),
-                    None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN))
+    if args.quick:
+        print("[speedrun] no noise-scale measurement in a quick run (python -m gpt.noise_scale measures it)")
+    else:
+        run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)),
+                        None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN))
     *stages, last = LADDERS[SPEEDRUN]
     first = stage_config(last, profile).seed
+    last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])
     jobs = (loss_jobs(stages, out, target=target, ladder=SPEEDRUN)
-            + loss_jobs([last], out, [None] + [first + i for i in range(1, SPEEDRUN_SEEDS)], target, SPEEDRUN))
+            + loss_jobs([last], out, last_seeds, target, SPEEDRUN))
     more, interrupted = run_stages(jobs, args, profile, device, out, progress)
     return failures + more, interrupted
 
@@ -434,11 +471,12 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
         print(f"[speedrun] the noise-scale measurement failed (exit {rc}); see {log}")
 
 
-def loss_job_count(sections: list[str]) -> int:
-    count = sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + BASELINE_SEEDS - 1 \
+def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
+    baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
+    count = sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + baseline_seeds - 1 \
         if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:
-        count += len(LADDERS[SPEEDRUN]) + SPEEDRUN_SEEDS - 1 + (0 if TIME_TO_LOSS in sections else BASELINE_SEEDS)
+        count += len(LADDERS[SPEEDRUN]) + last_seeds - 1 + (0 if TIME_TO_LOSS in sections else baseline_seeds)
     return count
 
 
@@ -448,11 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     device = device_type(args.device)
     resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
     profile = args.profile or default_profile(device)
-    out = (args.out or REPO_ROOT / "runs" / f"{profile}-{device}").resolve()
-    sections = [args.only] if args.only else SECTIONS
+    out = (args.out or REPO_ROOT / "runs" / (f"{profile}-{device}" + "-quick" * args.quick)).resolve()
+    sections = [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
     ladders = [s for s in sections if s in TIMED_LADDERS]
-    jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out)
-    progress = Progress(len(jobs) + loss_job_count(sections))
+    extra = (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage))))) \
+        if args.quick else (lambda stage: [])
+    jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out, extra)
+    progress = Progress(len(jobs) + loss_job_count(sections, args.quick))
+    args.deadline = quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) \
+        if args.quick else None
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
     lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
@@ -465,12 +507,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
               "suffer, memory figures will not")
     rounds = 1 if profile == "smoke" else 4  # smoke: the tests' profile, seconds per stage
+    gpu_tests = args.quick and device == "cuda"
+    if args.quick:
+        counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
+        earlier = quick.estimate([j.record for j in jobs] + [
+            record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
+            for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]] if SPEEDRUN in sections])
+        quick.print_plan(sections, counts, args.deadline, gpu_tests, earlier, progress.total)
     if device == "cpu":
         measure_cpu_peaks(out, rounds)
     for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
         machine_cache.forget(name)
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
     try:
+        if gpu_tests:
+            quick.run_gpu_tests(out, args.deadline)
         failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
         if TIME_TO_LOSS in sections and not interrupted:
             more, interrupted = run_to_a_loss(args, profile, device, out, progress)
@@ -493,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     # The default run is the project's report: its JSON records go to records/<profile>-<device>/ (committed), and
     # results.md and plots/ at the top of the repo are generated from there. A run with --out keeps its report
     # beside its records.
-    if args.out:
+    if args.out or args.quick:  # a quick run never replaces the committed records
         results = write_report(out)
     else:
         results = write_report(publish(out, published_dir(profile, device)), REPO_ROOT / "results.md")

@@ -132,8 +132,8 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
     monkeypatch.setattr(run_all, "SECTIONS", list(TIMED_LADDERS))  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
 
-    def timed_run_stage(cmd, log, show):
-        rc = real_run_stage(cmd, log, show)
+    def timed_run_stage(cmd, log, show, deadline=None):
+        rc = real_run_stage(cmd, log, show, deadline)
         ended[Path(log).stem] = time.time()
         return rc
 

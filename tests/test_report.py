@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from gpt import run_all
 from gpt.report.document import write_report
 from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
@@ -373,8 +374,13 @@ STUB = textwrap.dedent("""
     stage, out, templates = sys.argv[1], sys.argv[2], sys.argv[3]
     with open(os.path.join(out, "calls.txt"), "a") as f:
         f.write(stage + "\\n")
+    with open(os.path.join(out, "arguments.txt"), "a") as f:
+        f.write(" ".join([stage, *sys.argv[4:]]) + "\\n")
     behaviour = open(os.path.join(templates, stage + ".how")).read().strip()
     print("stage output line")
+    if behaviour == "hang":
+        import time
+        time.sleep(60)
     if behaviour == "crash":
         print("error: something the stage could not handle", file=sys.stderr)
         sys.exit(1)
@@ -441,7 +447,7 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages, monke
 def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
     out, _, _ = stub_stages
     commands = []
-    monkeypatch.setattr(run_all, "run_stage", lambda cmd, log, show: commands.append(cmd) or 1)
+    monkeypatch.setattr(run_all, "run_stage", lambda cmd, log, show, deadline=None: commands.append(cmd) or 1)
     run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
                      "--wandb", "disabled", "--no-profiler"])
     assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
@@ -453,10 +459,10 @@ def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, mon
         behave(stage, "ok", fake_record(stage))
     real_run_stage = run_all.run_stage
 
-    def interrupted_second(cmd, log, show):
+    def interrupted_second(cmd, log, show, deadline=None):
         if cmd[2] == "memory_1_grad_accum":
             raise KeyboardInterrupt
-        return real_run_stage(cmd, log, show)
+        return real_run_stage(cmd, log, show, deadline)
 
     monkeypatch.setattr(run_all, "run_stage", interrupted_second)
     args = ["--profile", "smoke", "--device", "cpu", "--only", "memory", "--out", str(out), "--wandb", "disabled"]
@@ -513,3 +519,54 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
         assert f"float32 x2 threads after the last stage: {end / 1e9:.1f}" in md
         assert ("30% faster after the last stage" in md) == warned
     assert calibrations[0] == ([2, 1], 1)  # both thread counts the stages use; smoke: one round
+
+
+def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(stub_stages, tmp_path, monkeypatch,
+                                                                              capsys):
+    """--quick: the plan first; the timed stages at fewer repeats; a stage still running at the limit is stopped,
+    those after it are recorded as not run; every record says quick and its wall clock; the report is written
+    beside the records, never over the committed ones; --resume completes the run."""
+    _, behave, _ = stub_stages
+    monkeypatch.setattr(run_all, "REPO_ROOT", tmp_path)  # the default folder: <repo>/runs/smoke-cpu-quick
+    monkeypatch.setattr(run_all, "publish", lambda *a: pytest.fail("a quick run published its records"))
+    quick_out = tmp_path / "runs" / "smoke-cpu-quick"
+    speed = LADDERS["speed"]
+    for stage in speed:
+        behave(stage, "ok", fake_record(stage))
+    behave("speed_1_batch_size", "hang")
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--wandb", "disabled", "--quick"]
+    assert run_all.main(args + ["--time-limit", "0.05"]) == 1  # 3 s: speed_1 is stopped there
+    printed = capsys.readouterr().out
+    assert printed.index("== quick run: a first look within 3 s") < printed.index("speed_0_baseline")
+    assert "estimate: none yet" in printed
+    records = {s: json.loads((quick_out / f"{s}.json").read_text()) for s in speed}
+    assert records["speed_0_baseline"]["status"] == "ok" and records["speed_0_baseline"]["run"]["quick"] is True
+    assert records["speed_1_batch_size"]["reason"] == "stopped at the quick run's 3 s limit (--resume runs it again)"
+    assert all(records[s]["status"] == "skipped" and records[s]["reason"].startswith("not run: the quick run's 3 s")
+               for s in speed[2:])
+    first = (quick_out / "arguments.txt").read_text().splitlines()[0]
+    assert first == "speed_0_baseline --repeats 2 --warmup-iters 1"  # the smoke profile's 1 warm-up step kept
+    assert "**A quick run**" in (quick_out / "results.md").read_text()
+    assert not (tmp_path / "results.md").exists()
+
+    for stage in speed[1:]:
+        behave(stage, "ok", fake_record(stage))
+    assert run_all.main(args + ["--resume"]) == 0  # the default limit: time enough
+    assert "estimate: " in capsys.readouterr().out
+    assert (quick_out / "calls.txt").read_text().split() == speed[:2] + speed[1:]
+
+
+@pytest.mark.slow
+def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
+    """`./run_all.sh --quick` for real on the smoke profile (minutes on 2 cores): the speed and fast ladders and
+    the speedrun, each stage a real record marked quick, and a page that says so."""
+    out = tmp_path / "quick"
+    r = subprocess.run([sys.executable, "-m", "gpt.run_all", "--profile", "smoke", "--device", "cpu", "--quick",
+                        "--out", str(out), "--wandb", "disabled"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    speedrun = sorted(p.stem for p in (out / "speedrun").glob("speedrun_*.json"))
+    assert speedrun == LADDERS["speedrun"]
+    for path in [*out.glob("speed_*.json"), *out.glob("fast_*.json"), *(out / "speedrun").glob("*.json")]:
+        record = json.loads(path.read_text())
+        assert record["status"] == "ok" and record["run"]["quick"], path
+    assert "**A quick run**" in (out / "results.md").read_text()

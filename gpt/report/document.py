@@ -13,6 +13,7 @@ from gpt.files import write_atomically
 from gpt.ladder import LADDER_GOAL
 from gpt.memory.report_section import planner_section
 from gpt.published import NOTE
+from gpt.records import read_record
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
@@ -37,6 +38,8 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()},
                           **{f"{s} (speedrun)": runs_[0] for s, runs_ in speedrun.stages.items() if runs_}, **records})
     lines += provenance(runs)
+    lines += quick_note(runs, [*records.values(), *to_a_loss.records.values(),
+                               *(r for runs_ in speedrun.stages.values() for r in runs_)])
     ladders = ladders_of(records)
     lines += summary(ladders, to_a_loss, speedrun)
     for name, rungs in ladders.items():
@@ -56,6 +59,24 @@ def provenance(runs: Path) -> list[str]:
     """The records folder's own note (gpt/published.py: NOTE), e.g. that older code made them."""
     note = runs / NOTE
     return ["", note.read_text().strip()] if note.is_file() else []
+
+
+def quick_note(runs: Path, records: list[dict]) -> list[str]:
+    """What a quick run (`./run_all.sh --quick`, gpt/quick.py) left out, and its GPU tests' closing line."""
+    quick = [r for r in records if (r or {}).get("run", {}).get("quick")]
+    if not quick:
+        return []
+    timed = [r["config"] for r in quick if r.get("mode") != "time_to_loss" and r.get("status") == "ok"]
+    repeats = "/".join(sorted({str(c["repeats"]) for c in timed}))
+    warmup = "/".join(sorted({str(c["warmup_iters"]) for c in timed}))
+    note = ("**A quick run** (`./run_all.sh --quick`): a first look, within a time limit"
+            + (f"; each timed stage ran {repeats} repeats after {warmup} warm-up steps" if timed else "")
+            + "; speed_0 and each speedrun stage train one seed, and the noise scale is not measured. Stages the "
+            "limit left no room for say so below. A full `./run_all.sh` gives the steadier figures.")
+    tests = read_record(runs / "gpu_tests.json")
+    if tests:
+        note += f" The one-GPU tests (`{tests['command']}`, {tests['seconds']:.0f} s): {tests['summary']}."
+    return ["", note]
 
 
 def ladder_section(name: str, rungs: list[Rung], runs: Path, plots: Path, to_a_loss: LossRuns) -> list[str]:
