@@ -6,6 +6,7 @@ import math
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import sympy
@@ -194,6 +195,23 @@ def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch
     times = noise_scale.step_times(cfg, [2, 4], warmup=1, repeats=2)
     assert set(times) == {2, 4} and all(t > 0 for t in times.values())
     assert symbols == []  # every size a constant: static graphs
+
+
+def test_step_times_are_timed_as_training_is(char_data, monkeypatch):
+    """Training to a loss synchronises the device at the ends of a stretch of steps, not between them (no step
+    waits for the one before to finish on the device): t(B) is timed the same way, once before the timed steps and
+    once after, their mean. A clock that ticks once a second on every reading: one stretch of 4 steps reads it
+    twice (1 s: 0.25 s a step); a clock read between steps gives 1 s a step."""
+    from gpt import time_to_loss
+
+    ticks, synchronized = iter(range(10**6)), []
+    for module in (noise_scale, time_to_loss):  # wherever the clock is read (the feed's own clock is left alone)
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: next(ticks)), raising=False)
+        monkeypatch.setattr(module, "synchronize", synchronized.append, raising=False)
+    cfg = smoke_config(char_data, n_layer=1, compile=False)
+    times = noise_scale.step_times(cfg, [2], warmup=1, repeats=4)
+    assert len(synchronized) <= 2
+    assert times == {2: pytest.approx(0.25)}
 
 
 @pytest.mark.parametrize("argv, message", [
