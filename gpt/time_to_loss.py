@@ -7,7 +7,8 @@ evaluation (gpt/evaluation.py), outside the training clock, and the curve. The c
 evaluation only: no `.item()` and no synchronisation between two of them.
 
     record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
-        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr
+        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr (AdamW's), and
+        muon_lr (Muon's) where Muon updates the blocks' matrices
     startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
         the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
         graphs' recording), each timed on its own
@@ -25,6 +26,7 @@ from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, validation_loss
 from gpt.optimizations import parallel
 from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.muon import learning_rates
 from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
@@ -71,9 +73,10 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         t0 = time.perf_counter()
         val_loss = validation_loss_of(trainer, val)
         eval_s += time.perf_counter() - t0
+        rates = learning_rates(trainer.optimizer)
         curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
                       "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
-                      "lr": trainer.optimizer.param_groups[0]["lr"] if trainer.step.steps_done else None})
+                      **(rates if trainer.step.steps_done else dict.fromkeys(rates))})  # no rate before a step
         losses.clear()
 
     evaluate()  # the untrained model: where every curve starts
