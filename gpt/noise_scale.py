@@ -312,13 +312,14 @@ def main(argv=None) -> int:
         writable_dir(out.parent)
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)
-    key = {"profile": args.profile, "device_type": resolve_device(cfg.device).type, "data": data_sha256(cfg.data_dir)}
+    device = resolve_device(cfg.device)
+    key = {"profile": args.profile, "device_type": device.type, "data": data_sha256(cfg.data_dir)}
     reused = reuse_record(args.reuse, key)
-    record = ({k: reused[k] for k in CURVE_KEYS} if reused else
-              {**measure(cfg), "provenance": provenance(key)})  # provenance after the run: its imports are done
+    record = ({k: reused[k] for k in CURVE_KEYS} if reused else  # provenance after the run: its imports are done
+              {**measure(cfg), "provenance": provenance(key, device_name(device))})
     times = step_times(timed, sorted({*batches, cfg.batch_size}))
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
-    record.update(device=device_name(resolve_device(cfg.device)), env=environment(),
+    record.update(device=device_name(device), env=environment(),
                   step_times={b: t for b, t in times.items()}, choice={**choice,
                   "suggested": suggested_settings(cfg, choice["batch"])})
     print_summary(record)

@@ -214,6 +214,27 @@ def test_step_times_are_timed_as_training_is(char_data, monkeypatch):
     assert times == {2: pytest.approx(0.25)}
 
 
+def test_a_curve_measured_on_a_gpu_names_the_gpu(char_data, tmp_path, monkeypatch):
+    """The record of a run on a GPU names the GPU as the machine of its curve (what a reused curve's note in the
+    report says it was computed on) and of its step times, not the host's CPU. A CPU stands in for the GPU: the
+    device resolves to CUDA, torch names it, and the curve and step times are made up (nothing runs on it)."""
+    from gpt.devices import cpu_model
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    assert gpu != cpu_model()
+    monkeypatch.setattr(noise_scale, "resolve_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: None)
+    monkeypatch.setattr(noise_scale, "measure", lambda cfg: noise_scale.noise_record(
+        cfg, [3.0] * 8, [2.0] * 8, [(0, 4.0), (4, 3.5), (8, 3.0)]))  # |G|^2 1, tr(Sigma) the batch: B_noise > 0
+    monkeypatch.setattr(noise_scale, "step_times", lambda cfg, batches: {b: 0.01 * b for b in batches})
+    out = tmp_path / "noise.json"
+    assert noise_scale.main(["--profile", "smoke", "--data-dir", str(char_data), "--batches", "4,8",
+                             "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["provenance"]["machine"], record["device"]) == (gpu, gpu)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "12,x"], "--batches takes batch sizes"),
     (["--batches", "0,12"], "--batches must all be at least 1"),
