@@ -30,7 +30,6 @@ import argparse
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ import torch
 from gpt import optimizations, train
 from gpt.config import TrainConfig
 from gpt.data import prepare_if_missing
-from gpt.devices import device_name, resolve_device, synchronize
+from gpt.devices import device_name, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.evaluation import ValidationSet
 from gpt.ladder import stage_config
@@ -47,7 +46,7 @@ from gpt.optimizations.precision import mixed_precision
 from gpt.profiles import PROFILES
 from gpt.records import environment, writable_dir, write_record
 from gpt.reuse import data_sha256, provenance, reuse_record, reused_note
-from gpt.time_to_loss import validation_loss_of
+from gpt.time_to_loss import TrainingClock, validation_loss_of
 
 BASELINE = "speed_0_baseline"
 # The part of the record that does not depend on the machine (gpt/reuse.py): reused while its code is unchanged
@@ -190,9 +189,10 @@ def noise_record(cfg: TrainConfig, small_sq: list[float], big_sq: list[float],
 
 
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
-    """Seconds of one training step of `cfg` at each batch size on its device: the median of `repeats` steps after
-    `warmup` untimed ones, each step between two device synchronisations (data feed included, as training has it).
-    A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
+    """Seconds of one training step of `cfg` at each batch size on its device: the mean of `repeats` steps after
+    `warmup` untimed ones, timed as training to a loss times its steps (gpt/time_to_loss.py: TrainingClock): the
+    device synchronised before the first and after the last, none between them (data feed included, as training
+    has it). A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:
@@ -203,10 +203,10 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
                                                              "samples": batch * (warmup + repeats)}))
         trainer = train.prepare(at_b, device, warmup + repeats, f"{label} B={batch}")
         trainer.run(warmup)
-        marks = []
-        trainer.run(repeats, mark=lambda: (synchronize(device), marks.append(time.perf_counter())))
+        # a step synchronised on its own would wait for the device to drain and lose the overlap of its host work
+        # with the previous step's kernels, which training keeps
+        times[batch] = TrainingClock(device).measure(lambda: trainer.run(repeats)) / repeats
         trainer.step.progress.close()
-        times[batch] = statistics.median(b - a for a, b in zip(marks, marks[1:]))
         del trainer
     return times
 
@@ -312,13 +312,14 @@ def main(argv=None) -> int:
         writable_dir(out.parent)
     if not args.data_dir:
         prepare_if_missing(cfg.data_dir)
-    key = {"profile": args.profile, "device_type": resolve_device(cfg.device).type, "data": data_sha256(cfg.data_dir)}
+    device = resolve_device(cfg.device)
+    key = {"profile": args.profile, "device_type": device.type, "data": data_sha256(cfg.data_dir)}
     reused = reuse_record(args.reuse, key)
-    record = ({k: reused[k] for k in CURVE_KEYS} if reused else
-              {**measure(cfg), "provenance": provenance(key)})  # provenance after the run: its imports are done
+    record = ({k: reused[k] for k in CURVE_KEYS} if reused else  # provenance after the run: its imports are done
+              {**measure(cfg), "provenance": provenance(key, device_name(device))})
     times = step_times(timed, sorted({*batches, cfg.batch_size}))
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
-    record.update(device=device_name(resolve_device(cfg.device)), env=environment(),
+    record.update(device=device_name(device), env=environment(),
                   step_times={b: t for b, t in times.items()}, choice={**choice,
                   "suggested": suggested_settings(cfg, choice["batch"])})
     print_summary(record)

@@ -45,12 +45,13 @@ def files_sha256(paths: list[str]) -> str | None:
     return h.hexdigest()
 
 
-def provenance(key: dict) -> dict:
-    """What a machine-independent record was computed from, for `still_valid`; call it after the computation."""
+def provenance(key: dict, machine: str | None = None) -> dict:
+    """What a machine-independent record was computed from, for `still_valid`; call it after the computation.
+    `machine`: what computed it, the host's CPU unless given (a GPU run names its GPU)."""
     files = source_files()
     env = environment()
     return {"key": key, "torch": torch.__version__, "files": files, "sha256": files_sha256(files),
-            "git_commit": env["git_commit"], "computed": env["time"], "machine": cpu_model()}
+            "git_commit": env["git_commit"], "computed": env["time"], "machine": machine or cpu_model()}
 
 
 def still_valid(record: dict | None, key: dict) -> bool:

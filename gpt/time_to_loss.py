@@ -7,9 +7,11 @@ evaluation (gpt/evaluation.py), outside the training clock, and the curve. The c
 evaluation only: no `.item()` and no synchronisation between two of them.
 
     record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
-        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr
-    startup_s: the first step's time beyond a steady step (compilation, DataLoader workers): once per process,
-        given apart and not in `seconds`
+        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr (AdamW's), and
+        muon_lr (Muon's) where Muon updates the blocks' matrices
+    startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
+        the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
+        graphs' recording), each timed on its own
     target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
 """
 import time
@@ -24,6 +26,7 @@ from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, validation_loss
 from gpt.optimizations import parallel
 from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.muon import learning_rates
 from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
@@ -70,26 +73,33 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         t0 = time.perf_counter()
         val_loss = validation_loss_of(trainer, val)
         eval_s += time.perf_counter() - t0
+        rates = learning_rates(trainer.optimizer)
         curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
                       "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
-                      "lr": trainer.optimizer.param_groups[0]["lr"] if trainer.step.steps_done else None})
+                      **(rates if trainer.step.steps_done else dict.fromkeys(rates))})  # no rate before a step
         losses.clear()
 
     evaluate()  # the untrained model: where every curve starts
     forget_compilations()
-    first_step_s = clock.measure(lambda: losses.extend(trainer.run(1)))  # on its own: compilation, start-up
+    startup_steps = [clock.measure(lambda: losses.extend(trainer.run(1)))]  # on its own: compilation, start-up
     cache = compile_cache_state() if compile_mode(cfg, device) else None
+    # cudagraph trees run a compiled graph once unrecorded (the first step), then record it (the second step)
+    startup_count = 2 if trainer.step.cuda_graphs else 1
     while True:
         done = trainer.step.steps_done
         if done % interval == 0 or done == steps:
             evaluate()
         if done == steps or at_target(cfg, curve):
             break
+        if done < startup_count:  # a start-up step: on its own too
+            startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))
+            continue
         todo = min(interval - done % interval, steps - done)
         clock.measure(lambda: losses.extend(trainer.run(todo)))
     trainer.step.progress.close()
     return {**run_facts(trainer, label),
-            "metrics": budget_metrics(cfg, curve, clock.seconds, first_step_s, eval_s, trainer.step.steps_done, cache)}
+            "metrics": budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done,
+                                      cache)}
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
@@ -115,13 +125,17 @@ def _mean_across_ranks(losses: list[torch.Tensor], device: torch.device, world: 
     return mean.item()
 
 
-def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, first_step_s: float, eval_s: float,
+def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, startup_steps: list[float], eval_s: float,
                    steps: int, compile_cache: str | None) -> dict:
-    """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target."""
-    steady_s = (train_s - first_step_s) / (steps - 1) if steps > 1 else first_step_s
-    startup_s = max(0.0, first_step_s - steady_s)
-    for point in curve:
-        point["seconds"] = max(0.0, point["seconds"] - startup_s) if point["step"] else 0.0
+    """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target.
+    `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
+    mean of the others; with no other, the fastest of them) is start-up."""
+    n = len(startup_steps)
+    steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps)
+    extra = [max(0.0, s - steady_s) for s in startup_steps]
+    startup_s = sum(extra)
+    for point in curve:  # the start-up of the steps done by then: a point between two start-up steps has one's only
+        point["seconds"] = max(0.0, point["seconds"] - sum(extra[:point["step"]])) if point["step"] else 0.0
     final = curve[-1]
     return {
         "curve": curve,
@@ -129,7 +143,7 @@ def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, first_st
         "tokens": final["tokens"],
         "train_seconds": train_s - startup_s,
         "startup_s": startup_s,
-        "first_step_s": first_step_s,
+        "first_step_s": startup_steps[0],
         "compile_cache": compile_cache,
         "eval_seconds": eval_s,
         "evaluations": len(curve),

@@ -5,7 +5,8 @@ Every stage of one ladder run shares a group (env GPT_LADDER_GROUP, set by run_a
 speedrun's stages share <group>-speedrun, with job type "speedrun".
 Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays. A stage
 trained to a loss (job type "time_to_loss") logs its curve: val/loss and train/loss against curve/tokens, with
-curve/step and curve/seconds beside, under the same names in every stage, so one panel overlays them all.
+curve/step, curve/seconds and the learning rate beside (curve/lr: AdamW's; curve/muon_lr: Muon's, where the stage
+has it), under the same names in every stage, so one panel overlays them all.
 
 Offline (the default) needs no account and no network: runs go to <repo>/wandb/ (or $WANDB_DIR/wandb/),
 and `wandb sync wandb/offline-run-*` uploads them later.
@@ -117,12 +118,13 @@ def _log_curve(run, record: dict) -> None:
     shares: stages with different batches meet at equal tokens), with the step and the training seconds logged
     beside so the W&B panel's x-axis can switch to either. Same names in every stage: one panel overlays them."""
     run.define_metric("curve/tokens")
-    for name in ("val/loss", "train/loss", "curve/step", "curve/seconds", "curve/lr"):
+    optional = {"train/loss": "train_loss", "curve/lr": "lr", "curve/muon_lr": "muon_lr"}  # None or absent: unlogged
+    for name in ("val/loss", "curve/step", "curve/seconds", *optional):
         run.define_metric(name, step_metric="curve/tokens")
     for point in record["metrics"]["curve"]:
         row = {"curve/tokens": point["tokens"], "curve/step": point["step"], "curve/seconds": point["seconds"],
                "val/loss": point["val_loss"]}
-        row.update({k: v for k, v in (("train/loss", point["train_loss"]), ("curve/lr", point["lr"])) if v is not None})
+        row.update({name: point[key] for name, key in optional.items() if point.get(key) is not None})
         run.log(row)
 
 

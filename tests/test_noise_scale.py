@@ -6,6 +6,7 @@ import math
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import sympy
@@ -201,6 +202,44 @@ def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch
     times = noise_scale.step_times(cfg, [2, 4], warmup=1, repeats=2)
     assert set(times) == {2, 4} and all(t > 0 for t in times.values())
     assert symbols == []  # every size a constant: static graphs
+
+
+def test_step_times_are_timed_as_training_is(char_data, monkeypatch):
+    """Training to a loss synchronises the device at the ends of a stretch of steps, not between them (no step
+    waits for the one before to finish on the device): t(B) is timed the same way, once before the timed steps and
+    once after, their mean. A clock that ticks once a second on every reading: one stretch of 4 steps reads it
+    twice (1 s: 0.25 s a step); a clock read between steps gives 1 s a step."""
+    from gpt import time_to_loss
+
+    ticks, synchronized = iter(range(10**6)), []
+    for module in (noise_scale, time_to_loss):  # wherever the clock is read (the feed's own clock is left alone)
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: next(ticks)), raising=False)
+        monkeypatch.setattr(module, "synchronize", synchronized.append, raising=False)
+    cfg = smoke_config(char_data, n_layer=1, compile=False)
+    times = noise_scale.step_times(cfg, [2], warmup=1, repeats=4)
+    assert len(synchronized) <= 2
+    assert times == {2: pytest.approx(0.25)}
+
+
+def test_a_curve_measured_on_a_gpu_names_the_gpu(char_data, tmp_path, monkeypatch):
+    """The record of a run on a GPU names the GPU as the machine of its curve (what a reused curve's note in the
+    report says it was computed on) and of its step times, not the host's CPU. A CPU stands in for the GPU: the
+    device resolves to CUDA, torch names it, and the curve and step times are made up (nothing runs on it)."""
+    from gpt.devices import cpu_model
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    assert gpu != cpu_model()
+    monkeypatch.setattr(noise_scale, "resolve_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: None)
+    monkeypatch.setattr(noise_scale, "measure", lambda cfg: noise_scale.noise_record(
+        cfg, [3.0] * 8, [2.0] * 8, [(0, 4.0), (4, 3.5), (8, 3.0)]))  # |G|^2 1, tr(Sigma) the batch: B_noise > 0
+    monkeypatch.setattr(noise_scale, "step_times", lambda cfg, batches: {b: 0.01 * b for b in batches})
+    out = tmp_path / "noise.json"
+    assert noise_scale.main(["--profile", "smoke", "--data-dir", str(char_data), "--batches", "4,8",
+                             "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["provenance"]["machine"], record["device"]) == (gpu, gpu)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -285,9 +285,10 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
     assert details(md, "speed_1_batch_size")[5] == "data wait 31%"
     assert details(md, "memory_3_foreach_off")[5] == "backward 40%"
     # the share each change attacks, before -> after, in % of the step and seconds per N samples
-    assert "- `speed_2_num_workers` (-25% time): data wait 31% -> 2% (620 ms -> 30 ms)" in md
+    assert "- `speed_2_num_workers` (-25% time): data wait 31% -> 2% (620 ms -> 30 ms; timed repeats: 2% -> 2%)" in md
     assert "- `speed_3_non_blocking` (+1.3% time, within run-to-run noise of ±1%, did not help): copy was 0.1% " \
-           "and data wait was 2% of the step already, so there was little to remove" in md
+           "and data wait was 2% of the parent's profiled step already (copy 0.1% and data wait 2% of its timed " \
+           "repeats), and stayed small here, so there was little to remove" in md
     # a change without a target: the category that moved most
     assert "- `speed_1_batch_size` (-75% time): backward 45% -> 30% (3.6 s -> 600 ms)" in md
     assert "`speed_3_non_blocking` did not help here" not in md  # the breakdown replaced the guessed reason
@@ -297,6 +298,28 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
     assert "memory_2_checkpointing` (+" not in md  # its parent failed: nothing to compare with
     assert "## Where the time goes" in md and "![where the time goes](plots/time_breakdown.png)" in md
     assert (tmp_path / "plots" / "time_breakdown.png").read_bytes()[:4] == PNG
+
+
+@pytest.mark.parametrize("breakdown, data_wait", [
+    (shares(data=2.0, backward=40.0), 30.0),  # the profiled step small, the timed repeats' wait (the table's) large
+    (shares(data=32.0, backward=20.0), 35.0),  # the stage itself added the wait: small in its parent only
+])
+def test_a_stage_that_added_data_wait_is_never_told_there_was_little_to_remove(breakdown, data_wait, tmp_path):
+    """speed_3's change acts on data wait and copy, which held 2% and 0.1% of its parent's step; but the stage's own
+    data wait, as its row in the table gives it (the timed repeats), is large: the sentence must not say there was
+    little to remove, and it gives both measurements of the wait, each named."""
+    write_ladder(tmp_path, [
+        fake_record("speed_0_baseline", seconds=8.0),
+        fake_record("speed_1_batch_size", seconds=2.0),
+        fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+        fake_record("speed_3_non_blocking", seconds=1.6, time_breakdown_pct=breakdown, data_wait_pct=data_wait),
+    ])
+    md = write_report(tmp_path).read_text()
+    assert details(md, "speed_3_non_blocking")[4] == f"{data_wait:.0f}% / 0.1%"  # the table's data wait / copy
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("- `speed_3_non_blocking` (")]
+    assert "little to remove" not in line
+    assert (f"data wait 2% -> {breakdown['data']:.0f}% (30 ms -> {16 * breakdown['data']:.0f} ms; timed repeats: "
+            f"2% -> {data_wait:.0f}%)") in line
 
 
 def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_path):

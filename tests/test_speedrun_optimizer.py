@@ -152,6 +152,25 @@ def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_d
     assert shares[0] < 1 and 1.0 in shares and shares[-1] < 1
 
 
+@needs_muon
+def test_the_curve_records_adamws_learning_rate_and_muons_beside_it(char_data):
+    """A run to a loss with Muon: each point's `lr` is AdamW's (the run's lr setting, as every other stage's curve
+    has it), its `muon_lr` Muon's at the same share of muon_lr; before the first step neither exists. AdamW's
+    warm-up peak is 1e-3 here and Muon's 0.03: the two cannot be mistaken for each other."""
+    budget = 8 * 4 * 32  # 8 steps of the smoke batch, evaluated every 2
+    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
+                          train_tokens=budget, lr_decay_tokens=budget, lr_warmup_tokens=budget // 4,
+                          eval_every_tokens=budget // 4)
+    curve = time_to_loss.run(cfg)["metrics"]["curve"]
+    for point in curve[1:]:
+        share = learning_rate(cfg, point["tokens"]) / cfg.lr
+        assert point["lr"] == pytest.approx(share * cfg.lr, rel=1e-12), point
+        assert point["muon_lr"] == pytest.approx(share * cfg.muon_lr, rel=1e-12), point
+    assert (curve[0]["lr"], curve[0]["muon_lr"]) == (None, None)
+    adamw_only = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "matrix_optimizer": "adamw"}))
+    assert all("muon_lr" not in p for p in adamw_only["metrics"]["curve"])
+
+
 # ---- bad settings: one line, exit 2, through a stage script -------------------------------------------------
 
 

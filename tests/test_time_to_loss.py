@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -133,6 +134,36 @@ def test_a_run_that_stops_at_its_target_is_the_full_runs_curve_up_to_the_crossin
     assert stopped["tokens"] == whole["curve"][3]["tokens"] == stopped["steps"] * cfg.tokens_per_step
     assert whole["steps"] == 4096 // cfg.tokens_per_step > stopped["steps"]
     assert stopped["target"]["tokens"] == whole["target"]["tokens"]
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_data, monkeypatch):
+    """The first step compiles; with CUDA graphs (torch.compile's "reduce-overhead") the second records them, and
+    both are start-up, each timed on its own, not training seconds. On a clock of the steps' own making (10 s, 5 s,
+    then 1 s each, the evaluations taking none): without CUDA graphs only the first step is start-up (the steady
+    step the mean of the other five, 1.8 s); with them the first two are, and every later step is 1 s of training."""
+    monkeypatch.setattr(train, "uses_cuda_graphs", lambda cfg, device: cuda_graphs)
+    now = [0.0]
+    monkeypatch.setattr(time_to_loss, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    step = train.Stepper.__call__
+
+    def timed_step(self, feed=None):
+        now[0] += {0: 10.0, 1: 5.0}.get(self.steps_done, 1.0)
+        return step(self, feed)
+
+    monkeypatch.setattr(train.Stepper, "__call__", timed_step)
+    cfg = smoke_to_a_loss(char_data)
+    per_step = cfg.tokens_per_step
+    m = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "train_tokens": 6 * per_step,
+                                                "lr_warmup_tokens": per_step, "lr_decay_tokens": 6 * per_step,
+                                                "eval_every_tokens": per_step}))["metrics"]
+    assert m["first_step_s"] == 10.0
+    if cuda_graphs:
+        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((9.0 + 4.0, 6.0))
+        assert [p["seconds"] for p in m["curve"]] == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    else:
+        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((10.0 - 1.8, 6 * 1.8))
+        assert [p["seconds"] for p in m["curve"]] == pytest.approx([0.0, 1.8, 6.8, 7.8, 8.8, 9.8, 10.8])
 
 
 def test_the_speedrun_stages_stop_at_the_target_unless_told_to_train_the_whole_budget(char_data):

@@ -109,3 +109,20 @@ def test_missing_wandb_is_one_warning_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "warning: wandb is not installed, so speed_0_baseline is not logged to W&B (pip install wandb, or "
         "--wandb disabled); the JSON record is unaffected"]
+
+
+def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
+    """A curve point of a Muon stage holds AdamW's learning rate as `lr` and Muon's as `muon_lr`: W&B gets both, each
+    under its own name (curve/lr the same in every stage), and no Muon rate where the point has none."""
+    points = [{"step": 0, "tokens": 0, "seconds": 0.0, "train_loss": None, "val_loss": 4.0, "lr": None,
+               "muon_lr": None},
+              {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3,
+               "muon_lr": 0.03}]
+    record = {**fake_record("speedrun_3_muon"), "mode": "time_to_loss", "seed": None,
+              "metrics": {"curve": points, "steps": 2, "tokens": 256}}
+    wandb_log.log_run(record, mode="offline")
+    (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
+    history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+               for r in read_offline_run(run_file) if r.HasField("history")]
+    rows = [h for h in history if "val/loss" in h]
+    assert [(h.get("curve/lr"), h.get("curve/muon_lr")) for h in rows] == [(None, None), (1e-3, 0.03)]

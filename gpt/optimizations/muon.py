@@ -60,6 +60,15 @@ class MuonWithAdamW(torch.optim.Optimizer):
         raise NotImplementedError("MuonWithAdamW: load each of .muon and .adamw instead")
 
 
+def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """The learning rates a curve records: AdamW's as `lr`, and Muon's as `muon_lr` where Muon holds the blocks'
+    matrices. AdamW's is the run's `lr` setting in every stage; Muon's groups come first in MuonWithAdamW's list, so
+    its first group's rate would pass for the run's."""
+    if isinstance(optimizer, MuonWithAdamW):
+        return {"lr": optimizer.adamw.param_groups[0]["lr"], "muon_lr": optimizer.muon.param_groups[0]["lr"]}
+    return {"lr": optimizer.param_groups[0]["lr"]}
+
+
 def newton_schulz_fp32(grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
                        eps: float) -> torch.Tensor:
     """torch's Newton-Schulz iteration (torch/optim/_muon.py: _zeropower_via_newtonschulz, the same quintic with the

@@ -286,8 +286,8 @@ COLUMNS = (
     f"at {TARGET_AT:.0%} of its budget (the parent's model, sooner). **vs the model it keeps: to its loss**: when an "
     "earlier stage changed the model (marked changes convergence), later stages train that stage's model, not the "
     "baseline's; this is how many times sooner the stage reaches that model's loss than the stage that made it. "
-    "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers), not counted in the "
-    "seconds to target.")
+    "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers) and, with CUDA graphs, "
+    "the second's (their recording), not counted in the seconds to target.")
 
 
 def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
@@ -306,5 +306,5 @@ def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
             f"batch x8), with a linear warm-up and a cosine decay of the learning rate "
             f"({cfg.get('lr')} to {cfg.get('min_lr')}), evaluated every {cfg.get('eval_every_tokens', 0):,} tokens on "
             f"the same {cfg.get('eval_windows')} held-out windows. {target}. {spread}. Seconds are training seconds: "
-            "the evaluations and the first step's start-up (compilation, DataLoader workers), given apart, are not "
-            "in them; the columns are defined under the table.")
+            "the evaluations and the start-up (compilation, DataLoader workers, the recording of CUDA graphs), given "
+            "apart, are not in them; the columns are defined under the table.")

@@ -11,11 +11,19 @@ from gpt.step_profiler import TIME_CATEGORIES, label
 
 NO_GAIN_PCT = 3.0  # a stage that saves less than this (time or memory) "did not help here"
 SMALL_SHARE_PCT = 5.0  # a change whose targets held less than this share of the parent's step had little to win
+# The categories the timed repeats measure too (gpt/protocol.py): the tables' "data wait / copy" column
+TIMED_KEYS = {"data": "data_wait_pct", "copy": "copy_pct"}
 
 
 def shares(record: dict | None) -> dict | None:
     """The record's time breakdown: % of a profiled step's wall time per category, adding up to 100."""
     return record["metrics"].get("time_breakdown_pct") if ok(record) else None
+
+
+def timed_shares(record: dict) -> dict:
+    """The record's shares of the timed repeats' time, for the categories they measure (TIMED_KEYS)."""
+    metrics = record["metrics"]
+    return {c: metrics[key] for c, key in TIMED_KEYS.items() if metrics.get(key) is not None}
 
 
 def seconds_by_category(record: dict) -> dict:
@@ -44,6 +52,22 @@ def within_noise(r: Rung, d: float) -> str:
     return f", within run-to-run noise of ±{noise:.0f}%" if abs(d) < noise else ""
 
 
+def stayed_small(r: Rung, category: str) -> bool:
+    """Whether `category` held little of the step in the parent and still does in the stage, by every measurement
+    of it (the profiled step's shares; for data wait and copy also the timed repeats', the table's): under
+    SMALL_SHARE_PCT in both, and its seconds not grown by NO_GAIN_PCT of the parent's time or more (the stage did
+    not add it)."""
+    seconds, parent_seconds = r.m("seconds_mean"), r.parent["metrics"]["seconds_mean"]
+    for mine, parents in ((shares(r.record), shares(r.parent)), (timed_shares(r.record), timed_shares(r.parent))):
+        if category not in mine and category not in parents:
+            continue
+        new, old = mine.get(category, 0.0), parents.get(category, 0.0)
+        added_pct = (new * seconds - old * parent_seconds) / parent_seconds
+        if max(new, old) >= SMALL_SHARE_PCT or added_pct >= NO_GAIN_PCT:
+            return False
+    return True
+
+
 def time_line(r: Rung, time_goal: bool) -> str | None:
     """What the stage's change did to where the time goes, from its breakdown and its parent's: the shares
     its optimizations act on (their time targets) or else the one that moved most, as % of the step and seconds
@@ -58,15 +82,21 @@ def time_line(r: Rung, time_goal: bool) -> str | None:
     biggest = max(cats, key=lambda c: abs(t.get(c, 0) - pt.get(c, 0)))
     d = r.vs(r.parent, "seconds_mean")
     head = f"`{r.stage}` ({fmt_pct(d)} time{within_noise(r, d)}"
+    timed, parent_timed = timed_shares(r.record), timed_shares(r.parent)
     if time_goal and d > -NO_GAIN_PCT:
-        if targets and all(pb.get(c, 0) < SMALL_SHARE_PCT for c in targets):
+        if targets and all(stayed_small(r, c) for c in targets):
             was = " and ".join(f"{label(c)} was {fmt_share(pb.get(c, 0))}" for c in targets)
-            return f"{head}, did not help): {was} of the step already, so there was little to remove"
+            also = [f"{label(c)} {fmt_share(parent_timed[c])}" for c in targets if c in parent_timed]
+            also = f" ({' and '.join(also)} of its timed repeats)" if also else ""
+            return (f"{head}, did not help): {was} of the parent's profiled step already{also}, and stayed small "
+                    "here, so there was little to remove")
         head += ", did not help"
 
     def moved(c: str) -> str:
+        repeats = (f"; timed repeats: {fmt_share(parent_timed[c])} -> {fmt_share(timed[c])}"
+                   if c in timed and c in parent_timed else "")
         return (f"{label(c)} {fmt_share(pb.get(c, 0))} -> {fmt_share(b.get(c, 0))} "
-                f"({fmt_time(pt.get(c, 0))} -> {fmt_time(t.get(c, 0))})")
+                f"({fmt_time(pt.get(c, 0))} -> {fmt_time(t.get(c, 0))}{repeats})")
 
     cited = targets or [biggest]
     return f"{head}): " + ", ".join(map(moved, cited)) + (
@@ -80,7 +110,9 @@ def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
     if not lines:
         return []
     return ["", f"Where the time goes, stage by stage (share of a profiled step's wall time, then seconds per "
-                f"{samples_label(rungs)} samples; the bottleneck column is the largest share):", ""] + \
+                f"{samples_label(rungs)} samples; for data wait and copy also their share of the timed repeats, the "
+                "tables' data wait / copy column; the bottleneck column is the largest share of the profiled "
+                "step):", ""] + \
         [f"- {ln}" for ln in lines]
 
 
