@@ -478,7 +478,7 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
 
     commands = []
 
-    def fake_stage(cmd, log, show):
+    def fake_stage(cmd, log, show, deadline=None):
         commands.append(cmd)
         stage, seed = Path(cmd[1]).stem, (cmd[cmd.index("--seed") + 1] if "--seed" in cmd else None)
         record = {"stage": stage, "ladder": "speed", "profile": "smoke", "parent": None, "status": "ok",
