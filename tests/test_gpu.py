@@ -5,7 +5,9 @@ the ladder:
 
 Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need
 2 GPUs. CI has no GPU. They ran on one H100 (torch 2.11, 2026-11-26): every one-GPU test passed; the 2-GPU
-ones have not run anywhere yet, and their bounds, marked "not yet measured", are estimates.
+ones have not run anywhere yet, and their bounds, marked "not yet measured", are estimates. The speedrun's tests at
+the end (Muon's bf16 Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added
+later and have not run on a GPU yet; their CPU twins run in the CPU suite.
 """
 import os
 import pickle
@@ -31,7 +33,10 @@ from gpt.report.document import write_report
 from test_beyond_equivalence import BF16_CHUNKED_WEIGHT_GRAD
 from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
                                      with_pytorchs_early_stop)
+from test_noise_scale import check_smoke_measurement, measure_smoke
 from test_report import details
+from test_speedrun import check_the_groups_follow_wsd, check_the_last_stage_learns_compiled, trace_last_stage
+from test_speedrun_optimizer import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
 from test_time_to_loss import LEARNING_STAGES, learning_budget
 from test_train import run_stage
 
@@ -235,11 +240,13 @@ def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data
 
 @pytest.mark.parametrize("stage", LADDERS["fast"])
 def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
-    if stage_config(stage, "smoke").loss == "chunked" and (reason := chunked_loss.why_unavailable("auto", "cuda")):
-        pytest.skip(reason)
+    """Every fast stage runs compiled on CUDA; where no chunked implementation is installed (torch 2.11 without
+    liger-kernel or Cut Cross-Entropy) fast_6 computes the full loss and its record says why."""
     r, record = stage_on_cuda(stage, char_data, tmp_path)
     assert r.returncode == 0 and record["status"] == "ok", (r.stdout + r.stderr)[-4000:]
     assert record["metrics"]["profiler"]["compiled_regions_per_step"] >= 1  # compiled since speed_4
+    if stage_config(stage, "smoke").loss == "chunked" and (missing := chunked_loss.why_unavailable("auto", "cuda")):
+        assert record["choices"]["loss"] == "full" and missing in record["choices"]["loss_why"]
 
 
 @pytest.mark.parametrize("stage", ["fast_2_bf16", "fast_3_sdpa"])
@@ -327,3 +334,41 @@ def test_stages_train_to_a_loss_on_cuda(stage, char_data):
     assert m["tokens"] == m["steps"] * cfg.tokens_per_step and m["eval_seconds"] > 0 and m["startup_s"] >= 0
     record.update(stage=stage, ladder=stage.split("_")[0], profile="smoke", parent=None, mode="time_to_loss")
     assert record_problems(record) == []
+
+
+# ---- the speedrun on CUDA: Muon, the last stage with its CUDA graphs, its schedule, the noise scale -------------
+
+
+def test_muons_newton_schulz_in_bf16_on_cuda_is_near_orthogonal_and_near_float32():
+    """torch's Muon orthogonalises in bf16 on the GPU's tensor cores (cuBLAS may also reduce in bf16): the bound is
+    the CPU twin's, derived from bf16's precision (tests/test_speedrun_optimizer.py: NEWTON_SCHULZ_BF16)."""
+    check_newton_schulz_in_bf16("cuda")
+
+
+def test_a_muon_step_on_cuda_matches_float32_on_the_cpu(char_data, monkeypatch):
+    check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cuda", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def speedrun_on_cuda(char_data):
+    """speedrun_5_wsd's run to a loss on CUDA, watched (tests/test_speedrun.py: trace_last_stage)."""
+    return trace_last_stage(char_data, "cuda")
+
+
+def test_the_speedruns_last_stage_learns_compiled_and_records_its_cuda_graphs_once(speedrun_on_cuda):
+    """The modern blocks (rotary, QK-norm, RMSNorm, ReLU²) and Muon under torch.compile's "reduce-overhead" mode,
+    bf16 autocast and CUDA graphs, evaluated between two replays at every step: the loss falls, nothing compiles
+    again, and the graphs are recorded once, not at each evaluation."""
+    check_the_last_stage_learns_compiled(speedrun_on_cuda)
+
+
+def test_the_speedruns_optimizer_groups_follow_wsd_on_cuda(speedrun_on_cuda):
+    check_the_groups_follow_wsd(speedrun_on_cuda)
+
+
+def test_the_noise_scale_measures_on_cuda(char_data, tmp_path, monkeypatch):
+    """python -m gpt.noise_scale on CUDA at the smoke profile's shapes: speed_0's run (fp32, eager) with its batches
+    halved, then t(B) with speedrun_1's code compiled with CUDA graphs at each batch; the record names the GPU."""
+    record = measure_smoke(char_data, "cuda", tmp_path / "noise.json", monkeypatch)
+    check_smoke_measurement(record)
+    assert record["device"] == torch.cuda.get_device_name()

@@ -1,20 +1,27 @@
 """The speedrun ladder (gpt/ladder.py "speedrun", stages/speedrun_*.py, run_all's section, the report's): its plumbing,
-its target and its judgement, and the one claim of its systems stage, that it keeps the model. The training changes'
+its target and its judgement, the one claim of its systems stage, that it keeps the model, and its last stage trained
+as the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/test_gpu.py). The training changes'
 own mechanics are tested beside their homes (tests/test_speedrun_optimizer.py, tests/test_noise_scale.py,
 tests/test_architecture.py)."""
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from conftest import needs_torch_chunked_loss
-from gpt import optimizations, run_all
+from gpt import optimizations, run_all, time_to_loss, train
+from gpt.config import TrainConfig
+from gpt.devices import resolve_device
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
+from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
 from gpt.time_to_loss import SPEEDRUN_SEEDS, baseline_model_loss
 from test_beyond_equivalence import real_rows
 from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
+from test_time_to_loss import learning_budget
 
 SPEEDRUN = LADDERS["speedrun"]
 
@@ -229,3 +236,136 @@ def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
     got = model_choices(cfg, torch.device("cpu"), GPTConfig(vocab_size=65, loss="full", attention="naive"))
     assert got["loss"] == "full" and got["loss_why"].startswith("kept the full loss: the chunked loss on a cpu needs")
     assert got["attention"] == "naive" and got["attention_why"] is None
+
+
+# ---- the last stage as the ladder trains it: on the CPU here, on CUDA in tests/test_gpu.py -----------------------
+
+SPEEDRUN_STEPS = 40  # of speedrun_5's batch (16 on the smoke profile): warm-up to step 2, the peak to 24, decay to 40
+
+
+@dataclass
+class StageTrace:
+    """A watched run to a loss of the speedrun's last stage: its config and record; at each evaluation, the steps done,
+    the CUDA graphs recorded and the graphs Dynamo compiled so far in this process; each step's learning rates, one
+    per param group, as AdamW's and Muon's step() began."""
+    cfg: TrainConfig
+    record: dict
+    evaluations: list[tuple[int, int, int]]
+    adamw_lrs: list[list[float]]
+    muon_lrs: list[list[float]]
+
+
+def trace_last_stage(char_data, device: str) -> StageTrace:
+    """speedrun_5_wsd trained to a loss on `device` for SPEEDRUN_STEPS steps at the smoke profile's shapes, with all
+    its ladder switches on (compile, with CUDA graphs on CUDA; autocast; gathered batches; Muon; the modern blocks;
+    wsd), evaluated after every step: on CUDA each evaluation comes between two replays of the step's graphs. Where
+    the device has no chunked loss (torch 2.11 on CUDA without liger-kernel or Cut Cross-Entropy) the stage computes
+    the full loss (chunked_loss.loss_used)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    stage = SPEEDRUN[-1]
+    cfg = learning_budget(stage, char_data, device, steps=SPEEDRUN_STEPS)
+    cfg.eval_every_tokens = cfg.tokens_per_step  # an evaluation after every step
+    optimizations.validate(cfg)
+    recorded, evaluations, adamw_lrs, muon_lrs = [0], [], [], []
+    real_record, real_prepare = CUDAGraphTreeManager.record_function, train.prepare
+    real_evaluate = time_to_loss.validation_loss_of
+
+    def record_function(manager, *args, **kwargs):  # every recording, the first of a graph and any re-recording
+        recorded[0] += 1
+        return real_record(manager, *args, **kwargs)
+
+    def prepare(*args, **kwargs):
+        trainer = real_prepare(*args, **kwargs)
+        for optimizer, lrs in ((trainer.optimizer.adamw, adamw_lrs), (trainer.optimizer.muon, muon_lrs)):
+            optimizer.register_step_pre_hook(lambda o, *_, lrs=lrs: lrs.append([g["lr"] for g in o.param_groups]))
+        return trainer
+
+    def evaluate(trainer, val):
+        evaluations.append((trainer.step.steps_done, recorded[0], counters["stats"]["unique_graphs"]))
+        return real_evaluate(trainer, val)
+
+    # compiled afresh, as in the stage's own process: the compilations of GPT.forward by earlier tests in this process
+    # would count towards Dynamo's recompile limit, past which it runs the model eager
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CUDAGraphTreeManager, "record_function", record_function)
+        patch.setattr(train, "prepare", prepare)
+        patch.setattr(time_to_loss, "validation_loss_of", evaluate)
+        record = time_to_loss.run(cfg, label=stage)
+    return StageTrace(cfg, record, evaluations, adamw_lrs, muon_lrs)
+
+
+def check_the_last_stage_learns_compiled(trace: StageTrace) -> None:
+    """The stage trained compiled (Dynamo compiled its graphs at the first step, and none after: evaluations do not
+    make it recompile), in "reduce-overhead" mode with bf16 autocast on CUDA, and learnt: the validation loss fell
+    from ~ln 65 = 4.17 by a fifth or more (to 2.93 on this CPU, bf16), the training loss too. On CUDA its graphs were
+    recorded once: over the second half of the run, every step of which follows an evaluation, the count of
+    recordings stays what it was (an evaluation that broke the graphs would add a re-recording at every step), and
+    is not 0."""
+    cfg, m = trace.cfg, trace.record["metrics"]
+    device = resolve_device(cfg.device)
+    cuda_graphs = uses_cuda_graphs(cfg, device)
+    choices = trace.record["choices"]
+    assert choices["compile_mode"] == ("reduce-overhead" if cuda_graphs else "default")
+    if device.type == "cuda":
+        assert choices["amp_dtype"] == "bfloat16" and not choices["grad_scaler"]
+    assert m["steps"] == SPEEDRUN_STEPS and [p["step"] for p in m["curve"]] == list(range(SPEEDRUN_STEPS + 1))
+    assert m["val_loss_final"] < 0.8 * m["val_loss_initial"], m["curve"]
+    assert m["curve"][-1]["train_loss"] < m["curve"][1]["train_loss"]
+    steps, recorded, compiled = zip(*trace.evaluations)
+    assert steps == tuple(range(SPEEDRUN_STEPS + 1))
+    assert compiled[1] > compiled[0], "no graph compiled at the first step: the model ran eager"
+    assert set(compiled[1:]) == {compiled[1]}, f"compiled again after the first step: {compiled}"
+    if cuda_graphs:
+        settled = recorded[SPEEDRUN_STEPS // 2:]
+        assert settled[0] > 0, "no CUDA graph recorded: the step ran without its graphs"
+        assert set(settled) == {settled[0]}, f"CUDA graphs recorded again between evaluations: {recorded}"
+    else:
+        assert set(recorded) == {0}
+
+
+def check_the_groups_follow_wsd(trace: StageTrace) -> None:
+    """As each step ran, every AdamW group's learning rate was wsd's at the tokens that step brings training to, and
+    every Muon group's the same share of muon_lr. wsd is written out here from its definition (the docstring of
+    gpt/optimizations/schedule.py), not from its code; the run's steps cover its three phases: warm-up (rising),
+    stable (the peak), decay (falling linearly to min_lr at the budget's end)."""
+    cfg = trace.cfg
+    decay_from = (1 - cfg.lr_cooldown) * cfg.lr_decay_tokens
+
+    def share(tokens: int) -> float:
+        if tokens < cfg.lr_warmup_tokens:
+            return tokens / cfg.lr_warmup_tokens
+        if tokens < decay_from:
+            return 1.0
+        done = min(1.0, (tokens - decay_from) / (cfg.lr_decay_tokens - decay_from))
+        return 1.0 - done * (1.0 - cfg.min_lr / cfg.lr)
+
+    shares = [share(step * cfg.tokens_per_step) for step in range(1, SPEEDRUN_STEPS + 1)]
+    assert len(trace.adamw_lrs) == len(trace.muon_lrs) == SPEEDRUN_STEPS
+    for step, (s, adamw, muon) in enumerate(zip(shares, trace.adamw_lrs, trace.muon_lrs), 1):
+        assert adamw == pytest.approx([s * cfg.lr] * len(adamw), rel=1e-9), step
+        assert muon == pytest.approx([s * cfg.muon_lr] * len(muon), rel=1e-9), step
+    stable = [i for i, s in enumerate(shares) if s == 1.0]
+    assert 0 < stable[0] and stable[-1] < SPEEDRUN_STEPS - 2 and stable == list(range(stable[0], stable[-1] + 1))
+    assert shares[:stable[0]] == sorted(shares[:stable[0]]) and shares[0] < 1  # the warm-up rises
+    decay = shares[stable[-1] + 1:]
+    assert decay == sorted(decay, reverse=True) and decay[-1] == pytest.approx(cfg.min_lr / cfg.lr)
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(char_data) -> StageTrace:
+    return trace_last_stage(char_data, "cpu")
+
+
+@pytest.mark.slow
+def test_the_last_stage_learns_compiled_on_the_cpu(cpu_trace):
+    """The CPU twin of tests/test_gpu.py's run on CUDA: the same run, compiled without CUDA graphs. Slow: it compiles
+    (~45 s on 2 cores)."""
+    check_the_last_stage_learns_compiled(cpu_trace)
+
+
+@pytest.mark.slow
+def test_the_last_stages_optimizer_groups_follow_wsd_on_the_cpu(cpu_trace):
+    check_the_groups_follow_wsd(cpu_trace)

@@ -1,6 +1,7 @@
 """The speedrun ladder's optimizer and schedule (gpt/optimizations/muon.py, schedule.py): Muon gets exactly the
 blocks' matrices and AdamW everything else, one step of the combined optimizer is the two torch optimizers' steps,
-wsd's shape and that both optimizers follow it, one line for bad settings, and a Muon run that learns."""
+wsd's shape and that both optimizers follow it, one line for bad settings, and a Muon run that learns; the
+Newton-Schulz iteration and a Muon step in bf16 against float32 (on the CPU here, on CUDA in tests/test_gpu.py)."""
 import copy
 import math
 import re
@@ -25,10 +26,12 @@ needs_muon = pytest.mark.skipif(not HAS_MUON, reason=f"needs torch.optim.Muon (P
 HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
-def built(char_data, **overrides):
-    cfg = optimizations.validate(TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon",
+def built(char_data, device: str = "cpu", **overrides):
+    """The optimizer build_model makes with Muon on `device` (TrainConfig's gpt-mini unless overridden): (cfg, the
+    GPT, the optimizer). The weights are drawn on the CPU from the config's seed, so every device starts alike."""
+    cfg = optimizations.validate(TrainConfig(data_dir=str(char_data), device=device, matrix_optimizer="muon",
                                              **overrides))
-    raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
+    raw, model, optimizer = train.build_model(cfg, 65, torch.device(device))
     return cfg, raw, optimizer
 
 
@@ -261,3 +264,95 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
     assert _muon._zeropower_via_newtonschulz is original
     monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (True, "faster here"))
     assert built(char_data, n_layer=2)[2].newton_schulz_dtype == torch.bfloat16
+
+
+# ---- Newton-Schulz in bf16: on the CPU here, on CUDA in tests/test_gpu.py ----------------------------------------
+
+# The bound on bf16's error in Newton-Schulz's result, in spectral norm (the result's own is at most ~1.2). bf16 keeps
+# 8 significant bits: a rounding errs by at most u = 2^-8 of the value. Each of the 5 iterations rounds about four
+# matrices of spectral norm ~1 to bf16 (X, X Xᵀ, the quintic's b XXᵀ + c (XXᵀ)², the new X), so the result carries
+# ~20 roundings; added up as if none cancelled, 20 u = 0.078. Measured on this CPU's bf16 (fp32 accumulation, as
+# cuBLAS): 0.025 to 0.041 (shapes 256x1024, 1024x256, 96x32, 32x128, 3 seeds each). An iteration fewer moves the
+# result by 0.096 to 0.45, none at all by ~1.
+NEWTON_SCHULZ_BF16 = 20 * 2 ** -8
+# What the quintic's coefficients aim for (Keller Jordan's Muon; torch/optim/_muon.py): not U Vᵀ itself but U S' Vᵀ
+# with S' within about (0.5, 1.5); here p⁵ gives 0.68 to 1.14 for every singular value above 1% of |G|_F.
+ORTHOGONAL_BAND = (0.5, 1.5)
+
+
+def muon_defaults() -> dict:
+    """torch.optim.Muon's own settings (ns_coefficients, ns_steps, eps, ...): those every Muon step uses."""
+    return torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))]).defaults
+
+
+def check_newton_schulz_in_bf16(device: str) -> None:
+    """torch's Newton-Schulz orthogonalisation as Muon runs it on `device` (bf16). In exact arithmetic it keeps the
+    singular vectors of G and sends each singular value s of G / |G|_F through the quintic p(s) = a s + b s³ + c s⁵,
+    ns_steps times: the result's singular values are p⁵(s), computed here in float64. bf16's result has them within
+    NEWTON_SCHULZ_BF16 (Weyl: no singular value moves by more than the spectral norm of the error) and inside
+    ORTHOGONAL_BAND, and differs from the same iteration in float32 on the CPU by less than NEWTON_SCHULZ_BF16."""
+    from torch.optim import _muon
+
+    settings = muon_defaults()
+    (a, b, c), steps, eps = settings["ns_coefficients"], settings["ns_steps"], settings["eps"]
+    for shape in ((256, 1024), (1024, 256)):  # wide, and tall (the iteration runs on its transpose)
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        out = _muon._zeropower_via_newtonschulz(g.to(device), (a, b, c), steps, eps)
+        assert out.dtype == torch.bfloat16 and out.device.type == device and out.shape == g.shape
+        out = out.cpu().double()
+        s = torch.linalg.svdvals(g.double()) / g.double().norm()
+        for _ in range(steps):
+            s = a * s + b * s ** 3 + c * s ** 5
+        singular = torch.linalg.svdvals(out)
+        low, high = ORTHOGONAL_BAND
+        assert low < singular.min() and singular.max() < high, (shape, singular.min(), singular.max())
+        error = (singular - s.sort(descending=True).values).abs().max().item()
+        assert error < NEWTON_SCHULZ_BF16, (shape, error)
+        fp32 = newton_schulz_fp32(g, (a, b, c), steps, eps).double()
+        assert torch.linalg.matrix_norm(out - fp32, ord=2).item() < NEWTON_SCHULZ_BF16, shape
+
+
+def check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, device: str, monkeypatch) -> None:
+    """One step of the optimizer build_model makes (gpt-mini, 2 blocks), with Newton-Schulz in bf16 on `device`,
+    against the same step on the CPU in float32, from the same weights and gradients. A Muon matrix moves by
+    -lr' O (O: the orthogonalised momentum; lr' = muon_lr sqrt(max(1, rows/cols)), torch's default adjustment), and
+    the momentum is float32 on both, so the two differ by lr' |O_bf16 - O_fp32| <= lr' NEWTON_SCHULZ_BF16 in spectral
+    norm, plus float32's rounding of the sum (~1e-7 of weights of norm ~10: 1e-5 allowed); the step itself moves
+    each by lr' |O| >= 0.5 lr', several times the bound. AdamW's parameters (float32 on both) are equal to float32's
+    rounding; its step moved them by ~lr."""
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (False, "the fp32 reference"))
+    cfg, reference, reference_optimizer = built(char_data, n_layer=2)
+    assert reference_optimizer.newton_schulz_dtype == torch.float32
+    if device == "cpu":  # the CPU twin: bf16 Newton-Schulz on the CPU, as a CPU with fast bf16 runs it
+        monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (True, "bf16 on the CPU"))
+    _, raw, optimizer = built(char_data, device, n_layer=2)
+    assert optimizer.newton_schulz_dtype == torch.bfloat16
+    generator = torch.Generator().manual_seed(0)
+    before = {}
+    for (name, p), q in zip(reference.named_parameters(), raw.parameters()):
+        assert torch.equal(p, q.cpu()), name  # the same start
+        p.grad = torch.randn(p.shape, generator=generator)
+        q.grad = p.grad.to(q.device)
+        before[name] = p.detach().clone()
+    reference_optimizer.step()
+    optimizer.step()
+    for (name, p), q in zip(reference.named_parameters(), raw.parameters()):
+        q, moved = q.detach().cpu(), (p - before[name]).double()
+        if HIDDEN.fullmatch(name):
+            rows, cols = p.shape
+            bound = cfg.muon_lr * math.sqrt(max(1, rows / cols)) * NEWTON_SCHULZ_BF16 + 1e-5
+            assert torch.linalg.matrix_norm((q - p).double(), ord=2).item() < bound, name
+            assert torch.linalg.matrix_norm(moved, ord=2).item() > 5 * bound, name
+        else:
+            torch.testing.assert_close(q, p, msg=name)
+            assert moved.abs().max().item() > 0.5 * cfg.lr, name
+
+
+@needs_muon
+def test_newton_schulz_in_bf16_on_the_cpu_is_near_orthogonal_and_near_float32():
+    check_newton_schulz_in_bf16("cpu")
+
+
+@needs_muon
+def test_a_muon_step_with_bf16_newton_schulz_matches_float32(char_data, monkeypatch):
+    check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cpu", monkeypatch)

@@ -38,12 +38,12 @@ LEARNING_STAGES = ("speed_0_baseline", "speed_5_amp", "fast_5_fused_adamw")
 LEARNING_STEPS = 150  # the smoke baseline's budget in optimizer steps: ~4.4 -> ~3.2 on its excerpt
 
 
-def learning_budget(stage: str, data_dir, device: str, **settings) -> TrainConfig:
-    """The smoke profile's run to a loss with a budget of LEARNING_STEPS optimizer steps for `stage` itself, through
+def learning_budget(stage: str, data_dir, device: str, steps: int = LEARNING_STEPS, **settings) -> TrainConfig:
+    """The smoke profile's run to a loss with a budget of `steps` optimizer steps for `stage` itself, through
     --train-tokens (the schedule follows it). The profile's budget is in tokens of the baseline's batch: a stage
     after speed_1's batch x8 gets 8x fewer steps of it (18), too few to learn on (~4.2 -> ~3.8)."""
     cfg = stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device)
-    budget = LEARNING_STEPS * cfg.tokens_per_step
+    budget = steps * cfg.tokens_per_step
     evals = profile_settings("smoke", "time_to_loss")["train_tokens"] // cfg.eval_every_tokens  # the profile's 5
     args = parse_args(stage, ["--time-to-loss", "--train-tokens", str(budget), "--eval-every-tokens",
                               str(budget // evals)])
