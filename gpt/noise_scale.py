@@ -55,7 +55,8 @@ CURVE_KEYS = ("config", "batch_size", "block_size", "estimator", "curve", "windo
 TIMED_WITH = "speedrun_1_systems"
 EMA_SHARE = 1 / 20  # the moving averages' time constant, as a share of the run's steps (100 of the cpu run's 2000)
 READ_FROM = 0.75  # B_noise for the choice: the means over the run's steps from this share of the budget on
-DEFAULT_BATCHES = (12, 24, 48, 96)
+BATCH_MULTIPLES = (1, 2, 4, 8)  # the batches t(B) is timed at by default, in multiples of the baseline's
+CHOOSES_FOR = "speedrun_2_batch_lr"  # the stage that trains at the chosen batch: its own batch is always timed too
 
 
 # ---- the estimator ------------------------------------------------------------------------------------------
@@ -284,6 +285,13 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
+def timed_batches(baseline: int, stage: int, text: str | None) -> list[int]:
+    """The batches t(B) is timed at: `text`'s (--batches), else BATCH_MULTIPLES of the baseline's; with the baseline's
+    and the one the batch stage trains at, so the choice is always weighed against what the stage runs."""
+    chosen = parse_batches(text) if text else [m * baseline for m in BATCH_MULTIPLES]
+    return sorted({*chosen, baseline, stage})
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gpt.noise_scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="cpu", help=f"settings profile: {', '.join(PROFILES)} (default: cpu)")
@@ -292,17 +300,17 @@ def parse_args(argv):
     p.add_argument("--out", help="write the record (curve, step times, choice) to this JSON file")
     p.add_argument("--reuse", metavar="JSON", help="an earlier record of this command: its noise-scale curve is reused "
                    "(the step times are measured afresh) if it was measured with the same code, torch, profile and data")
-    p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
-                   help="batch sizes whose step time is measured (the baseline's is always added)")
+    p.add_argument("--batches", help="batch sizes whose step time is measured (default: 1, 2, 4 and 8 times the "
+                   f"baseline's); the baseline's and {CHOOSES_FOR}'s are always added")
     return p.parse_args(argv)
 
 
 @exit_on_user_error
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    batches = parse_batches(args.batches)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     cfg = stage_config(BASELINE, args.profile, to_a_loss=True, device=args.device, data_dir=data_dir)
+    batches = timed_batches(cfg.batch_size, stage_config(CHOOSES_FOR, args.profile).batch_size, args.batches)
     halves_config(cfg)  # bad settings: one line before anything runs
     timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)
     if reason := optimizations.why_cannot_run(timed, resolve_device(timed.device).type):
@@ -317,7 +325,7 @@ def main(argv=None) -> int:
     reused = reuse_record(args.reuse, key)
     record = ({k: reused[k] for k in CURVE_KEYS} if reused else  # provenance after the run: its imports are done
               {**measure(cfg), "provenance": provenance(key, device_name(device))})
-    times = step_times(timed, sorted({*batches, cfg.batch_size}))
+    times = step_times(timed, batches)
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
     record.update(device=device_name(device), env=environment(),
                   step_times={b: t for b, t in times.items()}, choice={**choice,

@@ -161,9 +161,9 @@ def check_smoke_measurement(record: dict) -> None:
     assert math.isfinite(b_noise) and b_noise > 0, record["window"]
     assert all(math.isfinite(p["b_simple"]) for p in record["curve"][1:])
     assert [p["step"] for p in record["curve"]] == [0, 30, 60, 90, 120, 150]
-    assert set(record["step_times"]) == {"4", "8"}
+    assert set(record["step_times"]) == {"4", "8", "16"}  # --batches, and speedrun_2's batch on the smoke profile
     assert all(math.isfinite(t) and t > 0 for t in record["step_times"].values())
-    assert record["choice"]["batch"] in (4, 8)
+    assert record["choice"]["batch"] in (4, 8, 16)
 
 
 def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypatch):
@@ -187,7 +187,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     reused = json.loads(again.read_text())
     assert reused["curve"] == record["curve"] and reused["window"] == record["window"]
     assert reused["reused_from"] == str(out) and reused["provenance"] == record["provenance"]
-    assert set(reused["step_times"]) == {"4", "8"} and reused["env"]["time"] >= record["env"]["time"]
+    assert set(reused["step_times"]) == {"4", "8", "16"} and reused["env"]["time"] >= record["env"]["time"]
     assert "were computed on" in noise_scale.summary_line(reused) and "were computed" not in \
         noise_scale.summary_line(record)
     # measured with another profile's settings: not reused
@@ -277,3 +277,14 @@ def test_the_module_runs_as_a_command():
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: --batches takes batch sizes separated by "
                                                                   "commas (e.g. 12,24,48), got 'twelve'"]
+
+
+@pytest.mark.parametrize("profile", ["reference", "cpu"])
+def test_t_b_covers_the_batch_the_stage_trains_at(profile):
+    """The reference profile's speedrun_2 trains at 128 (its baseline's 32 x4): t(B) must time that batch, which the
+    fixed 12-96 (plus 32) of before left out; by default 1-8 times the baseline's batch."""
+    baseline = stage_config(noise_scale.BASELINE, profile, to_a_loss=True).batch_size
+    stage = stage_config(noise_scale.CHOOSES_FOR, profile).batch_size
+    batches = noise_scale.timed_batches(baseline, stage, None)
+    assert stage in batches and batches == [baseline * m for m in (1, 2, 4, 8)]
+    assert noise_scale.timed_batches(baseline, stage, "5,7") == sorted({5, 7, baseline, stage})
