@@ -136,6 +136,19 @@ def lock_output(out: Path):
     return f
 
 
+def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
+    """One line for each stage that cannot run here, and each that gives way to the full loss for want of a chunked
+    implementation, before the first stage runs (the records and results.md say it again)."""
+    from gpt.optimizations import chunked_loss
+
+    for job in jobs:
+        cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
+        if reason := optimizations.why_cannot_run(cfg, device):
+            print(f"   {job.name} cannot run here: {reason}")
+        elif cfg.loss == "chunked" and (missing := chunked_loss.why_unavailable(cfg.loss_impl, device)):
+            print(f"   {job.name} computes the full loss here: {missing}")
+
+
 def stage_command(stage: str, profile: str, device: str, wandb: str, out: Path) -> list[str]:
     return [sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", profile, "--device", device,
             "--wandb", wandb, "--out", str(out)]
@@ -471,6 +484,14 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
         print(f"[speedrun] the noise-scale measurement failed (exit {rc}); see {log}")
 
 
+def loss_stages(sections: list[str]) -> list[str]:
+    """The stages the sections train to a loss, each once."""
+    stages = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]] if TIME_TO_LOSS in sections else []
+    if SPEEDRUN in sections:
+        stages += [s for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]] if s not in stages]
+    return stages
+
+
 def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
     baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
     count = sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + baseline_seeds - 1 \
@@ -502,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({device_name(torch.device(device))}); records and logs in {out}")
     prepare_data(profile, sections)
     write_machine(out, profile, device)
+    say_what_cannot_run(jobs + [Job(stage, out, ["--time-to-loss"]) for stage in loss_stages(sections)], profile,
+                        device)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
         print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "

@@ -593,3 +593,18 @@ def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
         record = json.loads(path.read_text())
         assert record["status"] == "ok" and record["run"]["quick"], path
     assert "**A quick run**" in (out / "results.md").read_text()
+
+
+def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
+    """Before the first stage: one line per stage that will be skipped, and per stage that computes the full loss
+    for want of a chunked implementation (here: as on torch 2.11)."""
+    from gpt.optimizations import chunked_loss
+
+    monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)
+    jobs = run_all.ladder_jobs(["fast_5_fused_adamw", "fast_6_chunked_loss", "lean_2_chunked_loss"], Path("/tmp"))
+    run_all.say_what_cannot_run(jobs, "smoke", "cpu")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["fast_6_chunked_loss", "lean_2_chunked_loss"]
+    assert "computes the full loss here: the chunked loss on a cpu needs PyTorch 2.12" in lines[0]
+    assert "cannot run here: the chunked loss on a cpu needs PyTorch 2.12" in lines[1]
+    assert run_all.loss_stages(["speedrun"]) == ["speed_0_baseline", *LADDERS["speedrun"]]
