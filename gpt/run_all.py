@@ -501,6 +501,11 @@ def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
     return count
 
 
+def finished_whole(args, interrupted: bool) -> bool:
+    """Whether this run is a whole default run that finished: the only kind that replaces the committed report."""
+    return not (interrupted or args.only or args.quick)
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -529,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
         print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
               "suffer, memory figures will not")
-    rounds = 1 if profile == "smoke" else 4  # smoke: the tests' profile, seconds per stage
+    rounds = 1 if profile == "smoke" or args.quick else 4  # smoke: the tests' profile, seconds per stage
     gpu_tests = args.quick and device == "cuda"
     if args.quick:
         counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
@@ -565,10 +570,14 @@ def main(argv: list[str] | None = None) -> int:
         run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
     # The default run is the project's report: its JSON records go to records/<profile>-<device>/ (committed), and
-    # results.md and plots/ at the top of the repo are generated from there. A run with --out keeps its report
-    # beside its records.
-    if args.out or args.quick:  # a quick run never replaces the committed records
+    # results.md and plots/ at the top of the repo are generated from there, but only once every section finished.
+    # A run with --out, a quick run, one section (--only) and an interrupted run keep their report beside their
+    # records, and leave the committed ones, results.md and plots/ as they were.
+    if args.out or not finished_whole(args, interrupted):
         results = write_report(out)
+        if not args.out:
+            print("   the committed records, results.md and plots/ are unchanged: only a whole default run replaces "
+                  "them" + (" (`./run_all.sh --resume` completes this one)" if interrupted and not args.only else ""))
     else:
         results = write_report(publish(out, published_dir(profile, device)), REPO_ROOT / "results.md")
     print(f"== report: {results} (plots in {results.parent / 'plots'})")

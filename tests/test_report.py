@@ -608,3 +608,35 @@ def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
     assert "computes the full loss here: the chunked loss on a cpu needs PyTorch 2.12" in lines[0]
     assert "cannot run here: the chunked loss on a cpu needs PyTorch 2.12" in lines[1]
     assert run_all.loss_stages(["speedrun"]) == ["speed_0_baseline", *LADDERS["speedrun"]]
+
+
+@pytest.mark.parametrize("how", ["interrupted", "--only"])
+def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(how, stub_stages, tmp_path,
+                                                                              monkeypatch):
+    """A default run stopped after its first stages, or one of a single ladder, once replaced every committed record
+    and results.md with its own few: now it writes its report beside its records and the committed ones stay."""
+    _, behave, _ = stub_stages
+    committed = tmp_path / "records" / "smoke-cpu"
+    committed.mkdir(parents=True)
+    (committed / "speed_0_baseline.json").write_text("{}")
+    (tmp_path / "results.md").write_text("the committed page\n")
+    monkeypatch.setattr(run_all, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(run_all, "published_dir", lambda profile, device: committed)
+    for ladder in ("speed", "fast"):
+        for stage in LADDERS[ladder]:
+            behave(stage, "ok", fake_record(stage))
+    if how == "interrupted":
+        real = run_all.run_stage
+
+        def stop_at_fast(cmd, log, show, deadline=None):
+            if "fast_1_pretokenized" in cmd:
+                raise KeyboardInterrupt
+            return real(cmd, log, show, deadline)
+        monkeypatch.setattr(run_all, "run_stage", stop_at_fast)
+        args = []
+    else:
+        args = ["--only", "speed"]
+    run_all.main(["--profile", "smoke", "--device", "cpu", "--wandb", "disabled", *args])
+    assert (tmp_path / "results.md").read_text() == "the committed page\n"
+    assert [p.name for p in committed.iterdir()] == ["speed_0_baseline.json"]
+    assert (tmp_path / "runs" / "smoke-cpu" / "results.md").is_file()  # its own report, beside its records
