@@ -7,6 +7,8 @@ no noise-scale measurement); with `--only memory` the memory ladder alone. Its r
 committed ones; `python -m gpt.report --runs <that folder>` makes their page. A stage that does not fit in the limit
 is stopped, or not started, and its record says so; `--resume` completes the run.
 """
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -103,6 +105,8 @@ def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
     cap = min(GPU_TESTS_SHARE * deadline.limit_s, deadline.left())
     log = out / "gpu_tests.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
+    if importlib.util.find_spec("xdist"):  # pytest-xdist: the GPU tests side by side, as many as there are cores / 4
+        cmd += ["-n", str(max(1, (os.cpu_count() or 4) // 4))]
     print(f"[gpu tests] {' '.join(cmd[1:])}  (at most {minutes(cap)}; log: {log})", flush=True)
     t0 = time.monotonic()
     with open(log, "w") as f:
