@@ -1,8 +1,11 @@
 """Clocks of the timed loop: per-step durations without a host sync inside it, and what feeding the device
 costs (the data wait and the host-to-device copy). The repeats' own clock is time.perf_counter between two
-device synchronisations (gpt/protocol.py:timed_repeats)."""
+device synchronisations (gpt/protocol.py:timed_repeats). And the process's own age, read from the OS, which a run
+to a loss splits its wall clock with (gpt/time_to_loss.py)."""
+import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -64,3 +67,16 @@ class FeedClock:
     def copy_s(self) -> list[float]:
         """Seconds of each copy; call after synchronize()."""
         return self._copy.durations()[::2]
+
+
+def process_age_s(proc: Path = Path("/proc")) -> float | None:
+    """Seconds since this process started, as the OS counts them: its start time in /proc/self/stat (clock ticks
+    after boot) against the boot-time clock now, so the imports before any Python line of ours are counted too. None
+    where the OS does not say (no /proc: not Linux) or the two clocks disagree (a negative age)."""
+    try:
+        stat = (proc / "self" / "stat").read_text()
+        started = int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return age if age >= 0 else None

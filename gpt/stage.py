@@ -271,6 +271,12 @@ def print_loss_summary(record: dict, out: Path) -> None:
           f"({m['tokens_per_s']:,.0f} tokens/s); not in it: start-up {m['startup_s']:.1f} s"
           + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
           + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s")
+    if m.get("process_s") is not None and m.get("import_setup_s") is not None:  # the wall clock's split
+        parts = {"imports and arguments": m["import_setup_s"], "set-up": m["setup_s"], "start-up": m["startup_s"],
+                 "training": m["train_seconds"], "evaluations": m["eval_seconds"]}
+        rest = m["process_s"] - sum(parts.values())
+        print(f"  wall clock of this process to its record {m['process_s']:.1f} s: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + f", the rest {rest:.1f}")
     print(f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "
           f"train loss at the end {m['train_loss_final']:.3f}")
     target = m.get("target")

@@ -13,6 +13,10 @@ evaluation only: no `.item()` and no synchronisation between two of them.
         the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
         graphs' recording), each timed on its own
     target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
+    the process's wall clock, split (each None where the OS does not give the process's start, gpt/clocks.py):
+        import_setup_s (the process's start to the training's set-up: imports, arguments, the process group),
+        setup_s (the set-up: data, model with its run-time measurements, optimizer, validation windows), then
+        startup_s (compilation), train_seconds, eval_seconds, and process_s (the process's start to the record)
 """
 import time
 
@@ -20,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from gpt import distributed, optimizations, train
+from gpt.clocks import process_age_s
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
@@ -61,8 +66,10 @@ class TrainingClock:
 def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     """The run (this module's docstring), in one process."""
     steps = cfg.train_tokens // cfg.tokens_per_step
+    import_setup_s, t0 = process_age_s(), time.perf_counter()
     trainer = train.prepare(cfg, device, steps, label)
     val = ValidationSet(cfg.data_dir, cfg.block_size, cfg.eval_windows)
+    setup_s = time.perf_counter() - t0
     world, clock = cfg.world_size, TrainingClock(device)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))  # steps between two evaluations
     losses: list[torch.Tensor] = []
@@ -97,9 +104,9 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         todo = min(interval - done % interval, steps - done)
         clock.measure(lambda: losses.extend(trainer.run(todo)))
     trainer.step.progress.close()
+    metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done, cache)
     return {**run_facts(trainer, label),
-            "metrics": budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done,
-                                      cache)}
+            "metrics": {**metrics, "import_setup_s": import_setup_s, "setup_s": setup_s, "process_s": process_age_s()}}
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:

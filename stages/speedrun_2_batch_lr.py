@@ -1,4 +1,4 @@
-"""Speedrun, stage 2: the batch and the learning rate from a measurement, not a factor.
+"""Speedrun, stage 2: a larger batch and learning rate, the batch the first noise-scale measurement chose.
 
 Parent: speedrun_1_systems. No anchor figure: a speedrun stage is judged against speed_0 in the same run. Changes
 the training (not the model): the target stays speed_0's final loss.
@@ -7,18 +7,26 @@ McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training") predict th
 S_min (1 + B_noise / B): a batch well below the gradient noise scale B_noise wastes steps, one well above it wastes
 samples. `python -m gpt.noise_scale` measures B_simple along speed_0's run (the squared gradient norms of each batch
 and of its two halves, their running means kept apart before dividing) and the step time t(B) on this device, and
-picks the batch that minimises the predicted time (1 + B_noise / B) t(B). The learning rate follows the batch by the
-square-root rule for Adam, then a small sweep; the warm-up is in tokens already (gpt/profiles.py), and beta2 keeps
-its half-life in tokens (beta2 ** factor). What the measurement gave here: docs/speedrun.md, "Choosing the batch".
-Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
+prints the batch that minimises the predicted time (1 + B_noise / B) t(B).
+
+What chose this stage's batch: that command's first run, on another CPU, whose step times came from graphs
+compiled with dynamic shapes (docs/speedrun.md, "What chose speedrun_2's batch"). Its B_noise stands; its step
+times do not: the measurement committed since (records/<profile>-<device>/speedrun/noise_scale.json, "choice"),
+with each batch compiled on its own, picks a smaller batch and predicts this one no sooner than the baseline's. The
+stage keeps the first choice; its own time to the target, not the prediction, is its judge, and the smaller batch
+at this stage's other settings has not been trained. The learning rate is not the measurement's either: its
+suggestion, the square-root rule for Adam, did not reach the target at this batch, and the linear rule did (the
+speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-up is in tokens already
+(gpt/profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
 """
 from gpt.stage import stage_main
 
-BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the measured choice
+BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the first measurement's choice
 LR_FACTOR = 4.0  # swept up from the square-root rule (x2: not reached); x4 reached the target (docs/speedrun.md)
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
-CHANGE = f"batch x{BATCH_FACTOR}, learning rate x{LR_FACTOR:g} (from the measured gradient noise scale)"
+CHANGE = (f"batch x{BATCH_FACTOR} (the first noise-scale measurement's choice), learning rate x{LR_FACTOR:g} "
+          "(swept)")
 KIND = "training"
 
 

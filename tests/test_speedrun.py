@@ -16,7 +16,7 @@ from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_l
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
-from gpt.records import time_to_loss_dir, write_record
+from gpt.records import read_record, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
 from gpt.time_to_loss import SPEEDRUN_SEEDS, baseline_model_loss
 from test_beyond_equivalence import real_rows
@@ -124,6 +124,36 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
     text = "\n".join(speedrun_section(sr, tmp_path, "plots"))
     assert "| speedrun_1_systems |" in text and "5.54x" in text  # (90.48 + 120) / 2 / 19
     assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
+
+
+def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_path):
+    """Beside training seconds to the target, each stage's whole wall clock (run_all's run.wall_s where the record has
+    it, else the process's own process_s) and both ratios against speed_0's, whose seeds took 150 and 170 s of wall
+    clock: speedrun_1's 40 s is 4.00x sooner. speedrun_3 has only its own process_s: its wall clock is shown but no
+    ratio against speed_0's, measured from outside; speedrun_4's record has neither."""
+    write_speedrun(tmp_path, {"speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
+                              "speedrun_3_muon": [[(0, 0, 4.0), (400, 8, 1.5)]],
+                              "speedrun_4_architecture": [[(0, 0, 4.0), (400, 10, 1.5)]]})
+    loss_dir, sr_dir = time_to_loss_dir(tmp_path), time_to_loss_dir(tmp_path, "speedrun")
+    walls = {loss_dir / "speed_0_baseline.json": 150.0, loss_dir / "speed_0_baseline.seed3409.json": 170.0,
+             sr_dir / "speedrun_1_systems.json": 40.0}
+    for path, wall in walls.items():
+        record = read_record(path)
+        write_record(path, {**record, "run": {"quick": False, "wall_s": wall},
+                            "metrics": {**record["metrics"], "process_s": wall - 1}})
+    record = read_record(sr_dir / "speedrun_3_muon.json")
+    write_record(sr_dir / "speedrun_3_muon.json", {**record, "metrics": {**record["metrics"], "process_s": 25.0}})
+    lines = speedrun_section(Speedrun(tmp_path), tmp_path, "plots")
+    header = next(line for line in lines if line.startswith("| stage |"))
+    assert header.count("|") - 1 <= 7 and "wall" in header and "training" in header
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines
+            if line.startswith("| speed")}
+    assert rows["speed_0_baseline"][-2:] == ["1.00x", "160 (150-170); 1.00x"]
+    # training: (90.48 + 120) / 2 / 19; wall: 160 / 40
+    assert rows["speedrun_1_systems"][-2:] == ["5.54x (4.76-6.32x)", "40.0; 4.00x (3.75-4.25x)"]
+    assert rows["speedrun_3_muon"][-1] == "25.0 (the process's own)"
+    assert rows["speedrun_4_architecture"][-1] == ""
+    assert any("wall" in line and "run.wall_s" in line and "process_s" in line for line in lines)  # which is which
 
 
 def test_the_speedup_range_is_taken_across_the_seeds():

@@ -504,3 +504,30 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
     target = float(commands[3][commands[3].index("--target-loss") + 1])
     assert target == pytest.approx(2.0)  # 80% of 500 tokens: the evaluation at 400 tokens
     assert "## Time to loss" in (tmp_path / "results.md").read_text()
+
+
+def test_the_process_age_is_read_from_the_os(tmp_path):
+    """gpt/clocks.py:process_age_s: a child process that sleeps half a second before asking is at least that old,
+    and not much older; where the OS does not say (no /proc), None."""
+    from gpt import clocks
+
+    code = "import time; time.sleep(0.5); from gpt.clocks import process_age_s; print(process_age_s())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout
+    if sys.platform.startswith("linux"):
+        assert 0.5 <= float(out) < 60
+    assert clocks.process_age_s(proc=tmp_path / "no-proc") is None
+
+
+def test_a_run_to_a_loss_splits_its_wall_clock(char_data, monkeypatch):
+    """The record gives the process's own split of its wall clock: before the set-up (imports, arguments), the set-up
+    (data, model, run-time measurements, optimizer), the start-up, training and evaluations, and the whole, each
+    within the next."""
+    cfg = smoke_to_a_loss(char_data)
+    m = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "train_tokens": 4 * cfg.tokens_per_step,
+                                                "eval_every_tokens": 2 * cfg.tokens_per_step}))["metrics"]
+    assert m["setup_s"] > 0
+    if sys.platform.startswith("linux"):
+        assert 0 < m["import_setup_s"] < m["process_s"]
+        inside = m["import_setup_s"] + m["setup_s"] + m["startup_s"] + m["train_seconds"] + m["eval_seconds"]
+        assert inside <= m["process_s"] + 0.05

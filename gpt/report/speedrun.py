@@ -60,6 +60,20 @@ class Speedrun:
     def mean_seconds(self, stage: str) -> float | None:
         return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
 
+    def walls(self, stage: str) -> tuple[list[float], str | None]:
+        """Each seed's whole wall clock and the clock that measured it: "run.wall_s" (run_all's, launch to exit)
+        where every seed's record has it, else "process_s" (the process's own, its start to its record) where every
+        one has that; ([], None) otherwise, where one is not positive, or where a seed failed."""
+        records = self.baseline if stage == BASELINE else self.stages[stage]
+        if not records or not all(ok(r) for r in records):
+            return [], None
+        for clock, read in (("run.wall_s", lambda r: (r.get("run") or {}).get("wall_s")),
+                            ("process_s", lambda r: r["metrics"].get("process_s"))):
+            values = [read(r) for r in records]
+            if None not in values and min(values) > 0:  # a stand-in's zero is no measurement
+                return values, clock
+        return [], None
+
 
 def _spread(values: list[float]) -> str:
     mean = statistics.fmean(values)
@@ -74,35 +88,56 @@ def speedup_range(base: list[float], mine: list[float]) -> str:
     return f"{ratio:.2f}x ({min(base) / max(mine):.2f}-{max(base) / min(mine):.2f}x)"
 
 
+def wall_cell(sr: Speedrun, stage: str) -> str:
+    """The stage's whole wall clock over its seeds, and its ratio against speed_0's where both were measured by the
+    same clock (Speedrun.walls); a wall clock of the process's own, against one from outside, is said so."""
+    walls, clock = sr.walls(stage)
+    if not walls:
+        return ""
+    base, base_clock = sr.walls(BASELINE)
+    if base and clock == base_clock:
+        return f"{_spread(walls)}; {'1.00x' if stage == BASELINE else speedup_range(base, walls)}"
+    return f"{_spread(walls)}" + (" (the process's own)" if clock == "process_s" else "")
+
+
+TABLE_KEY = ("**training s**: the training clock only, to the target (start-up, compilation and evaluations "
+             "excluded), with the seeds that reach it; **wall s**: the stage process's whole wall clock, launch to "
+             "exit as run_all.py measured it (the record's `run.wall_s`), or where a record lacks it the process's "
+             "own, from its start to its record (`process_s`): imports, set-up, run-time measurements, compilation, "
+             f"training and evaluations; `{BASELINE}`'s is its whole budget. Each ratio is `{BASELINE}`'s over the "
+             "stage's, measured by the same clock in the same run (a wall ratio only where both used the same one).")
+
+
 def speedrun_table(sr: Speedrun) -> list[str]:
     base = sr.seconds(BASELINE)
-    rows = [[BASELINE, "baseline: its time-to-loss settings", "", _spread([t for t in sr.tokens(BASELINE)]),
-             _spread(base), f"{len(base)}/{len(base)}", "", "1.00x"]]
+    rows = [[BASELINE, "baseline: its time-to-loss settings", _spread([t for t in sr.tokens(BASELINE)]),
+             f"{_spread(base)}; {len(base)}/{len(base)} seeds", "", "1.00x", wall_cell(sr, BASELINE)]]
     for stage, records in sr.stages.items():
         module = load_stage(stage)
-        kind = KINDS[module.KIND]
+        change = f"{module.CHANGE} ({KINDS[module.KIND]})"
         if not records:
-            rows.append([stage, module.CHANGE, kind, "not run", "", "", "", ""])
+            rows.append([stage, change, "not run", "", "", "", ""])
             continue
         failed = [r for r in records if not ok(r)]
         if failed:
-            rows.append([stage, module.CHANGE, kind, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}",
+            rows.append([stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}",
                          "", "", "", ""])
             continue
         seconds, tokens = sr.seconds(stage), sr.tokens(stage)
         reached = [s for s in seconds if s is not None]
-        seeds = f"{len(reached)}/{len(seconds)}"
+        seeds = f"{len(reached)}/{len(seconds)} seeds"
         if not sr.holds(stage):
             finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
-            rows.append([stage, module.CHANGE, kind, "not reached", f"final val loss {finals}", seeds, "", ""])
+            rows.append([stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "",
+                         wall_cell(sr, stage)])
             continue
         parent = parent_of(stage)
         parent_s = [s for s in sr.seconds(parent) if s is not None]
-        rows.append([stage, module.CHANGE, kind, _spread(tokens), _spread(seconds), seeds,
+        rows.append([stage, change, _spread(tokens), f"{_spread(seconds)}; {seeds}",
                      speedup_range(parent_s, seconds) if sr.holds(parent) else "",
-                     speedup_range(base, seconds) if None not in base else ""])
-    return table(["stage", "change", "kind", "tokens to target", "s to target (range over seeds)",
-                  "seeds that reach it", "vs parent", f"vs {BASELINE[:7]}"], rows)
+                     speedup_range(base, seconds) if None not in base else "", wall_cell(sr, stage)])
+    return table(["stage", "change (kind)", "tokens to target", "training s to target (range); seeds reaching it",
+                  "training vs parent", f"training vs {BASELINE[:7]}", f"wall s; vs {BASELINE[:7]}"], rows)
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
@@ -143,9 +178,14 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
         return ["No speedrun stage reached the target on every seed."]
     last = held[-1]
     seconds = sr.seconds(last)
+    walls, clock = sr.walls(last)
+    base_walls, base_clock = sr.walls(BASELINE)
+    whole = (f" Its whole process, as a user runs it, took {_spread(walls)} s of wall clock against "
+             f"{_spread(base_walls)} s for `{BASELINE}`'s whole budget: {speedup_range(base_walls, walls)}."
+             if walls and clock == base_clock else "")
     return [f"`{last}` reaches `{BASELINE}`'s model (validation loss {sr.target:.3f}) in {_spread(seconds)} s of "
             f"training on each of its {len(seconds)} seed(s), against {_spread(base)} s for `{BASELINE}`'s "
-            f"{len(base)} seeds: {speedup_range(base, seconds)} sooner."]
+            f"{len(base)} seeds: {speedup_range(base, seconds)} sooner.{whole}"]
 
 
 def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
@@ -162,8 +202,9 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
              "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
              "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
              "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
-             "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried and dropped, with their figures, are in docs/speedrun.md's log.", ""]
-    lines += speedrun_table(sr)
+             "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried "
+             "and dropped, with their figures, are in docs/speedrun.md's log.", ""]
+    lines += speedrun_table(sr) + ["", TABLE_KEY]
     lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
     if plot_speedrun(sr, plots / "speedrun.png"):
         lines += ["", f"![speedrun: validation loss against seconds]({rel}/speedrun.png)"]

@@ -1,0 +1,188 @@
+"""The speedrun's n-gram floor: an interpolated Kneser-Ney character model, counted on growing prefixes of the
+speedrun's training data and scored on its validation windows, the reference line a GPT's tokens are read against.
+
+    python -m gpt.ngram_floor                       # the cpu profile's data, windows and target
+    python -m gpt.ngram_floor --order 5 --records records/cpu-cpu
+
+The windows are gpt/evaluation.py's (the same seed, block size and count as the profile's time-to-loss runs): each
+of a window's block_size targets is predicted from the up-to-(order - 1) characters before it inside the window, as
+the GPT predicts it from the characters before it inside the window. The loss is the mean cross-entropy in nats per
+character, the unit of the speedrun's validation loss. The target is the speedrun's: the highest final validation
+loss of speed_0's seeds (gpt/time_to_loss.py:baseline_model_loss). A deterministic count: no clock, no randomness.
+
+Interpolated Kneser-Ney (Chen and Goodman, 1998), one absolute discount per order, D = n1 / (n1 + 2 n2): the longest
+context uses the n-grams' counts, each shorter one the continuation counts (how many distinct characters precede
+the n-gram), and the unigram is interpolated with the uniform distribution over the vocabulary, so every context
+gives every character a probability and the probabilities over the vocabulary sum to 1.
+"""
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt.errors import UserError, exit_on_user_error
+
+ORDER = 5
+FIRST_PREFIX = 10_000  # characters; each prefix doubles the one before, the last is the whole training split
+
+
+@dataclass
+class _Level:
+    """One order's counts (raw or continuation) of its n-grams, and their contexts' totals and types."""
+    keys: np.ndarray  # the n-grams' codes, sorted
+    counts: np.ndarray
+    contexts: np.ndarray  # the contexts' codes (key // vocab), sorted
+    totals: np.ndarray  # sum over the next character of the counts
+    types: np.ndarray  # how many distinct next characters have a positive count
+    discount: float
+
+
+def _codes(tokens: np.ndarray, n: int, vocab: int) -> np.ndarray:
+    """The code of every n-gram of `tokens` (big-endian base `vocab`: a context's n-grams are contiguous)."""
+    codes = np.zeros(len(tokens) - n + 1, dtype=np.int64)
+    for j in range(n):
+        codes = codes * vocab + tokens[j:len(tokens) - n + 1 + j]
+    return codes
+
+
+def _discount(counts: np.ndarray) -> float:
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return n1 / (n1 + 2 * n2) if n1 else 0.5
+
+
+def _level(keys: np.ndarray, counts: np.ndarray, vocab: int) -> _Level:
+    contexts, first = np.unique(keys // vocab, return_index=True)
+    return _Level(keys, counts, contexts, np.add.reduceat(counts, first), np.diff(np.append(first, len(keys))),
+                  _discount(counts))
+
+
+def _lookup(sorted_keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """values[sorted_keys == query] for each query, 0 where the key is absent."""
+    if not len(sorted_keys):
+        return np.zeros(len(queries), dtype=values.dtype)
+    at = np.minimum(np.searchsorted(sorted_keys, queries), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == queries, values[at], 0)
+
+
+class KneserNey:
+    """An interpolated Kneser-Ney model of `order` over characters 0..vocab-1, counted on `tokens`."""
+
+    def __init__(self, tokens: np.ndarray, vocab: int, order: int = ORDER):
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if len(tokens) < order + 1:
+            raise UserError(f"a {order}-gram model needs more than {order} training characters, got {len(tokens)}")
+        self.vocab, self.order = vocab, order
+        raw = [np.unique(_codes(tokens, n, vocab), return_counts=True) for n in range(1, order + 1)]
+        # raw[n - 1]: the n-grams and their counts, for an n-gram that is the longest context's
+        self.raw = [_level(keys, counts, vocab) for keys, counts in raw]
+        # continuation counts of the n-grams: how many distinct (n+1)-grams end with each
+        self.cont = [_level(*np.unique(raw[n][0] % vocab ** n, return_counts=True), vocab) for n in range(1, order)]
+
+    def probabilities(self, histories: np.ndarray, nexts: np.ndarray) -> np.ndarray:
+        """P(next | history) for each row: `histories` [N, k] (k < order characters, the last the nearest),
+        `nexts` [N]. The longest level is the k + 1-gram's counts; the shorter ones the continuation counts."""
+        histories, nexts = np.asarray(histories, dtype=np.int64).reshape(len(nexts), -1), np.asarray(nexts)
+        k = histories.shape[1]
+        if k >= self.order:
+            raise ValueError(f"a history of {k} characters is too long for a {self.order}-gram model")
+        unigram = self.cont[0] if self.order > 1 and k > 0 else self.raw[0]
+        p = self._interpolate(unigram, np.zeros(len(nexts), dtype=np.int64), nexts, np.full(len(nexts), 1 / self.vocab))
+        for m in range(2, k + 2):  # the m-gram: the last m - 1 characters of the history, then the next one
+            context = np.zeros(len(nexts), dtype=np.int64)
+            for j in range(k - (m - 1), k):
+                context = context * self.vocab + histories[:, j]
+            level = self.raw[m - 1] if m == k + 1 else self.cont[m - 1]
+            p = self._interpolate(level, context, context * self.vocab + nexts, p)
+        return p
+
+    def _interpolate(self, level: _Level, context: np.ndarray, key: np.ndarray, lower: np.ndarray) -> np.ndarray:
+        """(max(c(hw) - D, 0) + D * types(h) * lower) / total(h); `lower` where the context was never seen."""
+        total = _lookup(level.contexts, level.totals, context)
+        types = _lookup(level.contexts, level.types, context)
+        count = _lookup(level.keys, level.counts, key)
+        d = level.discount
+        seen = total > 0
+        return np.where(seen, (np.maximum(count - d, 0) + d * types * lower) / np.maximum(total, 1), lower)
+
+    def cross_entropy(self, windows: np.ndarray) -> float:
+        """Mean -log P in nats over every target of `windows` [W, block + 1]: target i (window[i + 1]) from the
+        up-to-(order - 1) characters before it in the window."""
+        block = windows.shape[1] - 1
+        nll = 0.0
+        for i in range(block):
+            k = min(i + 1, self.order - 1)
+            p = self.probabilities(windows[:, i + 1 - k:i + 1], windows[:, i + 1])
+            nll -= np.log(p).sum()
+        return nll / (windows.shape[0] * block)
+
+
+def validation_windows(data_dir, block_size: int, count: int) -> np.ndarray:
+    """The windows gpt/evaluation.py scores a run on, [count, block_size + 1]."""
+    from gpt.evaluation import ValidationSet
+
+    val = ValidationSet(data_dir, block_size, count)
+    return np.stack([np.concatenate([x.numpy(), y.numpy()[-1:]]) for x, y in (val.windows[int(i)] for i in val.starts)])
+
+
+def prefix_sizes(total: int, first: int = FIRST_PREFIX) -> list[int]:
+    """first, twice it, ... and the whole training split last."""
+    sizes = []
+    while first < total:
+        sizes.append(first)
+        first *= 2
+    return sizes + [total]
+
+
+def speedrun_target(records: Path) -> float | None:
+    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds."""
+    from gpt.records import read_record, time_to_loss_dir
+    from gpt.time_to_loss import baseline_model_loss
+
+    folder = time_to_loss_dir(records)
+    paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
+    return baseline_model_loss([read_record(p) for p in paths if p.exists()])
+
+
+def floor(data_dir, block_size: int, count: int, order: int = ORDER) -> list[tuple[int, float]]:
+    """(training characters, validation cross-entropy) for each prefix of the training split."""
+    from gpt.data import load_prepared, token_dtype
+
+    prepared = load_prepared(data_dir)
+    train = np.fromfile(prepared.bin_path("train"), dtype=token_dtype(prepared.vocab_size))
+    windows = validation_windows(data_dir, block_size, count).astype(np.int64)
+    return [(n, KneserNey(train[:n], prepared.vocab_size, order).cross_entropy(windows))
+            for n in prefix_sizes(len(train))]
+
+
+@exit_on_user_error
+def main(argv=None):
+    from gpt.ladder import stage_config
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="cpu", help="whose time-to-loss data, windows and target (default cpu)")
+    parser.add_argument("--records", type=Path, default=None, help="the run directory with speed_0's records "
+                        "(default records/<profile>-cpu)")
+    parser.add_argument("--order", type=int, default=ORDER)
+    args = parser.parse_args(argv)
+    cfg = stage_config("speed_0_baseline", args.profile, to_a_loss=True)
+    records = args.records or Path(__file__).resolve().parents[1] / "records" / f"{args.profile}-cpu"
+    target = speedrun_target(records)
+    print(f"{args.order}-gram interpolated Kneser-Ney, {Path(cfg.data_dir).name}'s training split, scored on "
+          f"{cfg.eval_windows} validation windows of {cfg.block_size} targets (gpt/evaluation.py's)")
+    print(f"target: {target:.4f} (speed_0's model, {records})" if target is not None else
+          f"target: none ({records} has not every speed_0 seed)")
+    print("| training characters | validation loss (nats/char) |\n|---|---|")
+    reached = None
+    for n, loss in floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, args.order):
+        print(f"| {n:,} | {loss:.4f} |", flush=True)
+        if reached is None and target is not None and loss <= target:
+            reached = n
+    if target is not None:
+        print(f"smallest prefix at or below the target: {reached:,} characters" if reached else
+              "no prefix reaches the target")
+
+
+if __name__ == "__main__":
+    main()
