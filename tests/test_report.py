@@ -640,3 +640,17 @@ def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(ho
     assert (tmp_path / "results.md").read_text() == "the committed page\n"
     assert [p.name for p in committed.iterdir()] == ["speed_0_baseline.json"]
     assert (tmp_path / "runs" / "smoke-cpu" / "results.md").is_file()  # its own report, beside its records
+
+
+def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_stages, tmp_path, monkeypatch):
+    """No ladder disappears: where the limit comes before speed_0, the speedrun's stages are there too, not run."""
+    out, _, calls = stub_stages
+    monkeypatch.setattr(run_all.quick.Deadline, "starting_now",
+                        classmethod(lambda cls, limit_min: cls(60 * limit_min, time.monotonic() - 60)))  # spent
+    run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "speedrun", "--quick", "--time-limit", "0.001",
+                  "--out", str(out), "--wandb", "disabled"])
+    assert calls() == []
+    folder = out / "speedrun"
+    reasons = {p.stem: json.loads(p.read_text())["reason"] for p in folder.glob("speedrun_*.json")}
+    assert sorted(reasons) == LADDERS["speedrun"] and all(r.startswith("not run: the quick run's") for r in
+                                                          reasons.values())

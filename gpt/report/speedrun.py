@@ -110,8 +110,13 @@ TABLE_KEY = ("**training s**: the training clock only, to the target (start-up, 
 
 def speedrun_table(sr: Speedrun) -> list[str]:
     base = sr.seconds(BASELINE)
-    rows = [[BASELINE, "baseline: its time-to-loss settings", _spread([t for t in sr.tokens(BASELINE)]),
-             f"{_spread(base)}; {len(base)}/{len(base)} seeds", "", "1.00x", wall_cell(sr, BASELINE)]]
+    if sr.holds(BASELINE):
+        rows = [[BASELINE, "baseline: its time-to-loss settings", _spread([t for t in sr.tokens(BASELINE)]),
+                 f"{_spread(base)}; {len(base)}/{len(base)} seeds", "", "1.00x", wall_cell(sr, BASELINE)]]
+    else:  # no target without every seed of it: the stages' rows say whether they ran
+        unfinished = next((r for r in sr.baseline if not ok(r)), None)
+        rows = [[BASELINE, "baseline: its time-to-loss settings", "not run" if unfinished is None else
+                 f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}", "", "", "", ""]]
     for stage, records in sr.stages.items():
         module = load_stage(stage)
         change = f"{module.CHANGE} ({KINDS[module.KIND]})"
