@@ -31,6 +31,7 @@ from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
+from gpt.formatting import fmt_mib, fmt_num
 from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, ladder_of, stage_config
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
@@ -38,7 +39,6 @@ from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
 from gpt.published import publish, published_dir
 from gpt.report.document import write_report
-from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
 from gpt.time_to_loss import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from

@@ -12,8 +12,8 @@ import torch
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
+from gpt.formatting import steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan
-from gpt.report.formatting import steady_steps
 
 
 @dataclass

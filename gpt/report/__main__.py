@@ -4,7 +4,7 @@
     python -m gpt.report --runs records/h100-2026-11-24    # that folder's results.md, plots/ beside it
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
-The report in rooms: rows.py (records -> rows), formatting.py, tables.py, findings.py, summary.py,
+The report in rooms: rows.py (records -> rows), tables.py, findings.py, summary.py,
 where_time_goes.py, plots.py, and document.py, which puts them together; the memory planner's section is beside
 the planner (gpt/memory/report_section.py).
 """

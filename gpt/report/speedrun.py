@@ -6,9 +6,9 @@ A stage's claim holds only where every seed it trained with reached the target."
 import statistics
 from pathlib import Path
 
+from gpt.formatting import fmt_num, table
 from gpt.ladder import LADDERS, load_stage, parent_of
 from gpt.records import read_record, time_to_loss_dir
-from gpt.report.formatting import fmt_num, table
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
 from gpt.time_to_loss import baseline_model_loss, crossing

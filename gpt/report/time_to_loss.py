@@ -4,9 +4,9 @@ time per sample, its final validation loss against the baseline's seed spread, a
 per-step gain does not carry over to the model it trains."""
 from pathlib import Path
 
+from gpt.formatting import fmt_num, fmt_pct, table
 from gpt.ladder import LADDERS, STARTS_FROM, TRAINED_TO_A_LOSS, ladder_of, load_stage, parent_of
 from gpt.records import read_record, record_path, time_to_loss_dir
-from gpt.report.formatting import fmt_num, fmt_pct, table
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
 from gpt.report.where_time_goes import NO_GAIN_PCT
