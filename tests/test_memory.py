@@ -21,7 +21,7 @@ from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
 from gpt.allocator_snapshot import MiB
 from gpt.memory import _cuda_rules, estimate
-from gpt.memory.report_section import planner_section
+from gpt.report.memory_planner import planner_section
 from gpt.memory.__main__ import main
 from gpt.memory.planner import (
     SNAPSHOT_DIR,
