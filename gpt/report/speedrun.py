@@ -1,6 +1,6 @@
 """The report's "Speedrun" section: speed_0's model, sooner (records in <runs>/speedrun/, the baseline's seeds in
 <runs>/time_to_loss/). Each stage is judged by its training seconds to the target, speed_0's model (the highest
-final validation loss of its seeds: time_to_loss.baseline_model_loss); the baseline's seeds are timed to it the
+final validation loss of its seeds: loss_curve.baseline_model_loss); the baseline's seeds are timed to it the
 same way, the worst seed at the end of its budget.
 A stage's claim holds only where every seed it trained with reached the target."""
 import statistics
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from gpt.formatting import fmt_num, table
 from gpt.ladder import LADDERS, load_stage, parent_of
+from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
-from gpt.time_to_loss import baseline_model_loss, crossing
 
 LADDER = "speedrun"
 BASELINE = LADDERS["speed"][0]
