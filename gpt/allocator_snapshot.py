@@ -25,7 +25,7 @@ Categories. A stage's own memory step knows its tensors (`StepLabels`: which blo
 optimizer state and gradients, and the span of each forward pass): a block is what it held, else an activation if
 a forward pass made it, a temporary if the step made it elsewhere, 'other' if it was there before. A snapshot
 from elsewhere (the reference's) has only its stacks, and the categories are decided by them. The rule was read off
-the reference's H100 traces and is MemTracker's, which makes the planner's breakdown (gpt/memory/__init__.py):
+the reference's H100 traces and is MemTracker's, which makes the planner's breakdown (gpt/memory/estimator.py):
   allocated during the trace, by the frames of the allocation:
     - a frame in torch/optim/ (inside optimizer.step): optimizer state; as in MemTracker, the step's own
       temporaries count here too (AdamW's foreach square roots);

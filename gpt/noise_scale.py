@@ -237,41 +237,6 @@ def suggested_settings(cfg: TrainConfig, batch: int) -> dict:
             "beta2": cfg.betas[1] ** ratio}
 
 
-# ---- the report's plot --------------------------------------------------------------------------------------
-
-
-def plot_noise_scale(record: dict, path) -> None:
-    """B_simple (moving average) against training tokens, the validation loss on a twin axis, the baseline's batch
-    as a horizontal line and the window B_noise is read over shaded."""
-    from gpt.report.plots import pyplot
-
-    plt = pyplot()
-    points = [p for p in record["curve"] if p["b_simple"] is not None]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    ax.plot([p["tokens"] for p in points], [p["b_simple"] for p in points], "o-", color="tab:blue",
-            label="B_simple (moving average)")
-    ax.axhline(record["batch_size"], color="black", lw=1, ls="--", label=f"baseline batch ({record['batch_size']})")
-    window = record["window"]
-    end = record["curve"][-1]["tokens"]
-    ax.axvspan(window["from_tokens"], end, color="tab:blue", alpha=0.08, label="the window B_noise is read over")
-    ax.hlines(window["b_noise"], window["from_tokens"], end, color="tab:blue", ls=":",
-              label=f"B_noise = {window['b_noise']:.0f} (the window's means, then divided)")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("B_simple = tr(Σ) / |G|², samples")
-    ax.set_ylim(bottom=0)
-    loss_ax = ax.twinx()
-    loss_ax.plot([p["tokens"] for p in record["curve"]], [p["val_loss"] for p in record["curve"]], "-",
-                 color="tab:orange", label="validation loss")
-    loss_ax.set_ylabel("validation loss")
-    lines = ax.get_legend_handles_labels()
-    more = loss_ax.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
-    ax.set_title("Gradient noise scale along speed_0's run to a loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ---- the command line ---------------------------------------------------------------------------------------
 
 

@@ -31,17 +31,17 @@ from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
+from gpt.formatting import fmt_mib, fmt_num
 from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, ladder_of, stage_config
+from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings
 from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
 from gpt.published import publish, published_dir
 from gpt.report.document import write_report
-from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
-from gpt.time_to_loss import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
@@ -416,7 +416,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
 
 def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
     """The fifth section: speed_0 with BASELINE_SEEDS seeds (their spread is the run-to-run spread of the final
-    validation loss), the target from its curve (time_to_loss.target_from), then every other stage of the speed
+    validation loss), the target from its curve (loss_curve.target_from), then every other stage of the speed
     and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
     baseline, *rest = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
     failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,

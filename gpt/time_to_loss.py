@@ -1,6 +1,6 @@
 """Training to a loss: a stage trained from scratch to a token budget, with the learning-rate schedule, its
 validation loss evaluated every `eval_every_tokens` tokens (and before the first step and at the end), and the
-time to a target validation loss read from that curve (README: "Time to loss").
+time to a target validation loss read from that curve (gpt/loss_curve.py; README: "Time to loss").
 
 The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
 evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
@@ -29,6 +29,7 @@ from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, validation_loss
+from gpt.loss_curve import crossing
 from gpt.optimizations import parallel
 from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.muon import learning_rates
@@ -162,71 +163,3 @@ def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, startup_
         "target": crossing(curve, cfg.target_loss) if cfg.target_loss is not None else None,
         "stopped_at_target": at_target(cfg, curve),
     }
-
-
-# ---- reading a curve -----------------------------------------------------------------------------------------
-
-
-def crossing(curve: list[dict], target: float) -> dict | None:
-    """Where the validation loss first reaches `target`: the first evaluation at or below it, and the tokens and
-    training seconds there, interpolated linearly between that evaluation and the one before (None: never)."""
-    for i, point in enumerate(curve):
-        if point["val_loss"] > target:
-            continue
-        if i == 0:
-            return {"tokens": 0, "seconds": 0.0, "first_evaluation_step": 0, "rule": "reached before training"}
-        before = curve[i - 1]
-        f = (before["val_loss"] - target) / (before["val_loss"] - point["val_loss"])
-        return {"tokens": before["tokens"] + f * (point["tokens"] - before["tokens"]),
-                "seconds": before["seconds"] + f * (point["seconds"] - before["seconds"]),
-                "first_evaluation_step": point["step"],
-                "rule": "interpolated between the evaluations before and at the crossing"}
-    return None
-
-
-def val_loss_at(curve: list[dict], tokens: float) -> float:
-    """The validation loss at `tokens` tokens, interpolated linearly between the two evaluations around it."""
-    if not curve[0]["tokens"] <= tokens <= curve[-1]["tokens"]:
-        raise ValueError(f"{tokens} tokens is outside the curve ({curve[0]['tokens']} to {curve[-1]['tokens']})")
-    for before, point in zip(curve, curve[1:]):
-        if tokens <= point["tokens"]:
-            f = (tokens - before["tokens"]) / (point["tokens"] - before["tokens"])
-            return before["val_loss"] + f * (point["val_loss"] - before["val_loss"])
-    return curve[-1]["val_loss"]
-
-
-TARGET_AT = 0.8  # the target: the baseline's validation loss at this fraction of its budget
-BASELINE_SEEDS = 3  # speed_0 is trained with this many seeds (the profile's and the next ones): their spread
-
-
-def target_from(baseline: dict) -> float:
-    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of the tokens it trained on, so the
-    baseline reaches it before the end of its budget and every faster stage has room to reach it sooner."""
-    curve = baseline["metrics"]["curve"]
-    return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
-
-
-SPEEDRUN_SEEDS = 3  # the speedrun's last stage is trained with this many seeds: its claim holds only if every one does
-
-
-def baseline_model_loss(baselines: list[dict | None]) -> float | None:
-    """The speedrun's target, the baseline's model: the highest final validation loss among speed_0's seeds, the
-    loss that every one of its seeds reaches by the end of its budget (None unless every seed finished).
-
-    Not their mean: a stage that keeps the model exactly ends above the mean on about half of its seeds, as a
-    baseline seed does, so a mean target would fail a stage for its seed's luck rather than its training."""
-    if not baselines or any(r is None or r.get("status") != "ok" for r in baselines):
-        return None
-    return max(r["metrics"]["val_loss_final"] for r in baselines)
-
-
-def seed_spread(finals: list[float]) -> float:
-    """The run-to-run spread of the final validation loss: the range over the baseline's seeds."""
-    return max(finals) - min(finals) if len(finals) > 1 else 0.0
-
-
-def changes_convergence(final: float, parent_final: float, spread: float) -> bool:
-    """A stage changes convergence when its final validation loss differs from its parent's by more than the
-    baseline's seeds differ among themselves."""
-    return abs(final - parent_final) > spread
-

@@ -253,7 +253,7 @@ def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
 def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_data):
     """The planner against max_memory_allocated at the reference profile's fast shapes (gpt-mini, batch 256,
     block 128), one eager step after one warm-up: the naive attention (fast_2) and SDPA with dropout (fast_3),
-    whose CUDA kernel the planner simulates (gpt/memory:_cuda_sdpa). Its old estimate, the CPU's math path, was
+    whose CUDA kernel the planner simulates (gpt/memory/estimator.py:_cuda_sdpa). Its old estimate, the CPU's math path, was
     twice what the H100 measured. 10% is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are ~4% here."""
     from gpt.memory.planner import compare_records
 

@@ -20,8 +20,8 @@ from gpt.errors import UserError
 from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
 from gpt.allocator_snapshot import MiB
-from gpt.memory import _cuda_rules, estimate
-from gpt.memory.report_section import planner_section
+from gpt.memory.estimator import _cuda_rules, estimate
+from gpt.report.memory_planner import planner_section
 from gpt.memory.__main__ import main
 from gpt.memory.planner import (
     SNAPSHOT_DIR,
@@ -604,7 +604,7 @@ def test_cuda_estimate_casts_as_cuda_autocast_does(char_data):
     cfg = stage_config("fast_2_bf16", "smoke", batch_size=4, block_size=64, data_dir=str(char_data))
     assert cfg.attention == "naive" and cfg.amp
     with_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
-    with mock.patch("gpt.memory._CudaAutocastLists.__torch_function__",
+    with mock.patch("gpt.memory.estimator._CudaAutocastLists.__torch_function__",
                     lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))):
         cpu_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
     probabilities = cfg.model_shape["n_layer"] * 4 * cfg.model_shape["n_head"] * 64 * 64  # elements, per layer

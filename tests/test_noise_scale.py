@@ -21,6 +21,7 @@ from gpt.optimizations import chunked_loss
 from gpt.noise_scale import (HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates,
                              suggested_settings)
 from gpt.optimizations.feeding import to_device
+from gpt.report.speedrun import plot_noise_scale
 
 
 def smoke_config(char_data, **overrides):
@@ -176,7 +177,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     record = measure_smoke(char_data, "cpu", out, monkeypatch)
     check_smoke_measurement(record)
     assert "chosen batch" in capsys.readouterr().out
-    noise_scale.plot_noise_scale(record, tmp_path / "noise.png")
+    plot_noise_scale(record, tmp_path / "noise.png")
     assert (tmp_path / "noise.png").stat().st_size > 0
 
     # again with --reuse: the curve is the record's (no training), the step times are measured anew

@@ -13,12 +13,12 @@ from gpt import optimizations, run_all, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
+from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import read_record, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
-from gpt.time_to_loss import SPEEDRUN_SEEDS, baseline_model_loss
 from test_beyond_equivalence import real_rows
 from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
 from test_time_to_loss import learning_budget

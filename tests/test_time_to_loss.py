@@ -18,11 +18,11 @@ from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet
 from gpt.ladder import stage_config
+from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.profiles import profile_settings
 from gpt.records import record_problems
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.stage import parse_args, to_a_loss_overrides
-from gpt.time_to_loss import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.train import learning_rate
 from test_ladder_equivalence import tiny_config
 

@@ -1,4 +1,4 @@
-"""python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/__init__.py).
+"""python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/estimator.py).
 
     estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
     reference  the reference's five memory stages, estimated beside their documented peaks and its snapshots
@@ -18,7 +18,7 @@ from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
 from gpt.errors import CannotSimulate, UserError, exit_on_user_error
 from gpt.ladder import LADDERS, lineage, load_stage, stage_config
-from gpt.memory import TARGET_DEVICES, estimate
+from gpt.memory.estimator import TARGET_DEVICES, estimate
 from gpt.memory.planner import (
     NOTES,
     REFERENCE_VOCAB,

@@ -18,7 +18,7 @@ model and training step (gpt/model.py and gpt/train.py stay as they are):
 The snapshots (read by gpt/allocator_snapshot.py) check all three: what was alive at their peaks, by category, is
 compared with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an
 untied lm_head (65 x 1280 more parameters, gradients and moments), float causal masks (bool here), the allocator's
-blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/__init__.py).
+blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/estimator.py).
 What the figures of `reference_figures` mean, and what they rule in and out about the documented peaks, is
 gpt/memory/README.md.
 """
@@ -36,7 +36,7 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import CannotSimulate, UserError
 from gpt.ladder import LADDERS, load_stage, stage_config
-from gpt.memory import estimate
+from gpt.memory.estimator import estimate
 from gpt.model import GPT, MLP, GPTConfig
 from gpt.optimizations.parallel import with_processes
 

@@ -1,7 +1,7 @@
 """The planner's simulated step as a CUDA allocator snapshot (the format gpt/allocator_snapshot.py reads and writes),
 so that an estimate opens beside a real run's snapshot at https://pytorch.org/memory_viz.
 
-The planner's tracker (gpt/memory/__init__.py) reports every storage that appears, grows, shrinks or goes;
+The planner's tracker (gpt/memory/estimator.py) reports every storage that appears, grows, shrinks or goes;
 `StepRecorder` places each in a simulated segment as the caching allocator would and logs it with the Python stack
 of the code that made it.
 """

@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 
 from gpt.config import TrainConfig
+from gpt.formatting import fmt_time, steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan
-from gpt.report.formatting import fmt_time, steady_steps
 
 
 def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:

@@ -11,8 +11,8 @@ from gpt.allocator_snapshot import MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.data import GatheredBatches, load_prepared, make_dataset
 from gpt.errors import UserError
+from gpt.formatting import fmt_share, steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan
-from gpt.report.formatting import fmt_share, steady_steps
 
 DATASETS = ("raw_text", "tokens")  # raw text processed per sample in __getitem__ | pre-tokenised windows
 

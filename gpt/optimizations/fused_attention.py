@@ -10,7 +10,7 @@ only where it was measured faster on its device at the stage's own shape and pre
 (`measured_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps the explicit attention, with both
 times as the record's `no_effect`: the rule speed_5 follows for bf16.
 gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
-gpt/memory/__init__.py:_cuda_sdpa.
+gpt/memory/estimator.py:_cuda_sdpa.
 """
 import math
 import statistics

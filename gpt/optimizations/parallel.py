@@ -113,7 +113,7 @@ def _cannot_launch(cfg: TrainConfig, device_type: str) -> str | None:
 
 def _one_ddp_rank(plan: SimulationPlan) -> None:
     if plan.cfg.distributed == "ddp":
-        plan.cfg.distributed = None  # one rank: same per-rank batch, no reducer (gpt/memory/__init__.py says why)
+        plan.cfg.distributed = None  # one rank: same per-rank batch, no reducer (gpt/memory/estimator.py says why)
 
 
 def _ddp_buckets(cfg: TrainConfig, raw, target: str):

@@ -12,8 +12,8 @@ import torch
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
+from gpt.formatting import steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan
-from gpt.report.formatting import steady_steps
 
 
 @dataclass
@@ -54,7 +54,7 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
 def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
     """What the memory planner computes in. The CPU's autocast dtype depends on this CPU's measured matmul rates;
     a CUDA estimate takes 16 bits (fp16 on CUDA, the same sizes as the bf16 simulated) whenever the stage
-    autocasts, and casts by CUDA autocast's op lists where they differ from the CPU's (gpt/memory/__init__.py:
+    autocasts, and casts by CUDA autocast's op lists where they differ from the CPU's (gpt/memory/estimator.py:
     _CudaAutocastLists; softmax runs in float32)."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)

@@ -4,9 +4,9 @@
     python -m gpt.report --runs records/h100-2026-11-24    # that folder's results.md, plots/ beside it
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
-The report in rooms: rows.py (records -> rows), formatting.py, tables.py, findings.py, summary.py,
-where_time_goes.py, plots.py, and document.py, which puts them together; the memory planner's section is beside
-the planner (gpt/memory/report_section.py).
+The report in rooms: rows.py (records -> rows), tables.py, findings.py, summary.py, where_time_goes.py, plots.py,
+time_to_loss.py, speedrun.py, memory_planner.py (the memory planner's section), and document.py, which puts them
+together; the numbers' formatting is below the report, in gpt/formatting.py.
 """
 import argparse
 from pathlib import Path

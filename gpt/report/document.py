@@ -1,6 +1,6 @@
 """results.md from the JSON records of a ladder run: the header (and the records folder's note), the summary, each
 ladder's tables, findings and plots, where the time goes, the time to loss (gpt/report/time_to_loss.py), and the
-memory planner's section (gpt/memory/report_section.py) when its outputs are there.
+memory planner's section (gpt/report/memory_planner.py) when its outputs are there.
 
 Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
@@ -11,10 +11,10 @@ from pathlib import Path
 from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.ladder import LADDER_GOAL
-from gpt.memory.report_section import planner_section
 from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
+from gpt.report.memory_planner import planner_section
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table

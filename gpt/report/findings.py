@@ -5,9 +5,9 @@ import math
 from pathlib import Path
 
 from gpt import optimizations
+from gpt.formatting import fmt_mib, fmt_pct, fmt_time, steady_steps
 from gpt.peak_memory import MEMORY_METHODS
 from gpt.records import ran_eager
-from gpt.report.formatting import fmt_mib, fmt_pct, fmt_time, steady_steps
 from gpt.report.rows import SHOWN_MEMORY_PARTS, Rung, comparable, ok
 from gpt.report.tables import reference_change
 from gpt.report.where_time_goes import NO_GAIN_PCT, noise_pct, time_line, within_noise

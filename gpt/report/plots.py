@@ -2,8 +2,8 @@
 memory over one step, and where the time goes."""
 from pathlib import Path
 
+from gpt.formatting import fmt_mib, fmt_num
 from gpt.ladder import lineage
-from gpt.report.formatting import fmt_mib, fmt_num
 from gpt.report.rows import SHOWN_MEMORY_PARTS, Rung, samples_label
 from gpt.report.where_time_goes import seconds_by_category, shares
 from gpt.step_profiler import TIME_CATEGORIES, label

@@ -1,17 +1,17 @@
 """The report's "Speedrun" section: speed_0's model, sooner (records in <runs>/speedrun/, the baseline's seeds in
 <runs>/time_to_loss/). Each stage is judged by its training seconds to the target, speed_0's model (the highest
-final validation loss of its seeds: time_to_loss.baseline_model_loss); the baseline's seeds are timed to it the
+final validation loss of its seeds: loss_curve.baseline_model_loss); the baseline's seeds are timed to it the
 same way, the worst seed at the end of its budget.
 A stage's claim holds only where every seed it trained with reached the target."""
 import statistics
 from pathlib import Path
 
+from gpt.formatting import fmt_num, table
 from gpt.ladder import LADDERS, load_stage, parent_of
+from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, time_to_loss_dir
-from gpt.report.formatting import fmt_num, table
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
-from gpt.time_to_loss import baseline_model_loss, crossing
 
 LADDER = "speedrun"
 BASELINE = LADDERS["speed"][0]
@@ -220,7 +220,7 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
 
 def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
     """The gradient noise scale measured along the baseline's run (gpt/noise_scale.py) and its plot."""
-    from gpt.noise_scale import plot_noise_scale, summary_line
+    from gpt.noise_scale import summary_line
 
     lines = ["", f"- {summary_line(record)}"]
     try:
@@ -228,3 +228,33 @@ def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
     except Exception as e:  # a plot never costs the report
         return lines + [f"- (the noise-scale plot failed: {e})"]
     return lines + ["", f"![gradient noise scale along speed_0's run]({rel}/noise_scale.png)"]
+
+
+def plot_noise_scale(record: dict, path) -> None:
+    """B_simple (moving average) against training tokens, the validation loss on a twin axis, the baseline's batch
+    as a horizontal line and the window B_noise is read over shaded."""
+    plt = pyplot()
+    points = [p for p in record["curve"] if p["b_simple"] is not None]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    ax.plot([p["tokens"] for p in points], [p["b_simple"] for p in points], "o-", color="tab:blue",
+            label="B_simple (moving average)")
+    ax.axhline(record["batch_size"], color="black", lw=1, ls="--", label=f"baseline batch ({record['batch_size']})")
+    window = record["window"]
+    end = record["curve"][-1]["tokens"]
+    ax.axvspan(window["from_tokens"], end, color="tab:blue", alpha=0.08, label="the window B_noise is read over")
+    ax.hlines(window["b_noise"], window["from_tokens"], end, color="tab:blue", ls=":",
+              label=f"B_noise = {window['b_noise']:.0f} (the window's means, then divided)")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("B_simple = tr(Σ) / |G|², samples")
+    ax.set_ylim(bottom=0)
+    loss_ax = ax.twinx()
+    loss_ax.plot([p["tokens"] for p in record["curve"]], [p["val_loss"] for p in record["curve"]], "-",
+                 color="tab:orange", label="validation loss")
+    loss_ax.set_ylabel("validation loss")
+    lines = ax.get_legend_handles_labels()
+    more = loss_ax.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
+    ax.set_title("Gradient noise scale along speed_0's run to a loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,9 +1,9 @@
 """The summary at the top of results.md, one line per ladder and one for the time to loss: the largest change of
 this run beside the largest of the documented (or anchor) run, and what training to a loss found. The same time
 to loss sentence stands under the speed and fast tables, beside their 'x faster'."""
+from gpt.formatting import fmt_num, fmt_pct
 from gpt.ladder import LADDER_GOAL, TRAINED_TO_A_LOSS, parent_of
 from gpt.report.findings import changes
-from gpt.report.formatting import fmt_num, fmt_pct
 from gpt.report.rows import Rung
 from gpt.report.speedrun import Speedrun, speedrun_findings
 from gpt.report.tables import ANCHOR, anchor_change

@@ -4,9 +4,9 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from gpt.formatting import fmt_mib, fmt_num, fmt_pct, fmt_share, table
 from gpt.ladder import STARTS_FROM, lineage
 from gpt.records import read_record
-from gpt.report.formatting import fmt_mib, fmt_num, fmt_pct, fmt_share, table
 from gpt.report.rows import MACHINE_FILE, Rung, display, ok, pct, samples_label
 from gpt.report.where_time_goes import bottleneck
 

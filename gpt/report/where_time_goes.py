@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from gpt import optimizations
-from gpt.report.formatting import fmt_pct, fmt_share, fmt_time
+from gpt.formatting import fmt_pct, fmt_share, fmt_time
 from gpt.report.rows import Rung, comparable, display, ok, samples_label
 from gpt.step_profiler import TIME_CATEGORIES, label
 

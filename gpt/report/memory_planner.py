@@ -3,10 +3,10 @@ memory_compare.json, written by `python -m gpt.memory ... --json` in the run dir
 import math
 from pathlib import Path
 
+from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
 from gpt.records import read_record
 from gpt.reuse import reused_note
-from gpt.report.formatting import fmt_mib, fmt_pct, table
 from gpt.report.plots import pyplot, short, stacked_memory_bars
 
 
