@@ -94,6 +94,7 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # "wsd": warm-up, stable, then a linear decay over the budget's last lr_cooldown
     lr_cooldown: float = 0.0  # wsd: the share of the schedule (lr_decay_tokens) spent decaying to min_lr
     architecture: str = "gpt2"  # "modern": today's small-GPT blocks (gpt/optimizations/architecture.py)
+    bigram_embedding: bool = False  # a learned table per (previous token, token) pair added to the token embedding
 
     # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"

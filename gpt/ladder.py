@@ -64,6 +64,7 @@ LADDERS = {
         "speedrun_3_muon",
         "speedrun_4_architecture",
         "speedrun_5_wsd",
+        "speedrun_6_bigram",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

@@ -4,7 +4,8 @@ The architecture is GPT-2's (Radford et al. 2019): learned position embeddings, 
 blocks, a 4x GELU MLP and an output head that shares its weight with the token embedding.
 Module names follow Hugging Face's GPT-2, so a HF checkpoint loads by name (see GPT.from_hf).
 Five GPTConfig fields switch to today's small-GPT blocks instead (mlp, norm, qk_norm, zero_init_proj,
-positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's.
+positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's. bigram_rows adds a
+learned embedding of each (previous token, token) pair (gpt/optimizations/ngram_embedding.py); GPT-2 has none.
 Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
 """
 import json
@@ -48,6 +49,7 @@ class GPTConfig:
     qk_norm: bool = False  # RMSNorm of each head's q and k before the scores
     zero_init_proj: bool = False  # the attention's and MLP's c_proj start at 0: each block starts as the identity
     positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
+    bigram_rows: int = 0  # >0: a zero-initialised table of (previous token, token) embeddings added to wte's (bigram)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -55,6 +57,8 @@ class GPTConfig:
 
     def __post_init__(self):
         # Validate here so that every way of building a config (preset, checkpoint, by hand) is checked.
+        if isinstance(self.bigram_rows, bool) or not isinstance(self.bigram_rows, int) or self.bigram_rows < 0:
+            raise UserError(f"bigram_rows must be a non-negative integer, got {self.bigram_rows!r}")
         for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "vocab_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -87,6 +91,17 @@ def _check_field_names(overrides):
     unknown = set(overrides) - {f.name for f in fields(GPTConfig)}
     if unknown:
         raise UserError(f"unknown model config field(s): {', '.join(sorted(unknown))}")
+
+
+def bigram_index(idx, vocab_size: int, rows: int):
+    """The bigram table's row of each position of idx (B, T): its (previous token, token) pair, exactly where the
+    table has a row for every pair, (vocab_size + 1) * vocab_size, else hashed into `rows`. Position 0 of a window
+    has no previous token: its pair takes the dedicated previous index vocab_size (never a token), so nothing
+    leaks from outside the window and the first token's row is one of its own."""
+    prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
+    if rows >= (vocab_size + 1) * vocab_size:
+        return prev * vocab_size + idx
+    return torch.bitwise_xor(prev * 36313, idx * 27191) % rows  # nanochat's and modded-nanogpt's style of hash
 
 
 class RMSNorm(nn.RMSNorm):
@@ -205,6 +220,7 @@ class GPT(nn.Module):
             self.transformer = nn.ModuleDict(
                 dict(
                     wte=nn.Embedding(vocab, config.n_embd),
+                    bigram=nn.Embedding(config.bigram_rows, config.n_embd) if config.bigram_rows else None,
                     wpe=nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None,
                     drop=nn.Dropout(config.dropout),
                     h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
@@ -226,6 +242,8 @@ class GPT(nn.Module):
         it refills the parameters and the naive attention mask."""
         vocab = self.config.vocab_size
         for module in self.modules():
+            if module is self.transformer.bigram:  # zero below, and off the random stream: the other weights
+                continue  # are drawn as in the model without the table
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 weight = module.weight
                 if weight is self.transformer.wte.weight:  # only the real rows: padding rows start (and stay) 0,
@@ -237,6 +255,8 @@ class GPT(nn.Module):
                 module.reset_parameters()  # weight ones, bias zeros
             elif isinstance(module, CausalSelfAttention) and module.attention == "naive":
                 module.mask.copy_(torch.ones_like(module.mask).tril())
+        if self.transformer.bigram is not None:  # zero: the model starts as the one without it
+            self.transformer.bigram.weight.zero_()
         if self.vocab_mask is not None:
             self.transformer.wte.weight[vocab:].zero_()
             self.vocab_mask.zero_()[vocab:] = float("-inf")
@@ -254,6 +274,8 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise UserError(f"sequence length T={T} exceeds block size {self.config.block_size}")
         x = self.transformer.wte(idx)
+        if self.transformer.bigram is not None:
+            x = x + self.transformer.bigram(bigram_index(idx, self.config.vocab_size, self.config.bigram_rows))
         if self.transformer.wpe is not None:  # rotary positions: the attention rotates q and k instead
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
         x = self.transformer.drop(x)
@@ -274,27 +296,28 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding=False):
         """Unique parameters (the tied wte/lm_head matrix counts once). non_embedding=True leaves out
-        both embedding tables, the convention of the scaling-law papers."""
+        the embedding tables (token, position, bigram), the convention of the scaling-law papers."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
-            n -= self._position_params() + self.transformer.wte.weight.numel()
+            n -= self._lookup_params() + self.transformer.wte.weight.numel()
         return n
 
-    def _position_params(self):
-        return self.transformer.wpe.weight.numel() if self.transformer.wpe is not None else 0
+    def _lookup_params(self):
+        """The tables only looked up, never multiplied: the position and the bigram embeddings."""
+        return sum(t.weight.numel() for t in (self.transformer.wpe, self.transformer.bigram) if t is not None)
 
     def flops_per_token(self):
         """Training FLOPs per token, forward plus backward (PaLM paper appendix B; nanoGPT's MFU).
 
         6 * N: each weight does one multiply-add (2 FLOPs) per token in the forward pass and twice that
-        in the backward pass. N leaves out the position table (a lookup, no matmul) but keeps wte,
+        in the backward pass. N leaves out the position and bigram tables (lookups, no matmul) but keeps wte,
         which is counted once as the lm_head matmul. 12 * n_layer * n_embd * block_size: the attention
         matmuls q @ k^T and att @ v, 2 * 2 * T * n_embd FLOPs per token and layer in the forward pass,
         times 3 for forward plus backward; counted over the full block, causal mask or not, as PaLM does.
         """
         c = self.config
         padding = (c.padded_vocab_size - c.vocab_size) * c.n_embd  # padded rows are not model work
-        n = self.num_params() - self._position_params() - padding
+        n = self.num_params() - self._lookup_params() - padding
         return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
     @classmethod
@@ -304,7 +327,7 @@ class GPT(nn.Module):
         added) or a smaller block_size (the position table is cropped); the architecture itself comes from
         the checkpoint."""
         _check_field_names(overrides)
-        not_gpt2 = [f"{name}={overrides[name]!r}" for name in ARCHITECTURE_FIELDS
+        not_gpt2 = [f"{name}={overrides[name]!r}" for name in (*ARCHITECTURE_FIELDS, "bigram_rows")
                     if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)]
         if not_gpt2:
             raise UserError(f"cannot load a Hugging Face GPT-2 checkpoint with {', '.join(not_gpt2)}: only the GPT-2 "

@@ -1,8 +1,8 @@
 """Speedrun, stage 5: a schedule that ends at the target (warm-up, stable, linear decay), on a shorter budget.
 
-Parent: speedrun_4_architecture. No anchor figure: a speedrun stage is judged against speed_0 in the same run. Last,
-because its budget is the shortest that every change before it allows. Changes the training (not the model): the
-target stays speed_0's final loss.
+Parent: speedrun_4_architecture. No anchor figure: a speedrun stage is judged against speed_0 in the same run. After
+the other training changes, because its budget is the shortest that every change before it allows. Changes the
+training (not the model): the target stays speed_0's final loss.
 
 A cosine schedule spends most of the budget at a falling learning rate; the warm-up-stable-decay (trapezoid)
 schedule holds the peak and decays linearly over the last part (Hu et al. 2024, MiniCPM; Hägele et al. 2024), and

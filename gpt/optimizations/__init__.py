@@ -16,6 +16,7 @@
                         the code is the model's)
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
     schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun)
+    ngram_embedding.py  a learned embedding of each (previous token, token) pair (speedrun; the code is the model's)
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
@@ -24,7 +25,7 @@ memory planner read from here. None of them names a field.
 from gpt.config import TrainConfig
 from gpt.optimizations import (accumulation, adamw, architecture, checkpointing, chunked_loss, compilation, feeding,
                                fused_attention, padded_vocab, parallel, precision)
-from gpt.optimizations import muon, schedule  # the speedrun ladder
+from gpt.optimizations import muon, ngram_embedding, schedule  # the speedrun ladder
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 
 # In ladder order: speed, fast, memory, lean, speedrun.
@@ -50,6 +51,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     architecture.MODERN_ARCHITECTURE,
     muon.MUON,
     schedule.SCHEDULE,
+    ngram_embedding.BIGRAM_EMBEDDING,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
