@@ -145,7 +145,7 @@ def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
         cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
         if reason := optimizations.why_cannot_run(cfg, device):
             print(f"   {job.name} cannot run here: {reason}")
-        elif cfg.loss == "chunked" and (missing := chunked_loss.why_unavailable(cfg.loss_impl, device)):
+        elif missing := chunked_loss.missing_here(cfg, device):
             print(f"   {job.name} computes the full loss here: {missing}")
 
 

@@ -87,7 +87,7 @@ LAYERS = [
     ("training", {"gpt.model", "gpt.train", "gpt.ladder", "gpt.protocol"}),
     # the commands that train or measure and write records
     ("commands", {"gpt.stage", "gpt.time_to_loss", "gpt.noise_scale", "gpt.bench_loss", "gpt.wandb_log",
-                  "gpt.published", "gpt.quick"}),
+                  "gpt.published", "gpt.quick", "gpt.ngram_floor"}),
     # the memory planner: the stages' training code run on fake tensors
     ("memory planner", {"gpt.memory"}),
     # results.md from every command's records, the planner's section included

@@ -237,6 +237,12 @@ def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str,
     return measured_loss_choice(cfg, vocab_size, device_type)
 
 
+def missing_here(cfg: TrainConfig, device_type: str) -> str | None:
+    """Why a run for time computes the full loss on this device for want of a chunked implementation (None when it
+    has one, or does not fall back): said once when a run starts."""
+    return why_unavailable(cfg.loss_impl, device_type) if _falls_back(cfg) else None
+
+
 def _falls_back(cfg: TrainConfig) -> bool:
     return cfg.loss == "chunked" and cfg.goal == "time" and cfg.loss_impl == "auto"
 
