@@ -42,6 +42,7 @@ the reference's H100 traces and is MemTracker's, which makes the planner's break
   FSDP2 reduce-scatters each group's gradients into one flat buffer, which matches no parameter's size: in an
   FSDP trace the blocks from before the step count as other.
 """
+
 import bisect
 import pickle
 from collections import Counter
@@ -95,8 +96,11 @@ def load(path) -> dict:
         raise UserError(f"{path}: refused, it would load {e}: a memory snapshot holds plain data only") from None
     except Exception as e:  # malformed pickles raise many kinds of errors
         raise UserError(f"{path} is not a readable pickle ({type(e).__name__}: {e})") from None
-    if not (isinstance(data, dict) and isinstance(data.get("segments"), list)
-            and isinstance(data.get("device_traces"), list)):
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("segments"), list)
+        and isinstance(data.get("device_traces"), list)
+    ):
         raise UserError(f"{path} is not a CUDA memory snapshot (it has no 'segments' and 'device_traces')")
     return data
 
@@ -121,6 +125,7 @@ class StepLabels:
     """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks). `tensors`: (position,
     storage address, category) of each tensor it saw, a position being the number of allocations since recording
     began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in order."""
+
     tensors: list
     forward: list
     categories: tuple
@@ -148,8 +153,14 @@ class StepReport:
 
     def as_dict(self) -> dict:
         def rounded2(v):
-            return {k: rounded2(x) for k, x in v.items()} if isinstance(v, dict) else round(v, 2) if isinstance(
-                v, float) else v
+            return (
+                {k: rounded2(x) for k, x in v.items()}
+                if isinstance(v, dict)
+                else round(v, 2)
+                if isinstance(v, float)
+                else v
+            )
+
         return rounded2({k: v for k, v in self.__dict__.items() if k != "timeline"})
 
 
@@ -160,11 +171,14 @@ def analyse(snapshot: dict, device: int | None = None, labels: StepLabels | None
     if device is None:
         device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
     if not 0 <= device < len(traces) or not traces[device]:
-        raise UserError(f"the snapshot has no trace of allocations on device {device} (record one with "
-                        "torch.cuda.memory._record_memory_history() before the step)")
+        raise UserError(
+            f"the snapshot has no trace of allocations on device {device} (record one with "
+            "torch.cuda.memory._record_memory_history() before the step)"
+        )
     try:
-        return _analyse(traces[device], [s for s in snapshot["segments"] if s.get("device", device) == device],
-                        device, labels)
+        return _analyse(
+            traces[device], [s for s in snapshot["segments"] if s.get("device", device) == device], device, labels
+        )
     except (KeyError, TypeError, AttributeError, IndexError, StopIteration) as e:
         raise UserError(f"not a well-formed CUDA memory snapshot ({type(e).__name__}: {e})") from None
 
@@ -202,13 +216,24 @@ def _analyse(trace: list, segments: list, device: int, labels: StepLabels | None
     t0 = trace[0].get("time_us", 0)
     at = peak_at if peak_at is not None else 0
     return StepReport(
-        device=device, allocations=sum(e.get("action") == "alloc" for e in trace),
-        trace_ms=(trace[-1].get("time_us", 0) - t0) / 1e3, start_mib=start / MiB,
-        start_mib_by_category=_mib(start_by), params=params, peak_mib=peak / MiB, peak_event=at,
-        events=len(trace), peak_ms=(trace[at].get("time_us", 0) - t0) / 1e3,
+        device=device,
+        allocations=sum(e.get("action") == "alloc" for e in trace),
+        trace_ms=(trace[-1].get("time_us", 0) - t0) / 1e3,
+        start_mib=start / MiB,
+        start_mib_by_category=_mib(start_by),
+        params=params,
+        peak_mib=peak / MiB,
+        peak_event=at,
+        events=len(trace),
+        peak_ms=(trace[at].get("time_us", 0) - t0) / 1e3,
         peak_where=_where(trace, at, backward_ends) if peak_at is not None else "before the first event",
-        peak_mib_by_category=_mib(peak_by), peak_block_mib_by_category=_mib(peak_held),
-        reallocated_large_blocks=peak_large, blocks_replayed=replayed, timeline=timeline, end_mib=total / MiB)
+        peak_mib_by_category=_mib(peak_by),
+        peak_block_mib_by_category=_mib(peak_held),
+        reallocated_large_blocks=peak_large,
+        blocks_replayed=replayed,
+        timeline=timeline,
+        end_mib=total / MiB,
+    )
 
 
 def _mib(d: dict) -> dict:
@@ -251,8 +276,15 @@ def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, 
             if b is not None:
                 b.size = sb["size"]  # allocated in the trace and still held: the snapshot says its block
             else:
-                blocks.append(_Block(sb.get("requested_size", sb["size"]), sb["size"], sb["address"],
-                                     sb.get("frames") or [], start=None))
+                blocks.append(
+                    _Block(
+                        sb.get("requested_size", sb["size"]),
+                        sb["size"],
+                        sb["address"],
+                        sb.get("frames") or [],
+                        start=None,
+                    )
+                )
     return blocks, changes
 
 
@@ -335,8 +367,11 @@ def _replay_block_sizes(blocks: list[_Block], changes: list, trace: list, segmen
 
 
 def _in_backward(frames: list) -> bool:
-    return any("autograd::Engine" in f["name"] or (f["name"] in ("backward", "_engine_run_backward")
-                                                   and "/torch/" in f["filename"]) for f in frames)
+    return any(
+        "autograd::Engine" in f["name"]
+        or (f["name"] in ("backward", "_engine_run_backward") and "/torch/" in f["filename"])
+        for f in frames
+    )
 
 
 def _kind(frames: list) -> str:
@@ -442,5 +477,3 @@ def _where(trace: list, i: int, backward_ends: list[int]) -> str:
 
 def _frame(f: dict) -> str:
     return f"{f['name']} ({'/'.join(Path(f['filename']).parts[-2:])}:{f['line']})"
-
-

@@ -9,15 +9,15 @@ Each variant runs `--warmup` times, then `--repeats` timed calls of forward + ba
 synchronisations; the table gives the median and the spread (min - max) in ms, and the peak memory of one
 call above what was allocated before it (CUDA). Inputs are random (never zeros), drawn once per variant.
 """
+
 import argparse
 import sys
 
 import torch
 
-from gpt.optimizations import chunked_loss
-from gpt.errors import UserError, exit_on_user_error
 from gpt.devices import resolve_device
-
+from gpt.errors import UserError, exit_on_user_error
+from gpt.optimizations import chunked_loss
 
 
 def parse_args(argv):
@@ -25,8 +25,12 @@ def parse_args(argv):
     p.add_argument("--rows", type=int, default=16 * 1024, help="tokens per step (batch x block)")
     p.add_argument("--dim", type=int, default=768, help="n_embd")
     p.add_argument("--vocab", type=int, default=50257, help="real vocabulary (padded to a multiple of 64)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                   help="autocast dtype (float32: no autocast)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="autocast dtype (float32: no autocast)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
@@ -41,8 +45,9 @@ def variants(device_type: str) -> dict:
     found = {"full": chunked_loss.full_cross_entropy}
     for name in chunked_loss.IMPLEMENTATIONS:
         if chunked_loss.available(name, device_type):
-            found[f"chunked ({name})"] = (lambda impl: lambda x, w, t, v, b:
-                                          chunked_loss.chunked_cross_entropy(x, w, t, v, b, impl=impl))(name)
+            found[f"chunked ({name})"] = (
+                lambda impl: lambda x, w, t, v, b: chunked_loss.chunked_cross_entropy(x, w, t, v, b, impl=impl)
+            )(name)
     return found
 
 
@@ -51,8 +56,17 @@ def padded(vocab: int) -> int:
 
 
 def time_variant(fn, args, device: torch.device) -> dict:
-    return chunked_loss.time_head_and_loss(fn, args.rows, args.dim, args.vocab, padded(args.vocab),
-                                           getattr(torch, args.dtype), device, args.warmup, args.repeats)
+    return chunked_loss.time_head_and_loss(
+        fn,
+        args.rows,
+        args.dim,
+        args.vocab,
+        padded(args.vocab),
+        getattr(torch, args.dtype),
+        device,
+        args.warmup,
+        args.repeats,
+    )
 
 
 @exit_on_user_error
@@ -60,9 +74,11 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"head + loss, forward and backward: {args.rows} rows x {args.dim} -> {args.vocab} classes (padded to "
-          f"{padded(args.vocab)}), {args.dtype}, on {name}, torch {torch.__version__}; "
-          f"median of {args.repeats} after {args.warmup} warm-up calls")
+    print(
+        f"head + loss, forward and backward: {args.rows} rows x {args.dim} -> {args.vocab} classes (padded to "
+        f"{padded(args.vocab)}), {args.dtype}, on {name}, torch {torch.__version__}; "
+        f"median of {args.repeats} after {args.warmup} warm-up calls"
+    )
     results = {label: time_variant(fn, args, device) for label, fn in variants(device.type).items()}
     print(f"{'variant':<20}{'median ms':>11}{'min - max ms':>18}{'peak MiB':>10}")
     for label, r in results.items():

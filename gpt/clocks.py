@@ -2,6 +2,7 @@
 costs (the data wait and the host-to-device copy). The repeats' own clock is time.perf_counter between two
 device synchronisations (gpt/protocol.py:timed_repeats). And the process's own age, read from the OS, which a run
 to a loss splits its wall clock with (gpt/time_to_loss.py)."""
+
 import os
 import time
 from contextlib import contextmanager

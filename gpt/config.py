@@ -5,6 +5,7 @@ everything the project knows about it in its home module in gpt/optimizations/ (
 which also checks its values. This module knows none of them: the homes read TrainConfig, so the arrows run one way,
 and `optimizations.validate(cfg)` checks a whole config (the run's settings here, then each optimization's).
 """
+
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -112,8 +113,9 @@ class TrainConfig:
         if self.batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {self.batch_size}")
         if not 1 <= self.block_size <= MAX_CONTEXT:
-            raise UserError(f"block size {self.block_size} must be between 1 and the model's context of "
-                            f"{MAX_CONTEXT} positions")
+            raise UserError(
+                f"block size {self.block_size} must be between 1 and the model's context of {MAX_CONTEXT} positions"
+            )
         if self.samples < 1 or self.repeats < 1 or self.warmup_iters < 0 or self.profile_steps < 0:
             raise UserError("samples and repeats must be >= 1, warmup_iters and profile_steps >= 0")
         world = self.world_size
@@ -133,33 +135,42 @@ class TrainConfig:
         if self.train_tokens < 0:
             raise UserError(f"the token budget must be positive, got {self.train_tokens}")
         if self.train_tokens and self.train_tokens < self.tokens_per_step:
-            raise UserError(f"a budget of {self.train_tokens} tokens is less than one step "
-                            f"({self.tokens_per_step} tokens: batch x block x processes)")
+            raise UserError(
+                f"a budget of {self.train_tokens} tokens is less than one step "
+                f"({self.tokens_per_step} tokens: batch x block x processes)"
+            )
         if self.train_tokens and self.eval_every_tokens < 1:
             raise UserError(f"the evaluation interval must be at least 1 token, got {self.eval_every_tokens}")
         if self.eval_windows < self.world_size:
-            raise UserError(f"eval_windows ({self.eval_windows}) must be at least the number of processes "
-                            f"({self.world_size}): each evaluates its share")
+            raise UserError(
+                f"eval_windows ({self.eval_windows}) must be at least the number of processes "
+                f"({self.world_size}): each evaluates its share"
+            )
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise UserError(f"the target loss must be a finite number, got {self.target_loss}")
         if self.target_loss is not None and self.target_loss <= 0:  # a run to it would train its whole budget
-            raise UserError(f"the target loss must be above 0 (a cross-entropy never reaches 0), "
-                            f"got {self.target_loss}")
+            raise UserError(
+                f"the target loss must be above 0 (a cross-entropy never reaches 0), got {self.target_loss}"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise UserError(f"the learning rate must be a positive number, got {self.lr}")
         if min(self.lr_warmup_tokens, self.lr_decay_tokens) < 0 or not 0 <= self.min_lr <= self.lr:
             raise UserError("the schedule needs lr_warmup_tokens, lr_decay_tokens >= 0 and 0 <= min_lr <= lr")
         if self.lr_decay_tokens and self.lr_decay_tokens <= self.lr_warmup_tokens:
-            raise UserError(f"lr_decay_tokens ({self.lr_decay_tokens}) must exceed lr_warmup_tokens "
-                            f"({self.lr_warmup_tokens}): the cosine decay follows the warm-up")
+            raise UserError(
+                f"lr_decay_tokens ({self.lr_decay_tokens}) must exceed lr_warmup_tokens "
+                f"({self.lr_warmup_tokens}): the cosine decay follows the warm-up"
+            )
 
     @property
     def model_shape(self) -> dict:
         """n_layer, n_head and n_embd of the model: the preset's, with this config's overrides."""
         if self.preset not in PRESETS:
             raise UserError(f"unknown model preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        return {**PRESETS[self.preset], **{k: getattr(self, k) for k in PRESETS[self.preset]
-                                           if getattr(self, k) is not None}}
+        return {
+            **PRESETS[self.preset],
+            **{k: getattr(self, k) for k in PRESETS[self.preset] if getattr(self, k) is not None},
+        }
 
     @property
     def tokens_per_step(self) -> int:

@@ -5,6 +5,7 @@ Two datasets yield the same kind of (x, y) pairs (y is x shifted by one token):
 - RawTextDataset cleans and tokenises raw text inside __getitem__ on every sample, which is what the
   baseline did; the speed ladder measures what moving that work offline (data/prepare.py) buys.
 """
+
 import fcntl
 import json
 import os
@@ -160,12 +161,17 @@ class TokenWindowDataset(Dataset):
             raise UserError(f"block_size must be >= 1, got {block_size}")
         tokens = self.tokens
         if len(tokens) <= block_size + 1:
-            raise UserError(f"{self.bin_path} holds {len(tokens)} tokens; block_size {block_size} needs more than {block_size + 1}")
+            raise UserError(
+                f"{self.bin_path} holds {len(tokens)} tokens; block_size {block_size} needs more than {block_size + 1}"
+            )
         # Checked once here so a wrong tokenizer / vocab shows up as one clear line, not as an
         # index error deep inside the embedding on some later step.
         top = int(tokens.max())
         if top >= vocab_size:
-            raise UserError(f"token id {top} >= vocab size {vocab_size} in {self.bin_path}; the data was tokenised for another vocabulary")
+            raise UserError(
+                f"token id {top} >= vocab size {vocab_size} in {self.bin_path}; "
+                "the data was tokenised for another vocabulary"
+            )
 
     @property
     def tokens(self) -> np.memmap:
@@ -214,7 +220,9 @@ class RawTextDataset(Dataset):
             if n_tail >= self.need:
                 break
             if tail >= len(self.text):
-                raise UserError(f"{text_path} yields {n_tail} tokens; block_size {block_size} needs more than {self.need}")
+                raise UserError(
+                    f"{text_path} yields {n_tail} tokens; block_size {block_size} needs more than {self.need}"
+                )
             tail *= 2
         self.num_starts = len(self.text) - min(tail, len(self.text)) + 1
         # First guess of the window length in characters, 25% above the measured chars/token.
@@ -259,9 +267,14 @@ class WindowSampler(Sampler[int]):
     runs comparable to (and testable against) single-process runs.
     """
 
-    def __init__(self, num_windows: int, batch_size: int, num_batches: int, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, num_windows: int, batch_size: int, num_batches: int, seed: int, rank: int = 0, world_size: int = 1
+    ):
         if num_windows < 1 or batch_size < 1 or num_batches < 0:
-            raise UserError(f"sampler needs num_windows >= 1, batch_size >= 1, num_batches >= 0 (got {num_windows}, {batch_size}, {num_batches})")
+            raise UserError(
+                "sampler needs num_windows >= 1, batch_size >= 1, num_batches >= 0 "
+                f"(got {num_windows}, {batch_size}, {num_batches})"
+            )
         if not 0 <= rank < world_size:
             raise UserError(f"rank {rank} is outside world_size {world_size}")
         self.num_windows, self.batch_size, self.num_batches = num_windows, batch_size, num_batches

@@ -1,4 +1,5 @@
 """Which device a run uses, what it is called, and waiting for it before a clock is read."""
+
 import os
 import platform
 from pathlib import Path

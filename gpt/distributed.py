@@ -8,6 +8,7 @@ first report wins), leaves without waiting for anyone, and exits; the ranks stil
 - several machines, NCCL: a rank on another machine notices only when its collective times out, after
   PROCESS_GROUP_TIMEOUT, and the NCCL watchdog then ends the process.
 """
+
 import json
 import os
 import signal
@@ -104,7 +105,9 @@ def first_failure(mine: dict) -> dict:
 
 @contextmanager
 def process_group(device: torch.device, backend: str | None):
-    """Run the body as one rank of a group on `backend` (backend_for's; None: one process, no group). An exception leaves the group at once, after reporting it:
+    """Run the body as one rank of a group on `backend` (backend_for's; None: one process, no group).
+
+    An exception leaves the group at once, after reporting it:
     RankFailed then carries the group's first failure, which may be another rank's (the error here is
     often only the consequence, e.g. "Connection closed by peer")."""
     if backend is None:

@@ -1,4 +1,5 @@
 """Bad user input ends a command with one line on stderr and exit code 2, never a traceback."""
+
 import functools
 import sys
 

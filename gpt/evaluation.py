@@ -8,6 +8,7 @@ up to ~1%, README), computed in `model.eval()` under `torch.no_grad()` with the 
 device. Under DDP/FSDP every rank evaluates its share (the same number of batches on each, as FSDP's collectives
 need) and the sums are all-reduced.
 """
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,15 +26,17 @@ class ValidationSet:
         prepared = load_prepared(data_dir)  # one line if the val split is missing
         self.windows = TokenWindowDataset(prepared.bin_path("val"), block_size, prepared.vocab_size)
         if count > len(self.windows):
-            raise UserError(f"{count} evaluation windows of {block_size + 1} tokens need a longer val split than "
-                            f"{prepared.bin_path('val')} ({len(self.windows) + block_size} tokens)")
+            raise UserError(
+                f"{count} evaluation windows of {block_size + 1} tokens need a longer val split than "
+                f"{prepared.bin_path('val')} ({len(self.windows) + block_size} tokens)"
+            )
         generator = torch.Generator().manual_seed(EVAL_SEED)
         self.starts = torch.randint(len(self.windows), (count,), generator=generator)
 
     def share(self, rank: int, world: int) -> torch.Tensor:
         """This rank's windows: an equal share for every rank (the set is cut to a multiple of the ranks)."""
         per_rank = len(self.starts) // world
-        return self.starts[rank * per_rank:(rank + 1) * per_rank]
+        return self.starts[rank * per_rank : (rank + 1) * per_rank]
 
     def batch(self, starts: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = zip(*(self.windows[int(i)] for i in starts))
@@ -41,8 +44,9 @@ class ValidationSet:
 
 
 @torch.no_grad()
-def validation_loss(raw: torch.nn.Module, val: ValidationSet, batch_size: int, amp, device: torch.device,
-                    rank: int = 0, world: int = 1) -> float:
+def validation_loss(
+    raw: torch.nn.Module, val: ValidationSet, batch_size: int, amp, device: torch.device, rank: int = 0, world: int = 1
+) -> float:
     """Mean cross-entropy per token over the validation windows. `raw` is the GPT itself (not its compiled or DDP
     wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
     was_training = raw.training

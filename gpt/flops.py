@@ -2,13 +2,13 @@
 thread count, dtype and torch version, and cached on disk), and model FLOPs utilisation against either
 (README: "How the figures are measured", MFU).
 """
+
 import re
 import time
 
 import torch
 
 from gpt import machine_cache
-
 
 # Dense (no sparsity) peak TFLOPS from the vendors' data sheets, by board and dtype.
 # fp32 means plain FP32 (no TF32): the reference ran fp32 without TF32.
@@ -34,18 +34,34 @@ GPU_PEAK_TFLOPS = {
 # memory size ("NVIDIA A100-SXM4-80GB" -> "A100 SXM4") -> its row above. Only exact names match: "L40" is not
 # "L4", "H200 NVL" is not the H200 SXM; an unknown name gets no MFU rather than another board's peak.
 GPU_NAMES = {
-    "H100 HBM3": "H100 SXM", "H100 SXM5": "H100 SXM", "H100 NVL": "H100 NVL", "H100 PCIE": "H100 PCIe",
-    "H200": "H200 SXM", "H200 NVL": "H200 NVL",
-    "A100": "A100", "A100 SXM4": "A100", "A100 PCIE": "A100", "A10G": "A10G",
-    "L40S": "L40S", "L40": "L40", "L4": "L4", "RTX 4090": "RTX 4090", "RTX 3090": "RTX 3090",
-    "V100 SXM2": "V100 SXM2", "V100 PCIE": "V100 PCIe", "T4": "T4",
+    "H100 HBM3": "H100 SXM",
+    "H100 SXM5": "H100 SXM",
+    "H100 NVL": "H100 NVL",
+    "H100 PCIE": "H100 PCIe",
+    "H200": "H200 SXM",
+    "H200 NVL": "H200 NVL",
+    "A100": "A100",
+    "A100 SXM4": "A100",
+    "A100 PCIE": "A100",
+    "A10G": "A10G",
+    "L40S": "L40S",
+    "L40": "L40",
+    "L4": "L4",
+    "RTX 4090": "RTX 4090",
+    "RTX 3090": "RTX 3090",
+    "V100 SXM2": "V100 SXM2",
+    "V100 PCIE": "V100 PCIe",
+    "T4": "T4",
 }
 
 
 def gpu_board(name: str) -> str | None:
     """The GPU_PEAK_TFLOPS row of a CUDA device name, or None if the name is not one the table knows."""
-    words = [w for w in re.split(r"[\s-]+", name.strip().upper())
-             if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB", w)]
+    words = [
+        w
+        for w in re.split(r"[\s-]+", name.strip().upper())
+        if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB", w)
+    ]
     return GPU_NAMES.get(" ".join(words))
 
 
@@ -65,8 +81,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
         board = gpu_board(name)
         if board and dt in GPU_PEAK_TFLOPS[board]:
             return GPU_PEAK_TFLOPS[board][dt] * 1e12, f"data sheet: {board} {dt} dense"
-        return None, (f"no data-sheet peak for {name!r} in {dt} (add it to GPU_PEAK_TFLOPS and GPU_NAMES in "
-                      "gpt/flops.py)")
+        return None, (
+            f"no data-sheet peak for {name!r} in {dt} (add it to GPU_PEAK_TFLOPS and GPU_NAMES in gpt/flops.py)"
+        )
     return measure_cpu_matmul_flops(dtype), f"measured: {dt} matmul, {torch.get_num_threads()} thread(s)"
 
 
@@ -79,8 +96,9 @@ def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
     return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
 
 
-def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1,
-                             fresh: bool = False) -> float:
+def measure_cpu_matmul_flops(
+    dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1, fresh: bool = False
+) -> float:
     """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
     (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure; `fresh`
     measures again and replaces the cached figure (run_all does so once, before its first stage).
@@ -89,8 +107,9 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, n: int = 2048, seconds: float =
     A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
     per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
     a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
-    return machine_cache.remembered(PEAKS_CACHE, f"{dtype}|n={n}", lambda: matmul_rate(dtype, n, seconds, rounds),
-                                    fresh)
+    return machine_cache.remembered(
+        PEAKS_CACHE, f"{dtype}|n={n}", lambda: matmul_rate(dtype, n, seconds, rounds), fresh
+    )
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:

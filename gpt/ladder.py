@@ -5,6 +5,7 @@ it applied in ladder order, so each stage keeps every earlier change of its ladd
 the book start from a stage of a documented ladder (STARTS_FROM) and keep every change up to it. What a stage
 script runs when it is called is gpt/stage.py.
 """
+
 import importlib.util
 
 from gpt import optimizations
@@ -75,6 +76,7 @@ STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp", "speedrun": "spee
 # keeps a memory saving).
 LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory", "speedrun": "time"}
 
+
 def ladder_of(stage: str) -> str:
     for ladder, stages in LADDERS.items():
         if stage in stages:
@@ -132,8 +134,10 @@ def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides)
     ladder = ladder_of(stage)
     to_a_loss = to_a_loss or ladder in ONLY_TO_A_LOSS
     if to_a_loss and ladder not in TRAINED_TO_A_LOSS + ONLY_TO_A_LOSS:
-        raise UserError(f"{stage} is not trained to a loss: the {ladder} ladder keeps its parent's trajectory (tests/"
-                        "test_ladder_equivalence.py), so its time to loss is its time per token")
+        raise UserError(
+            f"{stage} is not trained to a loss: the {ladder} ladder keeps its parent's trajectory (tests/"
+            "test_ladder_equivalence.py), so its time to loss is its time per token"
+        )
     settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
     cfg = TrainConfig(**settings, goal=LADDER_GOAL[ladder])

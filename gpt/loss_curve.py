@@ -16,10 +16,12 @@ def crossing(curve: list[dict], target: float) -> dict | None:
             return {"tokens": 0, "seconds": 0.0, "first_evaluation_step": 0, "rule": "reached before training"}
         before = curve[i - 1]
         f = (before["val_loss"] - target) / (before["val_loss"] - point["val_loss"])
-        return {"tokens": before["tokens"] + f * (point["tokens"] - before["tokens"]),
-                "seconds": before["seconds"] + f * (point["seconds"] - before["seconds"]),
-                "first_evaluation_step": point["step"],
-                "rule": "interpolated between the evaluations before and at the crossing"}
+        return {
+            "tokens": before["tokens"] + f * (point["tokens"] - before["tokens"]),
+            "seconds": before["seconds"] + f * (point["seconds"] - before["seconds"]),
+            "first_evaluation_step": point["step"],
+            "rule": "interpolated between the evaluations before and at the crossing",
+        }
     return None
 
 
@@ -68,4 +70,3 @@ def changes_convergence(final: float, parent_final: float, spread: float) -> boo
     """A stage changes convergence when its final validation loss differs from its parent's by more than the
     baseline's seeds differ among themselves."""
     return abs(final - parent_final) > spread
-

@@ -6,6 +6,7 @@ The files live in $XDG_CACHE_HOME/gpt-ladder (~/.cache/gpt-ladder), one JSON obj
 depends on: this machine (CPU model, threads, torch version, added here) and what the caller names (dtype,
 shape, ...); a read-only home only costs a measurement next time.
 """
+
 import json
 import os
 from pathlib import Path

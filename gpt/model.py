@@ -8,6 +8,7 @@ positions; why each helps: gpt/optimizations/architecture.py); their defaults ar
 learned embedding of each (previous token, token) pair (gpt/optimizations/ngram_embedding.py); GPT-2 has none.
 Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
 """
+
 import json
 import math
 from dataclasses import dataclass, fields
@@ -17,11 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.optimizations.chunked_loss import LOSSES, check_impl, chunked_cross_entropy
-from gpt.optimizations.fused_attention import explicit_attention, fused_attention
 from gpt.config import PRESETS, check_dropout
 from gpt.errors import UserError
-
+from gpt.optimizations.chunked_loss import LOSSES, check_impl, chunked_cross_entropy
+from gpt.optimizations.fused_attention import explicit_attention, fused_attention
 
 ATTENTIONS = ("naive", "sdpa")
 MLPS = ("gelu", "relu2")
@@ -65,16 +65,23 @@ class GPTConfig:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for name, choices in (("attention", ATTENTIONS), ("loss", LOSSES), ("mlp", MLPS), ("norm", NORMS),
-                              ("positions", POSITIONS)):
+        for name, choices in (
+            ("attention", ATTENTIONS),
+            ("loss", LOSSES),
+            ("mlp", MLPS),
+            ("norm", NORMS),
+            ("positions", POSITIONS),
+        ):
             if getattr(self, name) not in choices:
                 raise UserError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
         for name in ("qk_norm", "zero_init_proj"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
-            raise UserError(f"rotary positions rotate pairs of dimensions: the head size "
-                            f"{self.n_embd // self.n_head} (n_embd / n_head) must be even")
+            raise UserError(
+                f"rotary positions rotate pairs of dimensions: the head size "
+                f"{self.n_embd // self.n_head} (n_embd / n_head) must be even"
+            )
         if self.loss_impl != "auto":
             check_impl(self.loss_impl)
         check_dropout(self.dropout)
@@ -284,8 +291,14 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None and self.config.loss == "chunked":
             # Fused head + loss in chunks of rows: the (B*T, vocab) logits never exist at once; no logits returned.
-            return None, chunked_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
-                                               self.config.vocab_size, self.vocab_mask, self.config.loss_impl)
+            return None, chunked_cross_entropy(
+                x.flatten(0, 1),
+                self.lm_head.weight,
+                targets.reshape(-1),
+                self.config.vocab_size,
+                self.vocab_mask,
+                self.config.loss_impl,
+            )
         # The head as F.linear so the padding rows' -inf bias is added inside the matmul, not in another pass.
         logits = F.linear(x, self.lm_head.weight, self.vocab_mask)
         loss = None
@@ -327,11 +340,16 @@ class GPT(nn.Module):
         added) or a smaller block_size (the position table is cropped); the architecture itself comes from
         the checkpoint."""
         _check_field_names(overrides)
-        not_gpt2 = [f"{name}={overrides[name]!r}" for name in (*ARCHITECTURE_FIELDS, "bigram_rows")
-                    if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)]
+        not_gpt2 = [
+            f"{name}={overrides[name]!r}"
+            for name in (*ARCHITECTURE_FIELDS, "bigram_rows")
+            if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)
+        ]
         if not_gpt2:
-            raise UserError(f"cannot load a Hugging Face GPT-2 checkpoint with {', '.join(not_gpt2)}: only the GPT-2 "
-                            "architecture loads one")
+            raise UserError(
+                f"cannot load a Hugging Face GPT-2 checkpoint with {', '.join(not_gpt2)}: only the GPT-2 "
+                "architecture loads one"
+            )
         path = Path(path)
         if not path.is_dir():
             raise UserError(f"Hugging Face checkpoint directory not found: {path}")
@@ -339,8 +357,9 @@ class GPT(nn.Module):
         if not config_file.is_file():
             raise UserError(f"no config.json in {path}: not a Hugging Face checkpoint directory")
         hf_config = json.loads(config_file.read_text())
-        names = dict(n_layer="n_layer", n_head="n_head", n_embd="n_embd", vocab_size="vocab_size",
-                     block_size="n_positions")  # our name -> Hugging Face GPT-2 config name
+        names = dict(
+            n_layer="n_layer", n_head="n_head", n_embd="n_embd", vocab_size="vocab_size", block_size="n_positions"
+        )  # our name -> Hugging Face GPT-2 config name
         absent = [hf for hf in names.values() if hf not in hf_config]
         if absent:
             raise UserError(f"{config_file} lacks {', '.join(absent)}: not a GPT-2 config")

@@ -15,8 +15,8 @@ context uses the n-grams' counts, each shorter one the continuation counts (how 
 the n-gram), and the unigram is interpolated with the uniform distribution over the vocabulary, so every context
 gives every character a probability and the probabilities over the vocabulary sum to 1.
 """
+
 import argparse
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,7 @@ FIRST_PREFIX = 10_000  # characters; each prefix doubles the one before, the las
 @dataclass
 class _Level:
     """One order's counts (raw or continuation) of its n-grams, and their contexts' totals and types."""
+
     keys: np.ndarray  # the n-grams' codes, sorted
     counts: np.ndarray
     contexts: np.ndarray  # the contexts' codes (key // vocab), sorted
@@ -43,7 +44,7 @@ def _codes(tokens: np.ndarray, n: int, vocab: int) -> np.ndarray:
     """The code of every n-gram of `tokens` (big-endian base `vocab`: a context's n-grams are contiguous)."""
     codes = np.zeros(len(tokens) - n + 1, dtype=np.int64)
     for j in range(n):
-        codes = codes * vocab + tokens[j:len(tokens) - n + 1 + j]
+        codes = codes * vocab + tokens[j : len(tokens) - n + 1 + j]
     return codes
 
 
@@ -54,8 +55,9 @@ def _discount(counts: np.ndarray) -> float:
 
 def _level(keys: np.ndarray, counts: np.ndarray, vocab: int) -> _Level:
     contexts, first = np.unique(keys // vocab, return_index=True)
-    return _Level(keys, counts, contexts, np.add.reduceat(counts, first), np.diff(np.append(first, len(keys))),
-                  _discount(counts))
+    return _Level(
+        keys, counts, contexts, np.add.reduceat(counts, first), np.diff(np.append(first, len(keys))), _discount(counts)
+    )
 
 
 def _lookup(sorted_keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -78,7 +80,7 @@ class KneserNey:
         # raw[n - 1]: the n-grams and their counts, for an n-gram that is the longest context's
         self.raw = [_level(keys, counts, vocab) for keys, counts in raw]
         # continuation counts of the n-grams: how many distinct (n+1)-grams end with each
-        self.cont = [_level(*np.unique(raw[n][0] % vocab ** n, return_counts=True), vocab) for n in range(1, order)]
+        self.cont = [_level(*np.unique(raw[n][0] % vocab**n, return_counts=True), vocab) for n in range(1, order)]
 
     def probabilities(self, histories: np.ndarray, nexts: np.ndarray) -> np.ndarray:
         """P(next | history) for each row: `histories` [N, k] (k < order characters, the last the nearest),
@@ -113,7 +115,7 @@ class KneserNey:
         nll = 0.0
         for i in range(block):
             k = min(i + 1, self.order - 1)
-            p = self.probabilities(windows[:, i + 1 - k:i + 1], windows[:, i + 1])
+            p = self.probabilities(windows[:, i + 1 - k : i + 1], windows[:, i + 1])
             nll -= np.log(p).sum()
         return nll / (windows.shape[0] * block)
 
@@ -152,8 +154,9 @@ def floor(data_dir, block_size: int, count: int, order: int = ORDER) -> list[tup
     prepared = load_prepared(data_dir)
     train = np.fromfile(prepared.bin_path("train"), dtype=token_dtype(prepared.vocab_size))
     windows = validation_windows(data_dir, block_size, count).astype(np.int64)
-    return [(n, KneserNey(train[:n], prepared.vocab_size, order).cross_entropy(windows))
-            for n in prefix_sizes(len(train))]
+    return [
+        (n, KneserNey(train[:n], prepared.vocab_size, order).cross_entropy(windows)) for n in prefix_sizes(len(train))
+    ]
 
 
 @exit_on_user_error
@@ -162,17 +165,26 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="cpu", help="whose time-to-loss data, windows and target (default cpu)")
-    parser.add_argument("--records", type=Path, default=None, help="the run directory with speed_0's records "
-                        "(default records/<profile>-cpu)")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="the run directory with speed_0's records (default records/<profile>-cpu)",
+    )
     parser.add_argument("--order", type=int, default=ORDER)
     args = parser.parse_args(argv)
     cfg = stage_config("speed_0_baseline", args.profile, to_a_loss=True)
     records = args.records or Path(__file__).resolve().parents[1] / "records" / f"{args.profile}-cpu"
     target = speedrun_target(records)
-    print(f"{args.order}-gram interpolated Kneser-Ney, {Path(cfg.data_dir).name}'s training split, scored on "
-          f"{cfg.eval_windows} validation windows of {cfg.block_size} targets (gpt/evaluation.py's)")
-    print(f"target: {target:.4f} (speed_0's model, {records})" if target is not None else
-          f"target: none ({records} has not every speed_0 seed)")
+    print(
+        f"{args.order}-gram interpolated Kneser-Ney, {Path(cfg.data_dir).name}'s training split, scored on "
+        f"{cfg.eval_windows} validation windows of {cfg.block_size} targets (gpt/evaluation.py's)"
+    )
+    print(
+        f"target: {target:.4f} (speed_0's model, {records})"
+        if target is not None
+        else f"target: none ({records} has not every speed_0 seed)"
+    )
     print("| training characters | validation loss (nats/char) |\n|---|---|")
     reached = None
     for n, loss in floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, args.order):
@@ -180,8 +192,11 @@ def main(argv=None):
         if reached is None and target is not None and loss <= target:
             reached = n
     if target is not None:
-        print(f"smallest prefix at or below the target: {reached:,} characters" if reached else
-              "no prefix reaches the target")
+        print(
+            f"smallest prefix at or below the target: {reached:,} characters"
+            if reached
+            else "no prefix reaches the target"
+        )
 
 
 if __name__ == "__main__":

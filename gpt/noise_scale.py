@@ -26,7 +26,9 @@ the plain means over that window (the averages still kept apart) are steadier th
 B_simple equals B_noise = tr(H Sigma) / G^T H G when the Hessian H is a multiple of the identity; for Adam it is a
 guide, not a law: the speedrun stage checks the choice by its time to the target.
 """
+
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -81,7 +83,7 @@ def ema(values: list[float], steps: float) -> list[float]:
     beta, avg, out = 1 - 1 / steps, 0.0, []
     for t, v in enumerate(values, 1):
         avg = beta * avg + (1 - beta) * v
-        out.append(avg / (1 - beta ** t))
+        out.append(avg / (1 - beta**t))
     return out
 
 
@@ -110,6 +112,7 @@ class HalvesNorms:
                 row[0] += (g_a.square().sum() + g_b.square().sum()).double() / 2
                 row[1] += g.square().sum().double()
                 self.calls[i], self.first[i] = 0, None
+
         return read
 
     def remove(self) -> None:
@@ -160,8 +163,9 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
     return noise_record(cfg, small_sq, big_sq, evaluations)
 
 
-def noise_record(cfg: TrainConfig, small_sq: list[float], big_sq: list[float],
-                 evaluations: list[tuple[int, float]]) -> dict:
+def noise_record(
+    cfg: TrainConfig, small_sq: list[float], big_sq: list[float], evaluations: list[tuple[int, float]]
+) -> dict:
     """The curve and the window reading from the per-step squared norms and the evaluations."""
     b = cfg.batch_size
     g2, s = step_estimates(torch.tensor(small_sq), torch.tensor(big_sq), b / 2, b)
@@ -171,22 +175,38 @@ def noise_record(cfg: TrainConfig, small_sq: list[float], big_sq: list[float],
     g2_avg, s_avg = ema(g2, time_constant), ema(s, time_constant)
     curve = []
     for step, val_loss in evaluations:
-        point = {"step": step, "tokens": step * cfg.tokens_per_step, "val_loss": val_loss,
-                 "grad_sq": None, "trace_sigma": None, "b_simple": None}
+        point = {
+            "step": step,
+            "tokens": step * cfg.tokens_per_step,
+            "val_loss": val_loss,
+            "grad_sq": None,
+            "trace_sigma": None,
+            "b_simple": None,
+        }
         if step:
-            point.update(grad_sq=g2_avg[step - 1], trace_sigma=s_avg[step - 1],
-                         b_simple=s_avg[step - 1] / g2_avg[step - 1])
+            point.update(
+                grad_sq=g2_avg[step - 1], trace_sigma=s_avg[step - 1], b_simple=s_avg[step - 1] / g2_avg[step - 1]
+            )
         curve.append(point)
     start = min(int(READ_FROM * steps), steps - 1)
     b_noise = b_simple(g2[start:], s[start:])
-    return {"config": cfg.to_dict(), "batch_size": b, "block_size": cfg.block_size,
-            "estimator": {"b_small": b / 2, "b_big": b, "ema_steps": time_constant, "units": "samples"},
-            "curve": curve,
-            "window": {"from_step": start, "to_step": steps, "from_tokens": start * cfg.tokens_per_step,
-                       "grad_sq": statistics.fmean(g2[start:]), "trace_sigma": statistics.fmean(s[start:]),
-                       "b_noise": b_noise, "b_noise_tokens": b_noise * cfg.block_size,
-                       "rule": f"the means of both estimates over the steps from {READ_FROM:.0%} of the budget on, "
-                               "then divided"}}
+    return {
+        "config": cfg.to_dict(),
+        "batch_size": b,
+        "block_size": cfg.block_size,
+        "estimator": {"b_small": b / 2, "b_big": b, "ema_steps": time_constant, "units": "samples"},
+        "curve": curve,
+        "window": {
+            "from_step": start,
+            "to_step": steps,
+            "from_tokens": start * cfg.tokens_per_step,
+            "grad_sq": statistics.fmean(g2[start:]),
+            "trace_sigma": statistics.fmean(s[start:]),
+            "b_noise": b_noise,
+            "b_noise_tokens": b_noise * cfg.block_size,
+            "rule": f"the means of both estimates over the steps from {READ_FROM:.0%} of the budget on, then divided",
+        },
+    }
 
 
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
@@ -200,13 +220,14 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
         # compiled as the stage's own process compiles it, for this one batch: without the reset, Dynamo would mark
         # the batch dimension dynamic from the second size on, and time every later batch on a dynamic-shape graph
         torch._dynamo.reset()
-        at_b = optimizations.validate(TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch,
-                                                             "samples": batch * (warmup + repeats)}))
+        at_b = optimizations.validate(
+            TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch, "samples": batch * (warmup + repeats)})
+        )
         trainer = train.prepare(at_b, device, warmup + repeats, f"{label} B={batch}")
         trainer.run(warmup)
         # a step synchronised on its own would wait for the device to drain and lose the overlap of its host work
         # with the previous step's kernels, which training keeps
-        times[batch] = TrainingClock(device).measure(lambda: trainer.run(repeats)) / repeats
+        times[batch] = TrainingClock(device).measure(functools.partial(trainer.run, repeats)) / repeats
         trainer.step.progress.close()
         del trainer
     return times
@@ -224,17 +245,19 @@ def choose_batch(b_noise: float, times: dict[int, float], baseline: int) -> dict
         raise UserError(f"the noise scale must be positive to choose a batch, got {b_noise}")
     predicted = {b: (1 + b_noise / b) * t for b, t in times.items()}
     best = min(predicted, key=predicted.get)
-    return {"batch": best, "speedup": predicted[baseline] / predicted[best],
-            "tokens_factor": (1 + best / b_noise) / (1 + baseline / b_noise),  # E(B) = E_min (1 + B/B_noise)
-            "relative_time": {b: predicted[b] / predicted[baseline] for b in sorted(predicted)}}
+    return {
+        "batch": best,
+        "speedup": predicted[baseline] / predicted[best],
+        "tokens_factor": (1 + best / b_noise) / (1 + baseline / b_noise),  # E(B) = E_min (1 + B/B_noise)
+        "relative_time": {b: predicted[b] / predicted[baseline] for b in sorted(predicted)},
+    }
 
 
 def suggested_settings(cfg: TrainConfig, batch: int) -> dict:
     """The starting point for a sweep at `batch`: the square-root rule for Adam's learning rate, and beta2 with its
     half-life unchanged in tokens (beta2^(B/B0)); the warm-up is already in tokens."""
     ratio = batch / cfg.batch_size
-    return {"lr": cfg.lr * math.sqrt(ratio), "min_lr": cfg.min_lr * math.sqrt(ratio),
-            "beta2": cfg.betas[1] ** ratio}
+    return {"lr": cfg.lr * math.sqrt(ratio), "min_lr": cfg.min_lr * math.sqrt(ratio), "beta2": cfg.betas[1] ** ratio}
 
 
 # ---- the command line ---------------------------------------------------------------------------------------
@@ -263,10 +286,17 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--data-dir", help="prepared data directory (default: the profile's)")
     p.add_argument("--out", help="write the record (curve, step times, choice) to this JSON file")
-    p.add_argument("--reuse", metavar="JSON", help="an earlier record of this command: its noise-scale curve is reused "
-                   "(the step times are measured afresh) if it was measured with the same code, torch, profile and data")
-    p.add_argument("--batches", help="batch sizes whose step time is measured (default: 1, 2, 4 and 8 times the "
-                   f"baseline's); the baseline's and {CHOOSES_FOR}'s are always added")
+    p.add_argument(
+        "--reuse",
+        metavar="JSON",
+        help="an earlier record of this command: its noise-scale curve is reused "
+        "(the step times are measured afresh) if it was measured with the same code, torch, profile and data",
+    )
+    p.add_argument(
+        "--batches",
+        help="batch sizes whose step time is measured (default: 1, 2, 4 and 8 times the "
+        f"baseline's); the baseline's and {CHOOSES_FOR}'s are always added",
+    )
     return p.parse_args(argv)
 
 
@@ -288,13 +318,20 @@ def main(argv=None) -> int:
     device = resolve_device(cfg.device)
     key = {"profile": args.profile, "device_type": device.type, "data": data_sha256(cfg.data_dir)}
     reused = reuse_record(args.reuse, key)
-    record = ({k: reused[k] for k in CURVE_KEYS} if reused else  # provenance after the run: its imports are done
-              {**measure(cfg), "provenance": provenance(key, device_name(device))})
+    record = (
+        {k: reused[k] for k in CURVE_KEYS}
+        if reused
+        # provenance after the run: its imports are done
+        else {**measure(cfg), "provenance": provenance(key, device_name(device))}
+    )
     times = step_times(timed, batches)
     choice = choose_batch(record["window"]["b_noise"], times, cfg.batch_size)
-    record.update(device=device_name(device), env=environment(),
-                  step_times={b: t for b, t in times.items()}, choice={**choice,
-                  "suggested": suggested_settings(cfg, choice["batch"])})
+    record.update(
+        device=device_name(device),
+        env=environment(),
+        step_times={b: t for b, t in times.items()},
+        choice={**choice, "suggested": suggested_settings(cfg, choice["batch"])},
+    )
     print_summary(record)
     if out:
         write_record(out, record)
@@ -302,39 +339,57 @@ def main(argv=None) -> int:
     return 0
 
 
+def tokens_factor(b_noise: float, batch: int, factor: float) -> float:
+    """How many times the tokens a batch `factor` times larger needs to the same loss.
+
+    (1 + kB/B_noise) / (1 + B/B_noise), from the predicted tokens E_min (1 + B_noise/B) per step count."""
+    return (1 + factor * batch / b_noise) / (1 + batch / b_noise)
+
+
 def summary_line(record: dict) -> str:
     """The measurement in one sentence, for the report."""
     window, choice = record["window"], record["choice"]
-    times = ", ".join(f"{b}: {1000 * t:.1f} ms" for b, t in sorted(record["step_times"].items(), key=lambda kv: int(kv[0])))
-    return (f"Gradient noise scale along `{BASELINE}`'s run (`python -m gpt.noise_scale`): B_simple grows from "
-            f"{next(p['b_simple'] for p in record['curve'] if p['b_simple'] is not None):.0f} to "
-            f"{record['curve'][-1]['b_simple']:.0f} samples as the loss falls; over the last quarter, where the target "
-            f"is reached, B_noise = {window['b_noise']:.0f} samples against the baseline's batch of "
-            f"{record['batch_size']}. Step times with `{TIMED_WITH}`'s code ({times}) make batch {choice['batch']} "
-            f"the one that minimises the predicted time to a loss, (1 + B_noise/B) t(B): {choice['speedup']:.2f}x "
-            f"sooner than batch {record['batch_size']}, on {choice['tokens_factor']:.2f}x the tokens. The book's "
-            f"batch x8 ({8 * record['batch_size']}) needs {(1 + 8 * record['batch_size'] / window['b_noise']) / (1 + record['batch_size'] / window['b_noise']):.2f}x "
-            "the tokens by the same model."
-            + (f" The curve and B_noise were {reused_note(record, plural=True)}; the step times are this run's." if
-               record.get("reused_from") else ""))
+    times = ", ".join(
+        f"{b}: {1000 * t:.1f} ms" for b, t in sorted(record["step_times"].items(), key=lambda kv: int(kv[0]))
+    )
+    return (
+        f"Gradient noise scale along `{BASELINE}`'s run (`python -m gpt.noise_scale`): B_simple grows from "
+        f"{next(p['b_simple'] for p in record['curve'] if p['b_simple'] is not None):.0f} to "
+        f"{record['curve'][-1]['b_simple']:.0f} samples as the loss falls; over the last quarter, where the target "
+        f"is reached, B_noise = {window['b_noise']:.0f} samples against the baseline's batch of "
+        f"{record['batch_size']}. Step times with `{TIMED_WITH}`'s code ({times}) make batch {choice['batch']} "
+        f"the one that minimises the predicted time to a loss, (1 + B_noise/B) t(B): {choice['speedup']:.2f}x "
+        f"sooner than batch {record['batch_size']}, on {choice['tokens_factor']:.2f}x the tokens. The book's "
+        f"batch x8 ({8 * record['batch_size']}) needs {tokens_factor(window['b_noise'], record['batch_size'], 8):.2f}x "
+        "the tokens by the same model."
+        + (
+            f" The curve and B_noise were {reused_note(record, plural=True)}; the step times are this run's."
+            if record.get("reused_from")
+            else ""
+        )
+    )
 
 
 def print_summary(record: dict) -> None:
     curve, window, choice = record["curve"], record["window"], record["choice"]
-    shown = curve[::max(1, len(curve) // 10)] + ([curve[-1]] if (len(curve) - 1) % max(1, len(curve) // 10) else [])
+    shown = curve[:: max(1, len(curve) // 10)] + ([curve[-1]] if (len(curve) - 1) % max(1, len(curve) // 10) else [])
     print(f"{'tokens':>11}{'val loss':>10}{'B_simple':>10}")
     for p in shown:
         b = f"{p['b_simple']:.1f}" if p["b_simple"] is not None else "-"
         print(f"{p['tokens']:>11,}{p['val_loss']:>10.3f}{b:>10}")
     print(f"B_noise = {window['b_noise']:.1f} samples ({window['b_noise_tokens']:,.0f} tokens): {window['rule']}")
-    print(f"{'batch':>7}{'step s':>9}{'pred. time':>12}   (time to a loss relative to batch "
-          f"{record['batch_size']}: (1 + B_noise/B) t(B))")
+    print(
+        f"{'batch':>7}{'step s':>9}{'pred. time':>12}   (time to a loss relative to batch "
+        f"{record['batch_size']}: (1 + B_noise/B) t(B))"
+    )
     for b, t in sorted(record["step_times"].items()):
         print(f"{b:>7}{t:>9.4f}{choice['relative_time'][b]:>12.3f}")
     s = choice["suggested"]
-    print(f"chosen batch {choice['batch']}: predicted {choice['speedup']:.2f}x sooner than batch "
-          f"{record['batch_size']} (tokens x{choice['tokens_factor']:.2f}); start the lr sweep at {s['lr']:.2e} "
-          f"(square-root rule), beta2 {s['beta2']:.4f}")
+    print(
+        f"chosen batch {choice['batch']}: predicted {choice['speedup']:.2f}x sooner than batch "
+        f"{record['batch_size']} (tokens x{choice['tokens_factor']:.2f}); start the lr sweep at {s['lr']:.2e} "
+        f"(square-root rule), beta2 {s['beta2']:.4f}"
+    )
 
 
 if __name__ == "__main__":

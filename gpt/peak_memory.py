@@ -3,6 +3,7 @@ instrumented step that gives the memory-over-time curve and the breakdown at the
 optimizer state, activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on
 a GPU (README: "How the figures are measured", peak memory).
 """
+
 import math
 from pathlib import Path
 
@@ -75,12 +76,12 @@ def memory_breakdown(tracker: MemTracker) -> dict:
 # What the record's choices.memory_method can be, and what each means (the report prints these).
 MEMORY_METHODS = {
     "memtracker": "MemTracker: peak live tensor storage during one training step: the last warm-up step, or one "
-                  "extra step after timing when there is a single warm-up step (a compiled model runs eager "
-                  "under the tracker)",
+    "extra step after timing when there is a single warm-up step (a compiled model runs eager "
+    "under the tracker)",
     "cuda_max_allocated": "torch.cuda.max_memory_allocated over the timed repeats (peak reset after warm-up)",
     "cuda_max_reserved": "torch.cuda.max_memory_reserved over the timed repeats, because CUDA graphs replay in a "
-                         "private pool that max_memory_allocated does not see (an upper bound: it includes the "
-                         "allocator's cached free blocks)",
+    "private pool that max_memory_allocated does not see (an upper bound: it includes the "
+    "allocator's cached free blocks)",
 }
 
 
@@ -117,8 +118,10 @@ def cuda_peaks_mib(device: torch.device) -> dict | None:
     """{'allocated': max_memory_allocated, 'reserved': max_memory_reserved}, MiB, since the last reset."""
     if device.type != "cuda":
         return None
-    return {"allocated": torch.cuda.max_memory_allocated(device) / MiB,
-            "reserved": torch.cuda.max_memory_reserved(device) / MiB}
+    return {
+        "allocated": torch.cuda.max_memory_allocated(device) / MiB,
+        "reserved": torch.cuda.max_memory_reserved(device) / MiB,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -135,8 +138,10 @@ def cpu_step_memory(step, model, optimizer) -> dict:
     with torch.compiler.set_stance("force_eager"), tracker:
         tracker.reset_mod_stats()
         step()
-    return {"breakdown_mib": memory_breakdown(tracker),
-            "timeline_mib": downsample([b / MiB for b in tracker.timeline], TIMELINE_POINTS)}
+    return {
+        "breakdown_mib": memory_breakdown(tracker),
+        "timeline_mib": downsample([b / MiB for b in tracker.timeline], TIMELINE_POINTS),
+    }
 
 
 def downsample(xs: list[float], n: int) -> list[float]:
@@ -172,8 +177,10 @@ class StepMarks:
             model.register_forward_pre_hook(self._forward_begins),
             model.register_forward_hook(self._forward_ends),
             optimizer.register_step_pre_hook(
-                lambda opt, args, kwargs: self.observe("gradients", [p.grad for g in opt.param_groups
-                                                                     for p in g["params"]])),
+                lambda opt, args, kwargs: self.observe(
+                    "gradients", [p.grad for g in opt.param_groups for p in g["params"]]
+                )
+            ),
         ]
 
     def position(self) -> int:
@@ -227,11 +234,17 @@ def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Pa
         return {"breakdown_mib": None, "timeline_mib": None, "snapshot": path.name if path else None}
     breakdown = peak_breakdown(traced)
     if traced.allocations != allocations:  # the marks' positions only place them in a trace that holds them all
-        print(f"warning: the allocator traced {traced.allocations} of the step's {allocations} allocations; the "
-              "memory breakdown is left out", flush=True)
+        print(
+            f"warning: the allocator traced {traced.allocations} of the step's {allocations} allocations; the "
+            "memory breakdown is left out",
+            flush=True,
+        )
         breakdown = None
-    return {"breakdown_mib": breakdown, "timeline_mib": downsample([b / MiB for b in traced.timeline], TIMELINE_POINTS),
-            "snapshot": path.name if path else None}
+    return {
+        "breakdown_mib": breakdown,
+        "timeline_mib": downsample([b / MiB for b in traced.timeline], TIMELINE_POINTS),
+        "snapshot": path.name if path else None,
+    }
 
 
 def traced_memory(snapshot: dict, device: int, tensors=(), forward=()) -> allocator_snapshot.StepReport:

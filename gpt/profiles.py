@@ -22,6 +22,7 @@ scratch to a token budget (gpt/time_to_loss.py); `_to_a_loss` says how they are 
 
 Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
 """
+
 from gpt.errors import UserError
 
 _REFERENCE_TRAINING = dict(dropout=0.1, attention="naive", seed=3407)
@@ -34,53 +35,149 @@ EVALUATIONS = 40  # per budget (also one given on the command line): an interpol
 def budget_settings(tokens: int, warmup_tokens: int) -> dict:
     """A run to a loss on a budget of `tokens`: the schedule ends there, the evaluations keep their number, and the
     warm-up stays, within the budget's first tenth (a stage's own budget, --train-tokens)."""
-    return dict(train_tokens=tokens, lr_decay_tokens=tokens, eval_every_tokens=tokens // EVALUATIONS,
-                lr_warmup_tokens=min(warmup_tokens, tokens // 10))
+    return dict(
+        train_tokens=tokens,
+        lr_decay_tokens=tokens,
+        eval_every_tokens=tokens // EVALUATIONS,
+        lr_warmup_tokens=min(warmup_tokens, tokens // 10),
+    )
 
 
-def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, warmup_steps: int = 100,
-               **shape) -> dict:
+def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, warmup_steps: int = 100, **shape) -> dict:
     tokens = steps * batch * block
-    return dict(**shape, data_dir="data/shakespeare_char", dataset="raw_text", block_size=block, batch_size=batch,
-                samples=batch * 16, repeats=1, warmup_iters=0, seed=3407, attention="naive",
-                train_tokens=tokens, eval_every_tokens=tokens // evals, lr=1e-3, betas=(0.9, 0.99), min_lr=1e-4,
-                lr_warmup_tokens=warmup_steps * batch * block, lr_decay_tokens=tokens)
+    return dict(
+        **shape,
+        data_dir="data/shakespeare_char",
+        dataset="raw_text",
+        block_size=block,
+        batch_size=batch,
+        samples=batch * 16,
+        repeats=1,
+        warmup_iters=0,
+        seed=3407,
+        attention="naive",
+        train_tokens=tokens,
+        eval_every_tokens=tokens // evals,
+        lr=1e-3,
+        betas=(0.9, 0.99),
+        min_lr=1e-4,
+        lr_warmup_tokens=warmup_steps * batch * block,
+        lr_decay_tokens=tokens,
+    )
 
 
 PROFILES = {
     "reference": {
-        "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_char", dataset="raw_text",
-                      block_size=128, batch_size=32, samples=10240, repeats=5, warmup_iters=10,
-                      **_REFERENCE_TRAINING),
-        "memory": dict(preset="gpt2-large", data_dir="data/shakespeare_char", dataset="tokens",
-                       block_size=128, batch_size=32, samples=1024, repeats=5, warmup_iters=10,
-                       **_REFERENCE_TRAINING),
+        "speed": dict(
+            preset="gpt-mini",
+            data_dir="data/shakespeare_char",
+            dataset="raw_text",
+            block_size=128,
+            batch_size=32,
+            samples=10240,
+            repeats=5,
+            warmup_iters=10,
+            **_REFERENCE_TRAINING,
+        ),
+        "memory": dict(
+            preset="gpt2-large",
+            data_dir="data/shakespeare_char",
+            dataset="tokens",
+            block_size=128,
+            batch_size=32,
+            samples=1024,
+            repeats=5,
+            warmup_iters=10,
+            **_REFERENCE_TRAINING,
+        ),
         # the speed ladder's shape (GPT-mini, block 128, batch 32) on ~10M tokens: not measured on a GPU yet
         "time_to_loss": _to_a_loss(batch=32, block=128, steps=2500, preset="gpt-mini", dropout=0.1, eval_windows=512),
     },
     "cpu": {
-        "speed": dict(preset="gpt-mini", data_dir="data/shakespeare_gpt2", dataset="raw_text",
-                      block_size=64, batch_size=8, samples=128, repeats=3, warmup_iters=2, profile_steps=1,
-                      **_REFERENCE_TRAINING),
-        "memory": dict(preset="gpt2-large", n_embd=320, n_head=5, data_dir="data/shakespeare_char",
-                       dataset="tokens", block_size=128, batch_size=12, samples=24, repeats=2, warmup_iters=1,
-                       profile_steps=1,
-                       **_REFERENCE_TRAINING),
+        "speed": dict(
+            preset="gpt-mini",
+            data_dir="data/shakespeare_gpt2",
+            dataset="raw_text",
+            block_size=64,
+            batch_size=8,
+            samples=128,
+            repeats=3,
+            warmup_iters=2,
+            profile_steps=1,
+            **_REFERENCE_TRAINING,
+        ),
+        "memory": dict(
+            preset="gpt2-large",
+            n_embd=320,
+            n_head=5,
+            data_dir="data/shakespeare_char",
+            dataset="tokens",
+            block_size=128,
+            batch_size=12,
+            samples=24,
+            repeats=2,
+            warmup_iters=1,
+            profile_steps=1,
+            **_REFERENCE_TRAINING,
+        ),
         # nanoGPT's CPU recipe for shakespeare_char: 4 layers of 128, 4 heads, block 64, batch 12, dropout 0
-        "time_to_loss": _to_a_loss(batch=12, block=64, steps=2000, preset="gpt-mini", n_layer=4, n_head=4,
-                                   n_embd=128, dropout=0.0, eval_windows=200),
+        "time_to_loss": _to_a_loss(
+            batch=12,
+            block=64,
+            steps=2000,
+            preset="gpt-mini",
+            n_layer=4,
+            n_head=4,
+            n_embd=128,
+            dropout=0.0,
+            eval_windows=200,
+        ),
     },
     "smoke": {
-        "speed": dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, data_dir="data/shakespeare_char",
-                      dataset="raw_text", block_size=32, batch_size=2, samples=32, repeats=2, warmup_iters=1,
-                      **_REFERENCE_TRAINING),
-        "memory": dict(preset="gpt2-large", n_layer=4, n_head=4, n_embd=64, data_dir="data/shakespeare_char",
-                       dataset="tokens", block_size=32, batch_size=8, samples=16, repeats=2, warmup_iters=1,
-                       **_REFERENCE_TRAINING),
-        "time_to_loss": _to_a_loss(batch=4, block=32, steps=150, evals=5, warmup_steps=10, preset="gpt-mini",
-                                   n_layer=2, n_head=2, n_embd=32, dropout=0.0, eval_windows=32),
+        "speed": dict(
+            preset="gpt-mini",
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            data_dir="data/shakespeare_char",
+            dataset="raw_text",
+            block_size=32,
+            batch_size=2,
+            samples=32,
+            repeats=2,
+            warmup_iters=1,
+            **_REFERENCE_TRAINING,
+        ),
+        "memory": dict(
+            preset="gpt2-large",
+            n_layer=4,
+            n_head=4,
+            n_embd=64,
+            data_dir="data/shakespeare_char",
+            dataset="tokens",
+            block_size=32,
+            batch_size=8,
+            samples=16,
+            repeats=2,
+            warmup_iters=1,
+            **_REFERENCE_TRAINING,
+        ),
+        "time_to_loss": _to_a_loss(
+            batch=4,
+            block=32,
+            steps=150,
+            evals=5,
+            warmup_steps=10,
+            preset="gpt-mini",
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            dropout=0.0,
+            eval_windows=32,
+        ),
     },
 }
+
 
 def default_profile(device_type: str) -> str:
     return "reference" if device_type == "cuda" else "cpu"

@@ -14,6 +14,7 @@ The other modules measure one thing each: gpt/clocks.py (step and feed clocks), 
 and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown). Under DDP/FSDP
 every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
 """
+
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,14 +33,21 @@ from gpt.optimizations.chunked_loss import implementation_of, loss_used
 from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_used
-from gpt.peak_memory import (cpu_step_memory, cuda_peaks_mib, cuda_step_memory, memory_method,
-                             release_cuda_cache, reset_cuda_peak)
+from gpt.peak_memory import (
+    cpu_step_memory,
+    cuda_peaks_mib,
+    cuda_step_memory,
+    memory_method,
+    release_cuda_cache,
+    reset_cuda_peak,
+)
 from gpt.records import SCHEMA_VERSION, environment
 from gpt.step_profiler import extra_steps, profile_steps
 
 
-def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None,
-        trace_path: Path | None = None) -> dict:
+def run(
+    cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None, trace_path: Path | None = None
+) -> dict:
     """Train under the measurement protocol and return the run's record (see README: The JSON record).
     On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot`, and with
     `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
@@ -49,8 +57,13 @@ def run(cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = N
         return measure(cfg, device, label, memory_snapshot, trace_path)
 
 
-def measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: Path | None = None,
-            trace_path: Path | None = None) -> dict:
+def measure(
+    cfg: TrainConfig,
+    device: torch.device,
+    label: str,
+    snapshot_path: Path | None = None,
+    trace_path: Path | None = None,
+) -> dict:
     """The protocol (this module's docstring), in one process of the run."""
     memory_in_warmup = cfg.measure_memory and device.type != "cuda" and cfg.warmup_iters >= 2
     trainer = prepare(cfg, device, label, memory_in_warmup)
@@ -69,8 +82,12 @@ def measure(cfg: TrainConfig, device: torch.device, label: str, snapshot_path: P
 
 def prepare(cfg: TrainConfig, device: torch.device, label: str, memory_in_warmup: bool) -> train.Trainer:
     """The stage's trainer (gpt/train.py), its sampler drawing exactly the batches every phase will take."""
-    steps = (cfg.warmup_iters + cfg.repeats * cfg.steps_per_repeat + extra_steps(cfg, device)
-             + int(cfg.measure_memory and not memory_in_warmup))
+    steps = (
+        cfg.warmup_iters
+        + cfg.repeats * cfg.steps_per_repeat
+        + extra_steps(cfg, device)
+        + int(cfg.measure_memory and not memory_in_warmup)
+    )
     return train.prepare(cfg, device, steps, label)
 
 
@@ -115,8 +132,12 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     return warm
 
 
-_CACHE_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("inductor", "fxgraph_cache_hit"),
-                   ("aot_autograd", "autograd_cache_miss"), ("inductor", "fxgraph_cache_miss"))
+_CACHE_COUNTERS = (
+    ("aot_autograd", "autograd_cache_hit"),
+    ("inductor", "fxgraph_cache_hit"),
+    ("aot_autograd", "autograd_cache_miss"),
+    ("inductor", "fxgraph_cache_miss"),
+)
 
 
 def forget_compilations() -> None:
@@ -206,14 +227,15 @@ def across_ranks(trainer: train.Trainer, timed: Timed, peak_mib: float | None) -
         timed.peak_mib = peak_mib
         return timed
     peaks = timed.cuda_peaks
-    return Timed(repeat_s=_all_reduce(timed.repeat_s, device, dist.ReduceOp.MAX),
-                 step_s=timed.step_s,
-                 losses=_all_reduce(timed.losses, device, dist.ReduceOp.SUM, scale=1 / world),
-                 waits=_all_reduce(timed.waits, device, dist.ReduceOp.MAX),
-                 copies=_all_reduce(timed.copies, device, dist.ReduceOp.MAX),
-                 peak_mib=_all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0],
-                 cuda_peaks=dict(zip(peaks, _all_reduce(list(peaks.values()), device, dist.ReduceOp.MAX)))
-                 if peaks else None)
+    return Timed(
+        repeat_s=_all_reduce(timed.repeat_s, device, dist.ReduceOp.MAX),
+        step_s=timed.step_s,
+        losses=_all_reduce(timed.losses, device, dist.ReduceOp.SUM, scale=1 / world),
+        waits=_all_reduce(timed.waits, device, dist.ReduceOp.MAX),
+        copies=_all_reduce(timed.copies, device, dist.ReduceOp.MAX),
+        peak_mib=_all_reduce([peak_mib or 0.0], device, dist.ReduceOp.MAX)[0],
+        cuda_peaks=dict(zip(peaks, _all_reduce(list(peaks.values()), device, dist.ReduceOp.MAX))) if peaks else None,
+    )
 
 
 def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.0) -> list[float]:
@@ -228,9 +250,16 @@ def _all_reduce(values: list[float], device: torch.device, op, scale: float = 1.
 
 def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profiled: dict, memory: dict) -> dict:
     """The run's JSON record (README: The JSON record); the ladder adds the stage's place in its ladder."""
-    return {**run_facts(trainer, label),
-            "metrics": {**time_metrics(trainer, warm, timed), **profiled, **memory_metrics(warm, timed, memory),
-                        **flops_metrics(trainer, timed), **loss_metrics(trainer.cfg, warm, timed)}}
+    return {
+        **run_facts(trainer, label),
+        "metrics": {
+            **time_metrics(trainer, warm, timed),
+            **profiled,
+            **memory_metrics(warm, timed, memory),
+            **flops_metrics(trainer, timed),
+            **loss_metrics(trainer.cfg, warm, timed),
+        },
+    }
 
 
 def run_facts(trainer: train.Trainer, label: str) -> dict:
@@ -243,8 +272,12 @@ def run_facts(trainer: train.Trainer, label: str) -> dict:
         "label": label,
         "config": cfg.to_dict(),
         "model": {**asdict(raw.config), "params": raw.num_params(), "flops_per_token": raw.flops_per_token()},
-        "device": {"type": device.type, "name": device_name(device), "count": cfg.world_size,
-                   "threads_per_process": torch.get_num_threads()},
+        "device": {
+            "type": device.type,
+            "name": device_name(device),
+            "count": cfg.world_size,
+            "threads_per_process": torch.get_num_threads(),
+        },
         "choices": choices(trainer),
         "env": environment(),
     }
@@ -271,8 +304,12 @@ def choices(trainer: train.Trainer) -> dict:
 
 def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
     """The attention and the loss the model computes with, and why where it is not what the config asks for."""
-    return {"attention": model_config.attention, "attention_why": attention_used(cfg, device.type)[1],
-            "loss": model_config.loss, "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1]}
+    return {
+        "attention": model_config.attention,
+        "attention_why": attention_used(cfg, device.type)[1],
+        "loss": model_config.loss,
+        "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1],
+    }
 
 
 def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:
@@ -292,7 +329,8 @@ def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:
         "first_step_s": warm.first_step_s,
         "warmup_s": warm.seconds,
         # compilation happens in the first step; what it adds over a steady step is its cost
-        "compile_s": (warm.first_step_s - steady) if compile_mode(cfg, trainer.device) and warm.first_step_s is not None
+        "compile_s": (warm.first_step_s - steady)
+        if compile_mode(cfg, trainer.device) and warm.first_step_s is not None
         else None,
         "compile_cache": warm.compile_cache,
         "data_wait_pct": 100 * sum(timed.waits) / sum(timed.repeat_s),
@@ -338,8 +376,11 @@ def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
 
 
 def loss_metrics(cfg: TrainConfig, warm: WarmUp, timed: Timed) -> dict:
-    return {"loss_first": warm.first_loss, "loss_final": statistics.fmean(timed.losses[-cfg.steps_per_repeat:]),
-            "losses": timed.losses}
+    return {
+        "loss_first": warm.first_loss,
+        "loss_final": statistics.fmean(timed.losses[-cfg.steps_per_repeat :]),
+        "losses": timed.losses,
+    }
 
 
 def _pct(x: float | None) -> float | None:

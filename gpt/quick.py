@@ -7,6 +7,7 @@ no noise-scale measurement); with `--only memory` the memory ladder alone. Its r
 committed ones; `python -m gpt.report --runs <that folder>` makes their page. A stage that does not fit in the limit
 is stopped, or not started, and its record says so; `--resume` completes the run.
 """
+
 import importlib.util
 import os
 import re
@@ -38,6 +39,7 @@ def minutes(seconds: float) -> str:
 @dataclass
 class Deadline:
     """The quick run's limit: when it started, and how long it may last."""
+
     limit_s: float
     start: float
 
@@ -63,8 +65,12 @@ class Deadline:
 
 def stage_arguments(profile_settings: dict) -> list[str]:
     """The extra arguments of a timed stage in a quick run: fewer repeats and warm-up steps than its profile's."""
-    return ["--repeats", str(min(QUICK_REPEATS, profile_settings["repeats"])),
-            "--warmup-iters", str(min(QUICK_WARMUP, profile_settings["warmup_iters"]))]
+    return [
+        "--repeats",
+        str(min(QUICK_REPEATS, profile_settings["repeats"])),
+        "--warmup-iters",
+        str(min(QUICK_WARMUP, profile_settings["warmup_iters"])),
+    ]
 
 
 def mark(record_file: Path, wall_s: float, quick: bool) -> None:
@@ -80,8 +86,14 @@ def estimate(record_files: list[Path]) -> tuple[float, int]:
     return sum(walls), len(walls)
 
 
-def print_plan(sections: list[str], counts: dict[str, int], deadline: Deadline, gpu_tests: bool,
-               earlier: tuple[float, int], total: int) -> None:
+def print_plan(
+    sections: list[str],
+    counts: dict[str, int],
+    deadline: Deadline,
+    gpu_tests: bool,
+    earlier: tuple[float, int],
+    total: int,
+) -> None:
     """The plan and its estimate, before the first stage."""
     print(f"== quick run: a first look within {deadline.label} (--time-limit), every stage a real record marked quick")
     step = 1
@@ -89,14 +101,18 @@ def print_plan(sections: list[str], counts: dict[str, int], deadline: Deadline, 
         print(f"   {step}. the one-GPU tests: pytest -m gpu, at most {minutes(GPU_TESTS_SHARE * deadline.limit_s)}")
         step += 1
     for section in sections:
-        what = {"speedrun": "speed_0 on one seed, then each speedrun stage to its final validation loss, one seed"
-                }.get(section, f"{QUICK_REPEATS} timed repeats a stage")
+        what = {"speedrun": "speed_0 on one seed, then each speedrun stage to its final validation loss, one seed"}.get(
+            section, f"{QUICK_REPEATS} timed repeats a stage"
+        )
         print(f"   {step}. {section}: {counts[section]} stage runs, {what}")
         step += 1
     seconds, found = earlier
-    print(f"   estimate: {minutes(seconds)} for {found} of the {total} stage runs, from the wall clocks of this "
-          "folder's earlier records" if found else
-          "   estimate: none yet (no earlier quick run in this folder); the limit bounds the run")
+    print(
+        f"   estimate: {minutes(seconds)} for {found} of the {total} stage runs, from the wall clocks of this "
+        "folder's earlier records"
+        if found
+        else "   estimate: none yet (no earlier quick run in this folder); the limit bounds the run"
+    )
 
 
 def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
@@ -111,13 +127,18 @@ def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
     t0 = time.monotonic()
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                timeout=cap).returncode
+            rc = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, timeout=cap
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = None
     summary = closing_line(log.read_text(errors="replace"))
-    result = {"command": " ".join(cmd[1:]), "exit_code": rc, "seconds": round(time.monotonic() - t0, 1),
-              "summary": summary if rc is not None else f"stopped at {minutes(cap)}; last line: {summary}"}
+    result = {
+        "command": " ".join(cmd[1:]),
+        "exit_code": rc,
+        "seconds": round(time.monotonic() - t0, 1),
+        "summary": summary if rc is not None else f"stopped at {minutes(cap)}; last line: {summary}",
+    }
     write_record(out / "gpu_tests.json", result)
     print(f"[gpu tests] {result['summary']}", flush=True)
     return result

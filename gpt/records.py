@@ -1,11 +1,12 @@
 """JSON run records: one file per stage run, written atomically so an interrupted ladder loses nothing
 that finished. The schema is documented in README.md ("The JSON record")."""
+
 import json
 import os
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -21,10 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 def git_commit() -> str:
     """HEAD's hash, with '-dirty' when the work tree has uncommitted changes to tracked files."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -42,7 +45,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "git_commit": git_commit(),
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -95,18 +98,56 @@ def failure_of(e: BaseException) -> dict:
 RECORD_KEYS = {"stage", "ladder", "profile", "parent", "status", "config", "env"}
 OK_KEYS = {"model", "device", "choices", "metrics"}
 METRIC_KEYS = {
-    "seconds_mean", "seconds_std", "seconds_per_repeat", "samples_per_repeat", "steps_per_repeat",
-    "tokens_per_s", "step_time_s", "step_times_s", "first_step_s", "warmup_s", "compile_s", "data_wait_pct",
-    "peak_memory_mib", "peak_memory_allocated_mib", "peak_memory_reserved_mib", "peak_memory_warmup_allocated_mib",
+    "seconds_mean",
+    "seconds_std",
+    "seconds_per_repeat",
+    "samples_per_repeat",
+    "steps_per_repeat",
+    "tokens_per_s",
+    "step_time_s",
+    "step_times_s",
+    "first_step_s",
+    "warmup_s",
+    "compile_s",
+    "data_wait_pct",
+    "peak_memory_mib",
+    "peak_memory_allocated_mib",
+    "peak_memory_reserved_mib",
+    "peak_memory_warmup_allocated_mib",
     "memory_breakdown_mib",
-    "memory_timeline_mib", "memory_snapshot", "flops_per_token", "copy_pct", "time_breakdown_pct", "profiler",
-    "peak_flops_per_device", "peak_flops_source", "mfu_pct", "peak_flops_fastest", "peak_flops_fastest_source",
-    "mfu_fastest_pct", "loss_first", "loss_final", "losses",
+    "memory_timeline_mib",
+    "memory_snapshot",
+    "flops_per_token",
+    "copy_pct",
+    "time_breakdown_pct",
+    "profiler",
+    "peak_flops_per_device",
+    "peak_flops_source",
+    "mfu_pct",
+    "peak_flops_fastest",
+    "peak_flops_fastest_source",
+    "mfu_fastest_pct",
+    "loss_first",
+    "loss_final",
+    "losses",
 }
 # A stage trained to a loss (record["mode"] == "time_to_loss", gpt/time_to_loss.py) has these metrics instead.
 LOSS_METRIC_KEYS = {
-    "curve", "steps", "tokens", "train_seconds", "startup_s", "first_step_s", "compile_cache", "eval_seconds",
-    "evaluations", "tokens_per_s", "val_loss_initial", "val_loss_final", "train_loss_final", "target_loss", "target",
+    "curve",
+    "steps",
+    "tokens",
+    "train_seconds",
+    "startup_s",
+    "first_step_s",
+    "compile_cache",
+    "eval_seconds",
+    "evaluations",
+    "tokens_per_s",
+    "val_loss_initial",
+    "val_loss_final",
+    "train_loss_final",
+    "target_loss",
+    "target",
     "stopped_at_target",
 }
 STATUSES = {"ok", "oom", "failed", "skipped"}

@@ -12,6 +12,7 @@ the committed record (records/<profile>-<device>/) when the same files hash the 
 says so in its output and in results.md; `./run_all.sh --fresh` computes everything anew. A change that could alter the
 result edits one of those files (a new import is an edit too), so a stale record is never reused.
 """
+
 import hashlib
 import sys
 from datetime import datetime
@@ -30,8 +31,11 @@ def source_files() -> list[str]:
     """The repository's source files this process has imported, and every stage script: paths from the repo root."""
     files = {Path(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
     files = {f.resolve() for f in files if f.is_absolute()} | set((REPO_ROOT / STAGES).glob("*.py"))
-    return sorted(str(f.relative_to(REPO_ROOT)) for f in files
-                  if f.is_relative_to(REPO_ROOT) and ".venv" not in f.parts and f.suffix == ".py" and f.is_file())
+    return sorted(
+        str(f.relative_to(REPO_ROOT))
+        for f in files
+        if f.is_relative_to(REPO_ROOT) and ".venv" not in f.parts and f.suffix == ".py" and f.is_file()
+    )
 
 
 def files_sha256(paths: list[str]) -> str | None:
@@ -50,15 +54,27 @@ def provenance(key: dict, machine: str | None = None) -> dict:
     `machine`: what computed it, the host's CPU unless given (a GPU run names its GPU)."""
     files = source_files()
     env = environment()
-    return {"key": key, "torch": torch.__version__, "files": files, "sha256": files_sha256(files),
-            "git_commit": env["git_commit"], "computed": env["time"], "machine": machine or cpu_model()}
+    return {
+        "key": key,
+        "torch": torch.__version__,
+        "files": files,
+        "sha256": files_sha256(files),
+        "git_commit": env["git_commit"],
+        "computed": env["time"],
+        "machine": machine or cpu_model(),
+    }
 
 
 def still_valid(record: dict | None, key: dict) -> bool:
     """The record was computed from the same code (the files it recorded, as they are now), torch and key."""
     prov = (record or {}).get("provenance")
-    return bool(prov) and prov.get("key") == key and prov.get("torch") == torch.__version__ \
-        and prov.get("sha256") is not None and files_sha256(prov.get("files", [])) == prov["sha256"]
+    return (
+        bool(prov)
+        and prov.get("key") == key
+        and prov.get("torch") == torch.__version__
+        and prov.get("sha256") is not None
+        and files_sha256(prov.get("files", [])) == prov["sha256"]
+    )
 
 
 def data_sha256(data_dir: str | Path) -> str:
@@ -76,9 +92,11 @@ def reused_note(record: dict, plural: bool = False) -> str:
     commit = str(prov.get("git_commit"))
     commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
     subject, verb, obj = ("they", "do", "them") if plural else ("it", "does", "it")
-    return (f"computed on {when} at commit {commit} ({prov.get('machine')}) and reused: {subject} {verb} not depend "
-            f"on the machine, and the code behind {obj} is unchanged (gpt/reuse.py; `./run_all.sh --fresh` recomputes "
-            f"{obj})")
+    return (
+        f"computed on {when} at commit {commit} ({prov.get('machine')}) and reused: {subject} {verb} not depend "
+        f"on the machine, and the code behind {obj} is unchanged (gpt/reuse.py; `./run_all.sh --fresh` recomputes "
+        f"{obj})"
+    )
 
 
 def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None = None) -> dict | None:
@@ -92,7 +110,10 @@ def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None =
         print(f"not reusing {source} ({why}): computing it", flush=True)
         return None
     source = Path(source).resolve()
-    record = {**record, "reused_from": str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source)}
+    record = {
+        **record,
+        "reused_from": str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source),
+    }
     if dest is not None:
         write_record(Path(dest), record)
     print(f"reused {source}: {reused_note(record)}", flush=True)

@@ -13,6 +13,7 @@ record, and still writes the report; `--resume` then runs only the stages still 
 changes (the planner's H100 estimates, the noise-scale curve) are reused from records/ while their code is unchanged
 (gpt/reuse.py); `--fresh` computes them anew.
 """
+
 import argparse
 import fcntl
 import os
@@ -37,8 +38,8 @@ from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_m
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings
-from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
 from gpt.published import publish, published_dir
+from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
 from gpt.report.document import write_report
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
@@ -51,30 +52,61 @@ QUICK_SECTIONS = ["speed", "fast", SPEEDRUN]  # a quick run's, in order (gpt/qui
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="./run_all.sh", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: reference with "
-                   "CUDA, cpu without; smoke: tiny shapes, a few minutes in all)")
-    p.add_argument("--only", choices=SECTIONS, help="run one ladder only, only the training to a loss, or only the speedrun (with speed_0's seeds)")
+    p = argparse.ArgumentParser(
+        prog="./run_all.sh", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        help="settings profile (default: reference with CUDA, cpu without; smoke: tiny shapes, a few minutes in all)",
+    )
+    p.add_argument(
+        "--only",
+        choices=SECTIONS,
+        help="run one ladder only, only the training to a loss, or only the speedrun (with speed_0's seeds)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
-                   help="Weights & Biases mode for every stage (offline needs no account or network)")
-    p.add_argument("--out", type=Path, help="records, logs and results.md (default: runs/<profile>-<device>, with the JSON records "
-                   "copied to records/<profile>-<device>/ and results.md written from there)")
-    p.add_argument("--resume", action="store_true",
-                   help="skip stages that already have an ok/oom/skipped record for this profile and device")
-    p.add_argument("--fresh", action="store_true",
-                   help="compute the machine-independent results anew (the H100 memory estimates, the noise-scale "
-                   "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)")
-    p.add_argument("--no-profiler", action="store_true",
-                   help="no profiled steps after timing: no time breakdown, no traces")
-    p.add_argument("--quick", action="store_true",
-                   help="a first look within a time limit: on a GPU its tests, then the speed and fast ladders at "
-                   f"{quick.QUICK_REPEATS} repeats and the speedrun on one seed (with --only: that section); records "
-                   "in runs/<profile>-<device>-quick, never published (gpt/quick.py)")
-    p.add_argument("--time-limit", type=float, metavar="MINUTES",
-                   help="the quick run's limit (default: " + ", ".join(f"{m:g} min on {d}" for d, m in
-                                                                       quick.DEFAULT_LIMIT_MIN.items()) + ")")
+    p.add_argument(
+        "--wandb",
+        default="offline",
+        choices=["offline", "online", "disabled"],
+        help="Weights & Biases mode for every stage (offline needs no account or network)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="records, logs and results.md (default: runs/<profile>-<device>, with the JSON records "
+        "copied to records/<profile>-<device>/ and results.md written from there)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip stages that already have an ok/oom/skipped record for this profile and device",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="compute the machine-independent results anew (the H100 memory estimates, the noise-scale "
+        "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)",
+    )
+    p.add_argument(
+        "--no-profiler", action="store_true", help="no profiled steps after timing: no time breakdown, no traces"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a first look within a time limit: on a GPU its tests, then the speed and fast ladders at "
+        f"{quick.QUICK_REPEATS} repeats and the speedrun on one seed (with --only: that section); records "
+        "in runs/<profile>-<device>-quick, never published (gpt/quick.py)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="MINUTES",
+        help="the quick run's limit (default: "
+        + ", ".join(f"{m:g} min on {d}" for d, m in quick.DEFAULT_LIMIT_MIN.items())
+        + ")",
+    )
     args = p.parse_args(argv)
     if args.time_limit is not None and not args.quick:
         p.error("--time-limit is the quick run's: add --quick")
@@ -102,8 +134,10 @@ def still_runs(job: "Job", profile: str, device: str) -> bool:
 
 def prepare_data(profile: str, sections: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
-    dirs = {REPO_ROOT / profile_settings(profile, base_ladder(s) if s in TIMED_LADDERS else TIME_TO_LOSS)["data_dir"]
-            for s in sections}
+    dirs = {
+        REPO_ROOT / profile_settings(profile, base_ladder(s) if s in TIMED_LADDERS else TIME_TO_LOSS)["data_dir"]
+        for s in sections
+    }
     for data_dir in sorted(dirs):
         prepare_if_missing(data_dir)
 
@@ -125,8 +159,10 @@ def lock_output(out: Path):
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()
-            raise UserError(f"another ladder (pid {holder}) is writing to {out}: wait for it to finish, "
-                            "or give this one another --out") from None
+            raise UserError(
+                f"another ladder (pid {holder}) is writing to {out}: wait for it to finish, "
+                "or give this one another --out"
+            ) from None
         if os.path.exists(path) and os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
             break
         f.close()  # the file was replaced while this process waited for it: lock the new one
@@ -150,8 +186,18 @@ def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
 
 
 def stage_command(stage: str, profile: str, device: str, wandb: str, out: Path) -> list[str]:
-    return [sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", profile, "--device", device,
-            "--wandb", wandb, "--out", str(out)]
+    return [
+        sys.executable,
+        str(STAGES_DIR / f"{stage}.py"),
+        "--profile",
+        profile,
+        "--device",
+        device,
+        "--wandb",
+        wandb,
+        "--out",
+        str(out),
+    ]
 
 
 def write_machine(out: Path, profile: str, device: str) -> None:
@@ -159,10 +205,21 @@ def write_machine(out: Path, profile: str, device: str) -> None:
     env = environment()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     out.mkdir(parents=True, exist_ok=True)
-    write_record(out / MACHINE_FILE, {
-        "cpu_count": os.cpu_count(), "gpus": gpus, "python": env["python"], "torch": env["torch"],
-        "platform": env["platform"], "git_commit": env["git_commit"], "profile": profile, "device": device,
-        "started": env["time"], "load_average": round(os.getloadavg()[0], 2)})
+    write_record(
+        out / MACHINE_FILE,
+        {
+            "cpu_count": os.cpu_count(),
+            "gpus": gpus,
+            "python": env["python"],
+            "torch": env["torch"],
+            "platform": env["platform"],
+            "git_commit": env["git_commit"],
+            "profile": profile,
+            "device": device,
+            "started": env["time"],
+            "load_average": round(os.getloadavg()[0], 2),
+        },
+    )
 
 
 def measure_cpu_peaks(out: Path, rounds: int) -> None:
@@ -231,8 +288,9 @@ def run_stage(cmd: list[str], log: Path, show, deadline: quick.Deadline | None =
     `deadline` passed first."""
     with open(log, "w") as f:
         # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=REPO_ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, start_new_session=True
+        )
         t0 = time.monotonic()
         try:
             while True:
@@ -250,6 +308,7 @@ def run_stage(cmd: list[str], log: Path, show, deadline: quick.Deadline | None =
 @dataclass
 class Job:
     """One stage run of run_all: its command's extra arguments, where its record (and beside it, its log) go."""
+
     stage: str
     record: Path
     extra: list[str] = field(default_factory=list)  # after the stage's common arguments
@@ -272,15 +331,24 @@ def ladder_jobs(stages: list[str], out: Path, extra=lambda stage: []) -> list[Jo
     return [Job(stage, record_path(out, stage), extra(stage)) for stage in stages]
 
 
-def loss_jobs(stages: list[str], out: Path, seeds=(None,), target: float | None = None,
-              ladder: str | None = None) -> list[Job]:
+def loss_jobs(
+    stages: list[str], out: Path, seeds=(None,), target: float | None = None, ladder: str | None = None
+) -> list[Job]:
     """Stages trained to a loss (records and logs in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only
     trains to a loss), each with each of `seeds`."""
     folder = writable_dir(time_to_loss_dir(out, ladder))
-    return [Job(stage, record_path(folder, stage, seed),
-                ["--time-to-loss"] + (["--seed", str(seed)] if seed is not None else [])
-                + (["--target-loss", repr(target)] if target is not None else []), seed)
-            for stage in stages for seed in seeds]
+    return [
+        Job(
+            stage,
+            record_path(folder, stage, seed),
+            ["--time-to-loss"]
+            + (["--seed", str(seed)] if seed is not None else [])
+            + (["--target-loss", repr(target)] if target is not None else []),
+            seed,
+        )
+        for stage in stages
+        for seed in seeds
+    ]
 
 
 def failed_record(job: Job, profile: str, device: str, reason: str, status: str = "failed") -> dict:
@@ -303,13 +371,22 @@ def outcome(record: dict) -> str:
     m = record["metrics"]
     if record.get("mode") == TIME_TO_LOSS:
         target = m.get("target")
-        return (f"ok  val loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f} in {m['tokens']:,} tokens, "
-                f"{fmt_num(m['train_seconds'])} s, {m['tokens_per_s']:,.0f} tokens/s"
-                + ("" if m.get("target_loss") is None else
-                   f", target reached at {fmt_num(target['seconds'])} s" if target else ", target not reached")
-                + (" (stopped there)" if m.get("stopped_at_target") else ""))
-    return (f"ok  {fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
-            f"{m['tokens_per_s']:,.0f} tokens/s, peak {fmt_mib(m['peak_memory_mib'])} MiB")
+        return (
+            f"ok  val loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f} in {m['tokens']:,} tokens, "
+            f"{fmt_num(m['train_seconds'])} s, {m['tokens_per_s']:,.0f} tokens/s"
+            + (
+                ""
+                if m.get("target_loss") is None
+                else f", target reached at {fmt_num(target['seconds'])} s"
+                if target
+                else ", target not reached"
+            )
+            + (" (stopped there)" if m.get("stopped_at_target") else "")
+        )
+    return (
+        f"ok  {fmt_num(m['seconds_mean'])} s / {m['samples_per_repeat']:,} samples, "
+        f"{m['tokens_per_s']:,.0f} tokens/s, peak {fmt_mib(m['peak_memory_mib'])} MiB"
+    )
 
 
 def clock(seconds: float) -> str:
@@ -346,8 +423,11 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
 
         def show(seconds, prefix=prefix):
             if tty:  # one line per stage, its clock ticking
-                print(f"\r{prefix} running {clock(seconds)}  (total {clock(time.monotonic() - start)})",
-                      end="", flush=True)
+                print(
+                    f"\r{prefix} running {clock(seconds)}  (total {clock(time.monotonic() - start)})",
+                    end="",
+                    flush=True,
+                )
 
         if deadline and deadline.passed():
             record = failed_record(job, profile, device, quick.NOT_RUN.format(limit=deadline.label), "skipped")
@@ -358,8 +438,11 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
         before = path.stat().st_mtime_ns if path.exists() else None
         t0, rc, interrupted, stopped = time.monotonic(), None, False, False
         try:
-            cmd = (stage_command(stage, profile, device, args.wandb, out) + ["--no-profiler"] * args.no_profiler
-                   + job.extra)
+            cmd = (
+                stage_command(stage, profile, device, args.wandb, out)
+                + ["--no-profiler"] * args.no_profiler
+                + job.extra
+            )
             rc = run_stage(cmd, log, show, deadline)
         except KeyboardInterrupt:
             interrupted = True
@@ -381,8 +464,10 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
             write_record(path, record)
         quick.mark(path, time.monotonic() - t0, deadline is not None)
         failures += record.get("status") == "failed"
-        print(f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
-              f"total {clock(time.monotonic() - start)})" + ("" if record["status"] == "ok" else f"  log: {log}"))
+        print(
+            f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
+            f"total {clock(time.monotonic() - start)})" + ("" if record["status"] == "ok" else f"  log: {log}")
+        )
         if interrupted:
             return failures, True
     return failures, False
@@ -393,6 +478,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     with a timed stage: estimates vs this run's measured peaks, vs the documented H100 peaks, and the
     largest model that fits 80 GiB. Their JSON files become the report's "Memory planner" section. The last two
     do not depend on the machine: `reuse_from`'s are reused while their code is unchanged (gpt/reuse.py)."""
+
     def reuse(name: str) -> list[str]:
         return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
 
@@ -406,9 +492,14 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
         log = out / f"memory_{name}.log"
         print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
         with open(log, "w") as f:
-            running[name] = (subprocess.Popen([sys.executable, "-m", "gpt.memory", *args, "--json",
-                                               str(out / f"memory_{name}.json")],
-                                              stdout=f, stderr=subprocess.STDOUT), log)
+            running[name] = (
+                subprocess.Popen(
+                    [sys.executable, "-m", "gpt.memory", *args, "--json", str(out / f"memory_{name}.json")],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
     for name, (proc, log) in running.items():
         if (rc := proc.wait()) != 0:
             print(f"[planner] {name} failed (exit {rc}); see {log}")
@@ -419,14 +510,18 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     validation loss), the target from its curve (loss_curve.target_from), then every other stage of the speed
     and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
     baseline, *rest = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
-    failures, interrupted = run_stages(loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device,
-                                       out, progress)
+    failures, interrupted = run_stages(
+        loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device, out, progress
+    )
     if interrupted:
         return failures, True
     record = read_record(record_path(time_to_loss_dir(out), baseline))
     target = target_from(record) if record and record.get("status") == "ok" else None
-    print(f"   target: {'none (the baseline did not finish)' if target is None else f'validation loss {target:.4f}'}"
-          f", {TARGET_AT:.0%} of the way through {baseline}'s budget", flush=True)
+    print(
+        f"   target: {'none (the baseline did not finish)' if target is None else f'validation loss {target:.4f}'}"
+        f", {TARGET_AT:.0%} of the way through {baseline}'s budget",
+        flush=True,
+    )
     more, interrupted = run_stages(loss_jobs(rest, out, target=target), args, profile, device, out, progress)
     return failures + more, interrupted
 
@@ -437,8 +532,9 @@ def baseline_seeds(profile: str) -> list[int | None]:
     return [None] + [first + i for i in range(1, BASELINE_SEEDS)]
 
 
-def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
-                 baseline_ran: bool) -> tuple[int, bool]:
+def run_speedrun(
+    args, profile: str, device: str, out: Path, progress: Progress, baseline_ran: bool
+) -> tuple[int, bool]:
     """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest
     final validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the
     report's plot), then every speedrun stage with that target: the last one with every seed, the others with the
@@ -451,21 +547,27 @@ def run_speedrun(args, profile: str, device: str, out: Path, progress: Progress,
             return failures, True
     folder = time_to_loss_dir(out)
     target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in seeds])
-    print(f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
-          f"{baseline}'s model (the highest final validation loss of its {len(seeds)} seed(s))", flush=True)
+    print(
+        f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
+        f"{baseline}'s model (the highest final validation loss of its {len(seeds)} seed(s))",
+        flush=True,
+    )
     deadline = getattr(args, "deadline", None)
     if target is None and not (deadline and deadline.passed()):  # a quick run's limit: each stage says "not run"
         return failures, False
     if args.quick:
         print("[speedrun] no noise-scale measurement in a quick run (python -m gpt.noise_scale measures it)")
     else:
-        run_noise_scale(profile, device, writable_dir(time_to_loss_dir(out, SPEEDRUN)),
-                        None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN))
+        run_noise_scale(
+            profile,
+            device,
+            writable_dir(time_to_loss_dir(out, SPEEDRUN)),
+            None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN),
+        )
     *stages, last = LADDERS[SPEEDRUN]
     first = stage_config(last, profile).seed
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])
-    jobs = (loss_jobs(stages, out, target=target, ladder=SPEEDRUN)
-            + loss_jobs([last], out, last_seeds, target, SPEEDRUN))
+    jobs = loss_jobs(stages, out, target=target, ladder=SPEEDRUN) + loss_jobs([last], out, last_seeds, target, SPEEDRUN)
     more, interrupted = run_stages(jobs, args, profile, device, out, progress)
     return failures + more, interrupted
 
@@ -478,9 +580,24 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
     reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
     with open(log, "w") as f:
-        rc = subprocess.call([sys.executable, "-m", "gpt.noise_scale", "--profile", profile, "--device", device,
-                              "--out", str(folder / "noise_scale.json"), *reuse], stdout=f,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+        rc = subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "gpt.noise_scale",
+                "--profile",
+                profile,
+                "--device",
+                device,
+                "--out",
+                str(folder / "noise_scale.json"),
+                *reuse,
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT,
+        )
     if rc:
         print(f"[speedrun] the noise-scale measurement failed (exit {rc}); see {log}")
 
@@ -495,8 +612,11 @@ def loss_stages(sections: list[str]) -> list[str]:
 
 def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
     baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
-    count = sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + baseline_seeds - 1 \
-        if TIME_TO_LOSS in sections else 0
+    count = (
+        sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + baseline_seeds - 1
+        if TIME_TO_LOSS in sections
+        else 0
+    )
     if SPEEDRUN in sections:
         count += len(LADDERS[SPEEDRUN]) + last_seeds - 1 + (0 if TIME_TO_LOSS in sections else baseline_seeds)
     return count
@@ -516,32 +636,46 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or REPO_ROOT / "runs" / (f"{profile}-{device}" + "-quick" * args.quick)).resolve()
     sections = [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
     ladders = [s for s in sections if s in TIMED_LADDERS]
-    extra = (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage))))) \
-        if args.quick else (lambda stage: [])
+    extra = (
+        (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage)))))
+        if args.quick
+        else (lambda stage: [])
+    )
     jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out, extra)
     progress = Progress(len(jobs) + loss_job_count(sections, args.quick))
-    args.deadline = quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) \
-        if args.quick else None
+    args.deadline = (
+        quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) if args.quick else None
+    )
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
     lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
-    print(f"== GPT ladder: {' and '.join(s.replace('_', ' ') for s in sections)}, profile {profile} on {device} "
-          f"({device_name(torch.device(device))}); records and logs in {out}")
+    print(
+        f"== GPT ladder: {' and '.join(s.replace('_', ' ') for s in sections)}, profile {profile} on {device} "
+        f"({device_name(torch.device(device))}); records and logs in {out}"
+    )
     prepare_data(profile, sections)
     write_machine(out, profile, device)
-    say_what_cannot_run(jobs + [Job(stage, out, ["--time-to-loss"]) for stage in loss_stages(sections)], profile,
-                        device)
+    say_what_cannot_run(
+        jobs + [Job(stage, out, ["--time-to-loss"]) for stage in loss_stages(sections)], profile, device
+    )
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cores:  # measured: one busy core slows a 2-thread CPU stage down by 30x and more
-        print(f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
-              "suffer, memory figures will not")
+        print(
+            f"warning: this machine is busy (load average {load:.1f} on {cores} cores); timings will "
+            "suffer, memory figures will not"
+        )
     rounds = 1 if profile == "smoke" or args.quick else 4  # smoke: the tests' profile, seconds per stage
     gpu_tests = args.quick and device == "cuda"
     if args.quick:
         counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
-        earlier = quick.estimate([j.record for j in jobs] + [
-            record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
-            for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]] if SPEEDRUN in sections])
+        earlier = quick.estimate(
+            [j.record for j in jobs]
+            + [
+                record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
+                for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]]
+                if SPEEDRUN in sections
+            ]
+        )
         quick.print_plan(sections, counts, args.deadline, gpu_tests, earlier, progress.total)
     if device == "cpu":
         measure_cpu_peaks(out, rounds)
@@ -577,15 +711,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.out or not finished_whole(args, interrupted):
         results = write_report(out)
         if not args.out:
-            print("   the committed records, results.md and plots/ are unchanged: only a whole default run replaces "
-                  "them" + (" (`./run_all.sh --resume` completes this one)" if interrupted and not args.only else ""))
+            print(
+                "   the committed records, results.md and plots/ are unchanged: only a whole default run replaces "
+                "them" + (" (`./run_all.sh --resume` completes this one)" if interrupted and not args.only else "")
+            )
     else:
         results = write_report(publish(out, published_dir(profile, device)), REPO_ROOT / "results.md")
     print(f"== report: {results} (plots in {results.parent / 'plots'})")
     if args.wandb == "offline":
         wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT) / "wandb"
-        print(f"   W&B (offline, group {os.environ['GPT_LADDER_GROUP']}): "
-              f"upload with `wandb sync {wandb_dir}/offline-run-*`")
+        print(
+            f"   W&B (offline, group {os.environ['GPT_LADDER_GROUP']}): "
+            f"upload with `wandb sync {wandb_dir}/offline-run-*`"
+        )
     return 130 if interrupted else 1 if failures else 0
 
 

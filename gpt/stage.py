@@ -1,6 +1,7 @@
 """What `python stages/<stage>.py` runs: the command line every stage script shares, the run (launching the
 processes of a DDP/FSDP stage), its record, written whatever happens, and the summary it prints.
 """
+
 import argparse
 import math
 import os
@@ -16,8 +17,20 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import ladder_of, load_stage, parent_of, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
-from gpt.records import (environment, failure_of, other_seed, peak_memory_pair, ran_eager, read_record,
-                         record_path, snapshot_path, time_to_loss_dir, trace_path, writable_dir, write_record)
+from gpt.records import (
+    environment,
+    failure_of,
+    other_seed,
+    peak_memory_pair,
+    ran_eager,
+    read_record,
+    record_path,
+    snapshot_path,
+    time_to_loss_dir,
+    trace_path,
+    writable_dir,
+    write_record,
+)
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -29,12 +42,17 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
         description=(module.__doc__ or "").strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--profile", help=f"settings profile: {', '.join(PROFILES)} "
-                   "(default: reference with CUDA, cpu without)")
+    p.add_argument(
+        "--profile", help=f"settings profile: {', '.join(PROFILES)} (default: reference with CUDA, cpu without)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     p.add_argument("--out", help="directory for the JSON record (default: runs/<profile>-<device>)")
-    p.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
-                   help="Weights & Biases mode (offline needs no account or network)")
+    p.add_argument(
+        "--wandb",
+        default="offline",
+        choices=["offline", "online", "disabled"],
+        help="Weights & Biases mode (offline needs no account or network)",
+    )
     p.add_argument("--samples", type=int, help="N, samples per timed repeat (all ranks together)")
     p.add_argument("--repeats", type=int, help="timed repeats of N samples")
     p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
@@ -44,24 +62,46 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, help="sequence length (at most the model's 1024 positions)")
     p.add_argument("--data-dir", help="prepared data directory (python data/prepare.py)")
     p.add_argument("--dropout", type=float, help="dropout probability (the profiles use the reference's 0.1)")
-    p.add_argument("--loss-impl", choices=["auto", *chunked_loss.IMPLEMENTATIONS],
-                   help="who computes the chunked loss (loss='chunked' stages): auto picks the first available "
-                   "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)")
-    p.add_argument("--no-profiler", action="store_true",
-                   help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz")
-    loss = p.add_argument_group("training to a loss (speed and fast stages: from scratch, on the profile's "
-                                "time-to-loss settings; record in <out>/time_to_loss/)")
+    p.add_argument(
+        "--loss-impl",
+        choices=["auto", *chunked_loss.IMPLEMENTATIONS],
+        help="who computes the chunked loss (loss='chunked' stages): auto picks the first available "
+        "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)",
+    )
+    p.add_argument(
+        "--no-profiler",
+        action="store_true",
+        help="skip the profiled steps after timing: no time breakdown, no <stage>.trace.json.gz",
+    )
+    loss = p.add_argument_group(
+        "training to a loss (speed and fast stages: from scratch, on the profile's "
+        "time-to-loss settings; record in <out>/time_to_loss/)"
+    )
     loss.add_argument("--time-to-loss", action="store_true", help="train to the profile's token budget")
-    loss.add_argument("--train-tokens", type=int, help="train to this many tokens (implies --time-to-loss; the "
-                      "learning rate decays to its floor at the budget's end)")
-    loss.add_argument("--eval-every-tokens", type=int, help="evaluate every this many tokens (default: the "
-                      "profile's, or a fortieth of --train-tokens)")
+    loss.add_argument(
+        "--train-tokens",
+        type=int,
+        help="train to this many tokens (implies --time-to-loss; the "
+        "learning rate decays to its floor at the budget's end)",
+    )
+    loss.add_argument(
+        "--eval-every-tokens",
+        type=int,
+        help="evaluate every this many tokens (default: the profile's, or a fortieth of --train-tokens)",
+    )
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
-    loss.add_argument("--full-budget", action="store_true", help="train the whole budget even once the target is "
-                      "reached (a speedrun stage stops there)")
+    loss.add_argument(
+        "--full-budget",
+        action="store_true",
+        help="train the whole budget even once the target is reached (a speedrun stage stops there)",
+    )
     loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
-    loss.add_argument("--lr", type=float, help="another peak learning rate than the profile's (its floor keeps the "
-                      "profile's ratio to it), e.g. to retune a stage that changes the batch")
+    loss.add_argument(
+        "--lr",
+        type=float,
+        help="another peak learning rate than the profile's (its floor keeps the "
+        "profile's ratio to it), e.g. to retune a stage that changes the batch",
+    )
     return p.parse_args(argv)
 
 
@@ -73,8 +113,12 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
         raise UserError(f"--eval-every-tokens must be at least 1, got {args.eval_every_tokens}")
     budget = args.train_tokens
-    overrides = {"target_loss": args.target_loss, "seed": args.seed, "eval_every_tokens": args.eval_every_tokens,
-                 "stop_at_target": False if args.full_budget else None}
+    overrides = {
+        "target_loss": args.target_loss,
+        "seed": args.seed,
+        "eval_every_tokens": args.eval_every_tokens,
+        "stop_at_target": False if args.full_budget else None,
+    }
     if budget:
         overrides.update(budget_settings(budget, profile["lr_warmup_tokens"]))
         overrides["eval_every_tokens"] = args.eval_every_tokens or overrides["eval_every_tokens"]
@@ -110,17 +154,30 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     to_a_loss = args.time_to_loss or args.train_tokens is not None or trains_to_a_loss_only(stage)
-    if not to_a_loss and (args.full_budget or any(v is not None for v in (args.eval_every_tokens, args.target_loss,
-                                                                             args.seed, args.lr))):
-        raise UserError("--eval-every-tokens, --target-loss, --seed, --lr and --full-budget set a run to a loss: add "
-                        "--time-to-loss")
-    cfg = stage_config(stage, profile, to_a_loss, samples=args.samples, repeats=args.repeats,
-                       warmup_iters=args.warmup_iters, preset=args.preset, n_layer=args.n_layer,
-                       batch_size=args.batch_size, block_size=args.block_size, data_dir=data_dir,
-                       dropout=args.dropout, loss_impl=args.loss_impl,
-                       device=args.device, profile_steps=0 if args.no_profiler else None,
-                       **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss"))
-                          if to_a_loss else {}))
+    if not to_a_loss and (
+        args.full_budget or any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed, args.lr))
+    ):
+        raise UserError(
+            "--eval-every-tokens, --target-loss, --seed, --lr and --full-budget set a run to a loss: add --time-to-loss"
+        )
+    cfg = stage_config(
+        stage,
+        profile,
+        to_a_loss,
+        samples=args.samples,
+        repeats=args.repeats,
+        warmup_iters=args.warmup_iters,
+        preset=args.preset,
+        n_layer=args.n_layer,
+        batch_size=args.batch_size,
+        block_size=args.block_size,
+        data_dir=data_dir,
+        dropout=args.dropout,
+        loss_impl=args.loss_impl,
+        device=args.device,
+        profile_steps=0 if args.no_profiler else None,
+        **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")) if to_a_loss else {}),
+    )
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
         optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
@@ -186,8 +243,15 @@ def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -
         if cfg.train_tokens:
             record = {**meta, **time_to_loss.run(cfg, label=meta["stage"])}
         else:
-            record = {**meta, **protocol.run(cfg, label=meta["stage"], trace_path=trace,
-                                          memory_snapshot=snapshot_path(path.parent, meta["stage"]))}
+            record = {
+                **meta,
+                **protocol.run(
+                    cfg,
+                    label=meta["stage"],
+                    trace_path=trace,
+                    memory_snapshot=snapshot_path(path.parent, meta["stage"]),
+                ),
+            }
         record["no_effect"] = no_effect(meta["stage"], meta["profile"], cfg)
     except UserError:
         raise
@@ -227,65 +291,101 @@ def print_summary(record: dict, out: Path) -> None:
     m, ch = record["metrics"], record["choices"]
     cfg = record["config"]
     print(f"\n== {stage} ({record['profile']} profile, {record['device']['name']} x{record['device']['count']})")
-    print(f"  {m['seconds_mean']:.2f} s +- {m['seconds_std']:.2f} per {m['samples_per_repeat']} samples "
-          f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s")
+    print(
+        f"  {m['seconds_mean']:.2f} s +- {m['seconds_std']:.2f} per {m['samples_per_repeat']} samples "
+        f"({m['steps_per_repeat']} steps of {cfg['batch_size']} per process), {m['tokens_per_s']:,.0f} tokens/s"
+    )
     if m.get("compile_s") is not None:
         cache = f", {m['compile_cache']} compile cache" if m.get("compile_cache") else ""
         print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step{cache})")
     mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
-    print(f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
-          f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
-          f"copy {m['copy_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}")
+    print(
+        f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "
+        f"MFU {mfu} ({m['peak_flops_source']}), data wait {m['data_wait_pct']:.1f}%, "
+        f"copy {m['copy_pct']:.1f}%, loss {m['loss_first']:.3f} -> {m['loss_final']:.3f}"
+    )
     if m.get("time_breakdown_pct"):
         from gpt.step_profiler import label
 
         shares = sorted(m["time_breakdown_pct"].items(), key=lambda kv: -kv[1])
-        print(f"  where the time goes ({m['profiler']['steps']} profiled steps): "
-              + ", ".join(f"{label(k)} {v:.0f}%" for k, v in shares if v >= 0.5)
-              + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else ""))
-    print(f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
-          f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}")
+        print(
+            f"  where the time goes ({m['profiler']['steps']} profiled steps): "
+            + ", ".join(f"{label(k)} {v:.0f}%" for k, v in shares if v >= 0.5)
+            + (f"; trace {trace_path(out, stage)}" if m["profiler"].get("trace") else "")
+        )
+    print(
+        f"  precision {ch['amp_dtype']}{' + GradScaler' if ch['grad_scaler'] else ''}, "
+        f"compile {ch['compile_mode'] or 'off'}, backend {ch['distributed_backend'] or 'single process'}"
+    )
     if ran_eager(record):
-        print("  warning: torch.compile was on, but the profiled step ran no compiled graph: the model ran eager",
-              file=sys.stderr)
+        print(
+            "  warning: torch.compile was on, but the profiled step ran no compiled graph: the model ran eager",
+            file=sys.stderr,
+        )
     parent = record.get("parent")
     prev = read_record(record_path(out, parent)) if parent else None
     if prev and prev.get("status") == "ok" and prev.get("profile") == record["profile"]:
         dt = 100 * (m["seconds_mean"] / prev["metrics"]["seconds_mean"] - 1)
         new, old, basis = peak_memory_pair(record, prev)
-        dm = "not comparable (measured by different methods)" if basis == "none" else \
-            f"{100 * (new / old - 1):+.1f}%" + (" (max_memory_reserved of both)" if basis == "reserved" else "")
+        dm = (
+            "not comparable (measured by different methods)"
+            if basis == "none"
+            else f"{100 * (new / old - 1):+.1f}%" + (" (max_memory_reserved of both)" if basis == "reserved" else "")
+        )
         print(f"  vs {parent}: time {dt:+.1f}%, peak memory {dm}")
     print(f"  record: {record_path(out, stage)}")
     if m.get("memory_snapshot"):
-        print(f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
-              "https://pytorch.org/memory_viz)")
+        print(
+            f"  allocator snapshot of one step: {Path(out) / m['memory_snapshot']} (open it at "
+            "https://pytorch.org/memory_viz)"
+        )
 
 
 def print_loss_summary(record: dict, out: Path) -> None:
     """The summary of a run to a loss: the curve's ends, the rate, the target, the record."""
     m, ch = record["metrics"], record["choices"]
-    print(f"\n== {record['stage']} trained to a loss ({record['profile']} profile, seed {record['seed']}, "
-          f"{record['device']['name']} x{record['device']['count']})")
-    print(f"  {m['tokens']:,} tokens in {m['steps']:,} steps: {m['train_seconds']:.1f} s of training "
-          f"({m['tokens_per_s']:,.0f} tokens/s); not in it: start-up {m['startup_s']:.1f} s"
-          + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
-          + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s")
+    print(
+        f"\n== {record['stage']} trained to a loss ({record['profile']} profile, seed {record['seed']}, "
+        f"{record['device']['name']} x{record['device']['count']})"
+    )
+    print(
+        f"  {m['tokens']:,} tokens in {m['steps']:,} steps: {m['train_seconds']:.1f} s of training "
+        f"({m['tokens_per_s']:,.0f} tokens/s); not in it: start-up {m['startup_s']:.1f} s"
+        + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
+        + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s"
+    )
     if m.get("process_s") is not None and m.get("import_setup_s") is not None:  # the wall clock's split
-        parts = {"imports and arguments": m["import_setup_s"], "set-up": m["setup_s"], "start-up": m["startup_s"],
-                 "training": m["train_seconds"], "evaluations": m["eval_seconds"]}
+        parts = {
+            "imports and arguments": m["import_setup_s"],
+            "set-up": m["setup_s"],
+            "start-up": m["startup_s"],
+            "training": m["train_seconds"],
+            "evaluations": m["eval_seconds"],
+        }
         rest = m["process_s"] - sum(parts.values())
-        print(f"  wall clock of this process to its record {m['process_s']:.1f} s: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + f", the rest {rest:.1f}")
-    print(f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "
-          f"train loss at the end {m['train_loss_final']:.3f}")
+        print(
+            f"  wall clock of this process to its record {m['process_s']:.1f} s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+            + f", the rest {rest:.1f}"
+        )
+    print(
+        f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "
+        f"train loss at the end {m['train_loss_final']:.3f}"
+    )
     target = m.get("target")
     if m.get("target_loss") is not None:
-        reached = (f"reached after {target['tokens']:,.0f} tokens, {target['seconds']:.1f} s of training"
-                   if target else "not reached within the budget")
-        print(f"  target {m['target_loss']:.3f}: {reached}" + ("; the run stopped there (--full-budget trains on)"
-                                                              if m.get("stopped_at_target") else ""))
-    print(f"  precision {ch['amp_dtype']}, compile {ch['compile_mode'] or 'off'}, "
-          f"backend {ch['distributed_backend'] or 'single process'}")
+        reached = (
+            f"reached after {target['tokens']:,.0f} tokens, {target['seconds']:.1f} s of training"
+            if target
+            else "not reached within the budget"
+        )
+        print(
+            f"  target {m['target_loss']:.3f}: {reached}"
+            + ("; the run stopped there (--full-budget trains on)" if m.get("stopped_at_target") else "")
+        )
+    print(
+        f"  precision {ch['amp_dtype']}, compile {ch['compile_mode'] or 'off'}, "
+        f"backend {ch['distributed_backend'] or 'single process'}"
+    )
     seed = record.get("seed")
     print(f"  record: {record_path(out, record['stage'], other_seed(seed, record['profile']))}")

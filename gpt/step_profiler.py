@@ -18,6 +18,7 @@ to 100% (`attribute`, pure interval arithmetic):
   batch or in the copy, "communication" if it was inside a collective call, else "gpu_idle": the queue ran
   dry (kernel launches and Python too slow to keep the GPU busy).
 """
+
 import bisect
 import gzip
 import json
@@ -212,21 +213,32 @@ def breakdown(events: list[dict]) -> dict:
     else:
         ours = {STEP, WARMUP, *(PREFIX + p for p in PHASES)}
         ops = [_span(e) for e in on_main if e.get("name") not in ours]  # anything the thread was inside
-        in_flight = [_span(e) for e in spans if (e.get("pid") == main[0]) and (e.get("pid"), e.get("tid")) != main
-                     and str(e.get("name", "")).startswith(COLLECTIVE_THREAD_PREFIXES)]
-        seconds = attribute(windows, [
-            ("communication", comm_calls),
-            ("communication", subtract(union(in_flight), union(ops))),  # waited: nothing else ran
-            *((p, phases[p]) for p in PHASES),
-        ], rest="other")
+        in_flight = [
+            _span(e)
+            for e in spans
+            if (e.get("pid") == main[0])
+            and (e.get("pid"), e.get("tid")) != main
+            and str(e.get("name", "")).startswith(COLLECTIVE_THREAD_PREFIXES)
+        ]
+        seconds = attribute(
+            windows,
+            [
+                ("communication", comm_calls),
+                ("communication", subtract(union(in_flight), union(ops))),  # waited: nothing else ran
+                *((p, phases[p]) for p in PHASES),
+            ],
+            rest="other",
+        )
         idle_pct = None
     total = length(windows)
     # torch.compile's graphs announce themselves in the trace: a compiled stage whose steps show none ran eager
-    compiled = [e for e in on_main if str(e.get("name", "")).startswith(COMPILED_REGION)
-                and length(intersect(windows, [_span(e)])) > 0]
+    compiled = [
+        e
+        for e in on_main
+        if str(e.get("name", "")).startswith(COMPILED_REGION) and length(intersect(windows, [_span(e)])) > 0
+    ]
     return {
-        "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in TIME_CATEGORIES
-                       if c != "gpu_idle" or device},
+        "shares_pct": {c: 100 * seconds.get(c, 0.0) / total for c in TIME_CATEGORIES if c != "gpu_idle" or device},
         "steps": len(steps),
         "compiled_regions_per_step": len(compiled) / len(steps),
         "step_s": total / len(steps) / 1e6,  # trace timestamps are in microseconds
@@ -255,11 +267,15 @@ def _attribute_cuda(windows, phases: dict, comm_calls: list, device: list[dict],
         category = "communication" if str(e.get("name", "")).startswith("nccl") else launched_in(e)
         kernels[category].append(_span(e))
     compute = [p for p in PHASES if p != "copy"]
-    return attribute(windows, [
-        *((c, kernels[c]) for c in (*compute, "other")),  # computing
-        ("copy", kernels["copy"]),  # copying, with no kernel beside it
-        ("communication", kernels["communication"]),  # exposed communication
-        ("communication", comm_calls),  # GPU idle from here on: what kept the host
-        ("data", phases["data"]),
-        ("copy", phases["copy"]),
-    ], rest="gpu_idle")
+    return attribute(
+        windows,
+        [
+            *((c, kernels[c]) for c in (*compute, "other")),  # computing
+            ("copy", kernels["copy"]),  # copying, with no kernel beside it
+            ("communication", kernels["communication"]),  # exposed communication
+            ("communication", comm_calls),  # GPU idle from here on: what kept the host
+            ("data", phases["data"]),
+            ("copy", phases["copy"]),
+        ],
+        rest="gpu_idle",
+    )

@@ -18,6 +18,7 @@ evaluation only: no `.item()` and no synchronisation between two of them.
         setup_s (the set-up: data, model with its run-time measurements, optimizer, validation windows), then
         startup_s (compilation), train_seconds, eval_seconds, and process_s (the process's start to the record)
 """
+
 import time
 
 import torch
@@ -82,9 +83,16 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         val_loss = validation_loss_of(trainer, val)
         eval_s += time.perf_counter() - t0
         rates = learning_rates(trainer.optimizer)
-        curve.append({"step": trainer.step.steps_done, "tokens": trainer.step.tokens_seen, "seconds": clock.seconds,
-                      "train_loss": _mean_across_ranks(losses, device, world), "val_loss": val_loss,
-                      **(rates if trainer.step.steps_done else dict.fromkeys(rates))})  # no rate before a step
+        curve.append(
+            {
+                "step": trainer.step.steps_done,
+                "tokens": trainer.step.tokens_seen,
+                "seconds": clock.seconds,
+                "train_loss": _mean_across_ranks(losses, device, world),
+                "val_loss": val_loss,
+                **(rates if trainer.step.steps_done else dict.fromkeys(rates)),
+            }
+        )  # no rate before a step
         losses.clear()
 
     evaluate()  # the untrained model: where every curve starts
@@ -103,11 +111,13 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))
             continue
         todo = min(interval - done % interval, steps - done)
-        clock.measure(lambda: losses.extend(trainer.run(todo)))
+        clock.measure(lambda: losses.extend(trainer.run(todo)))  # noqa: B023 (measure calls it at once)
     trainer.step.progress.close()
     metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done, cache)
-    return {**run_facts(trainer, label),
-            "metrics": {**metrics, "import_setup_s": import_setup_s, "setup_s": setup_s, "process_s": process_age_s()}}
+    return {
+        **run_facts(trainer, label),
+        "metrics": {**metrics, "import_setup_s": import_setup_s, "setup_s": setup_s, "process_s": process_age_s()},
+    }
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
@@ -118,8 +128,15 @@ def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
 
 def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
     """The validation loss of the trainer's model now, every process evaluating its share of the windows."""
-    return validation_loss(trainer.raw, val, trainer.cfg.micro_batch_size, trainer.amp, trainer.device, trainer.rank,
-                           trainer.cfg.world_size)
+    return validation_loss(
+        trainer.raw,
+        val,
+        trainer.cfg.micro_batch_size,
+        trainer.amp,
+        trainer.device,
+        trainer.rank,
+        trainer.cfg.world_size,
+    )
 
 
 def _mean_across_ranks(losses: list[torch.Tensor], device: torch.device, world: int) -> float | None:
@@ -133,8 +150,15 @@ def _mean_across_ranks(losses: list[torch.Tensor], device: torch.device, world: 
     return mean.item()
 
 
-def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, startup_steps: list[float], eval_s: float,
-                   steps: int, compile_cache: str | None) -> dict:
+def budget_metrics(
+    cfg: TrainConfig,
+    curve: list[dict],
+    train_s: float,
+    startup_steps: list[float],
+    eval_s: float,
+    steps: int,
+    compile_cache: str | None,
+) -> dict:
     """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target.
     `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
     mean of the others; with no other, the fastest of them) is start-up."""
@@ -143,7 +167,7 @@ def budget_metrics(cfg: TrainConfig, curve: list[dict], train_s: float, startup_
     extra = [max(0.0, s - steady_s) for s in startup_steps]
     startup_s = sum(extra)
     for point in curve:  # the start-up of the steps done by then: a point between two start-up steps has one's only
-        point["seconds"] = max(0.0, point["seconds"] - sum(extra[:point["step"]])) if point["step"] else 0.0
+        point["seconds"] = max(0.0, point["seconds"] - sum(extra[: point["step"]])) if point["step"] else 0.0
     final = curve[-1]
     return {
         "curve": curve,

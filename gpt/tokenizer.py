@@ -4,6 +4,7 @@ Both expose the same small interface: .name, .vocab_size, .eot, .encode(text) ->
 .decode(ids) -> str and .to_meta(), a JSON-able dict from which get_tokenizer() rebuilds an
 identical tokenizer (a prepared data set stores it so training never has to guess).
 """
+
 import hashlib
 import importlib.util
 import os
@@ -46,7 +47,9 @@ def _seed_tiktoken_cache() -> None:
     src_dir = Path(list(spec.submodule_search_locations)[0]) / "data"
     cache_dir = _tiktoken_cache_dir()
     if cache_dir == "":
-        raise UserError("TIKTOKEN_CACHE_DIR is empty, which disables tiktoken's cache; unset it or point it to a directory")
+        raise UserError(
+            "TIKTOKEN_CACHE_DIR is empty, which disables tiktoken's cache; unset it or point it to a directory"
+        )
     for fname, (url, sha256) in _GPT2_FILES.items():
         target = Path(cache_dir) / hashlib.sha1(url.encode()).hexdigest()  # tiktoken's cache key
         if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == sha256:
@@ -60,7 +63,9 @@ def _seed_tiktoken_cache() -> None:
         try:
             write_atomically(target, data)  # a concurrent reader never sees half a file
         except OSError as e:
-            raise UserError(f"cannot write tiktoken cache {cache_dir} ({e.strerror}); set TIKTOKEN_CACHE_DIR to a writable dir") from None
+            raise UserError(
+                f"cannot write tiktoken cache {cache_dir} ({e.strerror}); set TIKTOKEN_CACHE_DIR to a writable dir"
+            ) from None
 
 
 class GPT2Tokenizer:
@@ -123,7 +128,10 @@ def get_tokenizer(name: str, meta: dict | None = None):
         return GPT2Tokenizer()
     if name == "char":
         if not meta or "chars" not in meta:
-            raise UserError("the char tokenizer needs its character list (meta['chars']); build it with build_tokenizer('char', text)")
+            raise UserError(
+                "the char tokenizer needs its character list (meta['chars']); "
+                "build it with build_tokenizer('char', text)"
+            )
         return CharTokenizer(meta["chars"])
     raise UserError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
 

@@ -5,6 +5,7 @@ The loops that drive a Trainer are the measurement protocol's phases (gpt/protoc
 profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
 build_model and train_step on fake tensors.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +34,13 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
     reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
     different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
-    model_cfg = GPTConfig(vocab_size=vocab_size, block_size=cfg.block_size, dropout=cfg.dropout, **cfg.model_shape,
-                          **optimizations.model_settings(cfg, device.type, vocab_size))
+    model_cfg = GPTConfig(
+        vocab_size=vocab_size,
+        block_size=cfg.block_size,
+        dropout=cfg.dropout,
+        **cfg.model_shape,
+        **optimizations.model_settings(cfg, device.type, vocab_size),
+    )
     torch.manual_seed(cfg.seed)
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
@@ -94,8 +100,9 @@ class Stepper:
     """One training step on the next batch; returns the loss, on the device. A FeedClock, if given, times the wait
     for the batch and its copy to the device (the timed repeats keep one; otherwise each step gets its own)."""
 
-    def __init__(self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision,
-                 progress: tqdm):
+    def __init__(
+        self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision, progress: tqdm
+    ):
         self.model, self.optimizer, self.batches = model, optimizer, batches
         self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
         self.cuda_graphs = uses_cuda_graphs(cfg, device)
@@ -126,6 +133,7 @@ class Stepper:
 class Trainer:
     """What a training run holds: the stage's settings, the model (`raw`: the GPT itself; `model`: what trains, with
     its wrappers), its optimizer and precision, and the step on the next batch."""
+
     cfg: TrainConfig
     device: torch.device
     rank: int

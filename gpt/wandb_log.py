@@ -12,6 +12,7 @@ Offline (the default) needs no account and no network: runs go to <repo>/wandb/ 
 and `wandb sync wandb/offline-run-*` uploads them later.
 A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
 """
+
 import importlib.util
 import os
 import shutil
@@ -29,15 +30,20 @@ def run_group(record: dict) -> str:
     """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun): they are judged
     against one another by their curves, not beside the timed stages."""
     group = os.environ.get("GPT_LADDER_GROUP") or (
-        f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}")
+        f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}"
+    )
     return group + ("-speedrun" if record.get("ladder") == "speedrun" else "")
 
 
 def run_config(record: dict) -> dict:
     """Everything that defines the run, so W&B can filter and group stages by any setting."""
     keys = ("stage", "ladder", "profile", "parent", "mode", "model", "choices", "device")
-    return {**record.get("config", {}), **{k: record[k] for k in keys if k in record},
-            "git_commit": record.get("env", {}).get("git_commit"), "torch": record.get("env", {}).get("torch")}
+    return {
+        **record.get("config", {}),
+        **{k: record[k] for k in keys if k in record},
+        "git_commit": record.get("env", {}).get("git_commit"),
+        "torch": record.get("env", {}).get("torch"),
+    }
 
 
 def summary(record: dict) -> dict:
@@ -58,15 +64,21 @@ def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
     if mode == "disabled":
         return
     if not wandb_installed():
-        print(f"warning: wandb is not installed, so {record.get('stage')} is not logged to W&B (pip install wandb, "
-              "or --wandb disabled); the JSON record is unaffected", file=sys.stderr)
+        print(
+            f"warning: wandb is not installed, so {record.get('stage')} is not logged to W&B (pip install wandb, "
+            "or --wandb disabled); the JSON record is unaffected",
+            file=sys.stderr,
+        )
         return
     try:
         _log(record, mode, files)
     except Exception as e:  # noqa: BLE001 - any W&B problem: warn once, the stage has succeeded
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
-              "the JSON record is unaffected", file=sys.stderr)
+        print(
+            f"warning: W&B logging of {record.get('stage')} failed ({type(e).__name__}: {first}); "
+            "the JSON record is unaffected",
+            file=sys.stderr,
+        )
 
 
 def wandb_installed() -> bool:
@@ -90,9 +102,17 @@ def _log(record: dict, mode: str, files: list[Path]) -> None:
     )
     to_a_loss = record.get("mode") == "time_to_loss"
     job = ("speedrun" if record.get("ladder") == "speedrun" else "time_to_loss") if to_a_loss else record["ladder"]
-    run = wandb.init(project=PROJECT, group=run_group(record), job_type=job, name=run_name(record),
-                     config=run_config(record), mode=mode, dir=str(wandb_dir), settings=settings,
-                     reinit="finish_previous")
+    run = wandb.init(
+        project=PROJECT,
+        group=run_group(record),
+        job_type=job,
+        name=run_name(record),
+        config=run_config(record),
+        mode=mode,
+        dir=str(wandb_dir),
+        settings=settings,
+        reinit="finish_previous",
+    )
     try:
         if to_a_loss:
             _log_curve(run, record)
@@ -122,8 +142,12 @@ def _log_curve(run, record: dict) -> None:
     for name in ("val/loss", "curve/step", "curve/seconds", *optional):
         run.define_metric(name, step_metric="curve/tokens")
     for point in record["metrics"]["curve"]:
-        row = {"curve/tokens": point["tokens"], "curve/step": point["step"], "curve/seconds": point["seconds"],
-               "val/loss": point["val_loss"]}
+        row = {
+            "curve/tokens": point["tokens"],
+            "curve/step": point["step"],
+            "curve/seconds": point["seconds"],
+            "val/loss": point["val_loss"],
+        }
         row.update({name: point[key] for name, key in optional.items() if point.get(key) is not None})
         run.log(row)
 
@@ -137,8 +161,14 @@ def _log_steps(run, record: dict) -> None:
     cfg, count = record["config"], record.get("device", {}).get("count", 1)
     tokens_per_step = cfg["batch_size"] * cfg["block_size"] * count  # every process's batch
     for i, (loss, seconds) in enumerate(zip(m.get("losses", []), m.get("step_times_s", []))):
-        run.log({"train/step": i, "train/loss": loss, "train/step_time_s": seconds,
-                 "train/tokens_per_s": tokens_per_step / seconds})
+        run.log(
+            {
+                "train/step": i,
+                "train/loss": loss,
+                "train/step_time_s": seconds,
+                "train/tokens_per_s": tokens_per_step / seconds,
+            }
+        )
     # memory through the instrumented step, on an x-axis of its own (allocation events)
     run.define_metric("memory/event")
     run.define_metric("memory/*", step_metric="memory/event")

@@ -15,6 +15,7 @@ raw-text pipeline's windows, index by index; with GPT-2's tokenizer a raw-text w
 and a token window at a token, so the windows differ while their distribution does not.
 Code: gpt/data.py:GatheredBatches (batch_gather, dataset="tokens"), gpt/optimizations/feeding.py:make_loader.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "pre-tokenised data, each batch one gather on the device"

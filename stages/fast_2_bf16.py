@@ -10,6 +10,7 @@ cores. On a CPU this stage changes nothing: the CPU's autocast already is bf16 w
 where bf16 is not faster), and TF32 does not exist there; the record says so.
 Code: gpt/optimizations/precision.py:mixed_precision and matmul_precision.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "bf16 autocast, no GradScaler; TF32"

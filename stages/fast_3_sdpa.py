@@ -12,6 +12,7 @@ says so, with both times (at head size 32 and 64 positions its bf16 backward was
 Code: gpt/optimizations/fused_attention.py:fused_attention (attention="sdpa"), called by
 gpt/model.py:CausalSelfAttention.forward.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "fused attention (SDPA)"

@@ -10,6 +10,7 @@ loss and the gradients of every real row are exactly those of the unpadded model
 gradients are 0). MFU counts the real vocabulary only: the padding is not model work.
 Code: gpt/model.py:GPTConfig.padded_vocab_size and GPT.vocab_mask (vocab_multiple).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "vocabulary padded to a multiple of 64"

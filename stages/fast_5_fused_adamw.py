@@ -8,6 +8,7 @@ and a vectorised loop on the CPU), reading each parameter, gradient and moment o
 float rounding.
 Code: gpt/optimizations/adamw.py:make_optimizer (optimizer_fused).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "fused AdamW"

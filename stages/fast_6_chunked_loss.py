@@ -15,6 +15,7 @@ measured faster than the full loss at the stage's shape, else keeps the full los
 a run for memory, keeps it whatever the time).
 Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "chunked linear + cross-entropy"

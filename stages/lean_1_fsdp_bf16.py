@@ -11,6 +11,7 @@ A CPU computes in bf16 only where its bf16 matmuls were measured faster than fp3
 elsewhere the stage keeps fp32 and its record says "no effect" with the two rates.
 Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_mixed_precision).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "FSDP mixed precision (bf16 compute)"

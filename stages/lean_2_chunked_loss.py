@@ -9,6 +9,7 @@ only one chunk's logits exist at a time. With the reference's 65-character vocab
 and this stage saves next to nothing: what it saves grows with vocabulary x tokens per step.
 Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"; implementations: see fast_6).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "chunked linear + cross-entropy"

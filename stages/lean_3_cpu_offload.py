@@ -10,6 +10,7 @@ is time: every step copies the parameters in and the gradients out over PCIe, an
 the CPU. Without a GPU there is nothing to offload to: the stage is recorded as skipped.
 Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_cpu_offload).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "FSDP CPU offload"

@@ -8,6 +8,7 @@ forward pass keeps every layer's activations (with the naive attention, B x H x 
 dropout mask per layer) until backward uses them. The peak comes when the forward pass ends and every
 layer's activations are alive (the reference's own H100 trace: in its cross_entropy).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "baseline: batch 32"

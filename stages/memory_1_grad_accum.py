@@ -8,6 +8,7 @@ of 32. (The reference's own version reset the gradients inside the loop and fed 
 it accumulated nothing; tests/test_ladder_equivalence.py proves this one is exact.)
 Code: gpt/train.py:train_step (the micro-batch loop).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "gradient accumulation x2"

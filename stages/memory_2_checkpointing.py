@@ -9,6 +9,7 @@ gradients are identical. Each block is recomputed whole, without PyTorch's early
 recomputation by raising an exception through an op (gpt/optimizations/checkpointing.py:checkpoint_blocks says why).
 Code: gpt/optimizations/checkpointing.py:checkpoint_blocks.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "activation checkpointing"

@@ -8,6 +8,7 @@ model; the for-loop version updates one parameter at a time and its temporaries 
 Slower by the loop's launches, identical in result.
 Code: gpt/optimizations/adamw.py:make_optimizer.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "AdamW foreach=False"

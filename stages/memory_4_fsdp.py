@@ -8,6 +8,7 @@ Each process trains on half of the N samples, so the ladder's time also halves w
 The sharding settings are code, in gpt/optimizations/parallel.py:parallelize; the script starts its processes itself
 through torchrun.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "FSDP on 2 processes"

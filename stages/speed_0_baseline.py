@@ -7,6 +7,7 @@ of 32 samples, and a DataLoader with no worker processes: every sample's text is
 `__getitem__` (gpt/data.py: RawTextDataset) in the training process, between steps.
 The reference found the GPU mostly idle here: small steps and data preparation in the same thread.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "baseline: batch 32, num_workers 0, raw text tokenised per sample"

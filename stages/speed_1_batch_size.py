@@ -8,6 +8,7 @@ are better filled. Same data, fewer and larger updates: a change of the training
 per-sample maths), which is why the learning rate is usually revisited with it.
 Code: gpt/optimizations/feeding.py:make_loader (batch_size).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "batch size x8"

@@ -8,6 +8,7 @@ spare; on a machine whose cores already run the training itself (a CPU-only run)
 it. Batches are identical to num_workers=0 (tests/test_ladder_equivalence.py).
 Code: gpt/optimizations/feeding.py:make_loader (num_workers).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "DataLoader num_workers 0 -> 4"

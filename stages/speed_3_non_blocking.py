@@ -7,6 +7,7 @@ the copy and returns, so the host can go on queueing kernels while the copy runs
 there is no copy to overlap: on the CPU this stage changes nothing, and says so in its record.
 Code: gpt/optimizations/feeding.py:make_loader and to_device (pin_memory).
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "pinned memory + non_blocking copies"

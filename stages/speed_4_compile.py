@@ -8,6 +8,7 @@ over memory instead of several. On CUDA "reduce-overhead" also records CUDA grap
 step's kernels with one launch. Compilation happens in the first step and is reported apart.
 Code: gpt/optimizations/compilation.py:compile_model.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "torch.compile"

@@ -15,6 +15,7 @@ queue of kernels. It is part of what this stage measures. (A fused AdamW, `fused
 on the device instead; the ladder keeps the reference's foreach AdamW.)
 Code: gpt/optimizations/precision.py:mixed_precision.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "mixed precision (autocast)"

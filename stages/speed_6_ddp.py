@@ -8,6 +8,7 @@ starts its processes itself through torchrun. On the CPU the two processes share
 thread each) that one process used before, so expect little gain there.
 Code: gpt/optimizations/parallel.py:parallelize, gpt/distributed.py.
 """
+
 from gpt.stage import stage_main
 
 CHANGE = "DDP on 2 processes"

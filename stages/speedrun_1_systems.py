@@ -14,6 +14,7 @@ vocabulary, fused AdamW, the chunked loss (each where it is faster here: the goa
 should carry over to the time to the target whole, less the per-step overhead that weighs more in a small step.
 Code: each stage's own home, through its change() (the stages named below).
 """
+
 from gpt.ladder import load_stage
 from gpt.stage import stage_main
 
@@ -22,8 +23,16 @@ CHANGE = "the fast ladder's systems changes at the baseline's batch"
 KIND = "systems"  # keeps the model
 # Every stage of the speed and fast ladders whose change keeps the mathematics of a step (not speed_1's batch x8,
 # not speed_6's second process; speed_2 and speed_3 feed a DataLoader that fast_1 replaces).
-SYSTEMS_STAGES = ("speed_4_compile", "speed_5_amp", "fast_1_pretokenized", "fast_2_bf16", "fast_3_sdpa",
-                  "fast_4_padded_vocab", "fast_5_fused_adamw", "fast_6_chunked_loss")
+SYSTEMS_STAGES = (
+    "speed_4_compile",
+    "speed_5_amp",
+    "fast_1_pretokenized",
+    "fast_2_bf16",
+    "fast_3_sdpa",
+    "fast_4_padded_vocab",
+    "fast_5_fused_adamw",
+    "fast_6_chunked_loss",
+)
 
 
 def change(cfg):

@@ -19,14 +19,14 @@ suggestion, the square-root rule for Adam, did not reach the target at this batc
 speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-up is in tokens already
 (gpt/profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
 """
+
 from gpt.stage import stage_main
 
 BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the first measurement's choice
 LR_FACTOR = 4.0  # swept up from the square-root rule (x2: not reached); x4 reached the target (docs/speedrun.md)
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
-CHANGE = (f"batch x{BATCH_FACTOR} (the first noise-scale measurement's choice), learning rate x{LR_FACTOR:g} "
-          "(swept)")
+CHANGE = f"batch x{BATCH_FACTOR} (the first noise-scale measurement's choice), learning rate x{LR_FACTOR:g} (swept)"
 KIND = "training"
 
 

@@ -11,6 +11,7 @@ keep AdamW. Its learning rate, momentum and weight decay are set explicitly (its
 AdamW groups'); on a torch without it the stage is skipped with that reason.
 Code: gpt/optimizations/muon.py.
 """
+
 from gpt.stage import stage_main
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run

@@ -9,6 +9,7 @@ et al. 2023), output projections that start at zero (each block starts as the id
 embeddings (Su et al. 2021, RoFormer) in place of the learned table: the blocks of modded-nanogpt and nanochat.
 Code: gpt/model.py, switched on by gpt/optimizations/architecture.py.
 """
+
 from gpt.stage import stage_main
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run

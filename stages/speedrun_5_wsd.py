@@ -10,6 +10,7 @@ the loss drops steeply during that decay. Since finishing sooner is the point, t
 that still reached the target on every seed here (docs/speedrun.md, its log).
 Code: gpt/optimizations/schedule.py:learning_rate.
 """
+
 from gpt.profiles import budget_settings
 from gpt.stage import stage_main
 

@@ -7,6 +7,7 @@ The blocks must find by attention which pair of characters ends at a position; a
 to them at the input (modded-nanogpt's bigram hash embedding; nanochat's). The characters' vocabulary is small
 enough for a row per pair. Code: gpt/model.py (bigram_index), switched on by gpt/optimizations/ngram_embedding.py.
 """
+
 from gpt.stage import stage_main
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run

@@ -1,4 +1,5 @@
 """Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
+
 import importlib.util
 from pathlib import Path
 

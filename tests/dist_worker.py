@@ -12,6 +12,7 @@ every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter
 DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda"
 (NCCL, one GPU per rank) in tests/test_gpu.py.
 """
+
 import argparse
 import json
 from dataclasses import dataclass, field
@@ -59,10 +60,13 @@ def record_grads(store: list):
     """A run_steps setup: append {name: whole gradient} each time the optimizer is about to step, i.e.
     the gradients AdamW uses (accumulated, averaged across ranks, clipped); train_step sets them to
     None right after the step, so this is where they can be read."""
+
     def setup(run):
         def hook(optimizer, args, kwargs):
             store.append({param_name(n): _whole(p.grad) for n, p in run.raw.named_parameters()})
+
         run.optimizer.register_step_pre_hook(hook)
+
     return setup
 
 
@@ -71,6 +75,7 @@ def summed_reduction(run) -> None:
     (DDP: a communication hook that all-reduces without dividing; FSDP: a reduce-scatter with SUM where FSDP
     asks for AVG), i.e. every gradient W times too large."""
     if isinstance(run.model, torch.nn.parallel.DistributedDataParallel):
+
         def all_reduce_sum(state, bucket):
             return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
 
@@ -109,10 +114,16 @@ def main(argv=None) -> None:
     p.add_argument("--config", required=True, help="TrainConfig fields as JSON")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="directory for rank<r>.pt")
-    p.add_argument("--summed-reduction", action="store_true",
-                   help="the negative control: sum the ranks' gradients instead of averaging them")
-    p.add_argument("--cpu-bf16", action="store_true",
-                   help="compute in bf16 where the config asks for it, even on a CPU whose bf16 is slower")
+    p.add_argument(
+        "--summed-reduction",
+        action="store_true",
+        help="the negative control: sum the ranks' gradients instead of averaging them",
+    )
+    p.add_argument(
+        "--cpu-bf16",
+        action="store_true",
+        help="compute in bf16 where the config asks for it, even on a CPU whose bf16 is slower",
+    )
     a = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads(a.config))
     if a.cpu_bf16:
@@ -126,10 +137,17 @@ def main(argv=None) -> None:
         run = run_steps(cfg, a.steps, setup=lambda run: [setup(run) for setup in setups])
         params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
-        torch.save({"inputs": torch.stack(run.inputs), "losses": run.losses, "rng": run.rng,
-                    "model_loss": run.raw.config.loss,
-                    "grads": grads if rank == 0 else None, "params": params if rank == 0 else None},
-                   Path(a.out) / f"rank{rank}.pt")
+        torch.save(
+            {
+                "inputs": torch.stack(run.inputs),
+                "losses": run.losses,
+                "rng": run.rng,
+                "model_loss": run.raw.config.loss,
+                "grads": grads if rank == 0 else None,
+                "params": params if rank == 0 else None,
+            },
+            Path(a.out) / f"rank{rank}.pt",
+        )
     finally:
         distributed.shutdown()  # barrier first: see gpt/distributed.py
 

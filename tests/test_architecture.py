@@ -1,17 +1,17 @@
 """Today's small-GPT architecture (gpt/optimizations/architecture.py, code in gpt/model.py): each change does what it
 says, the two attentions agree on it, the default is GPT-2's model unchanged, and the modern model learns."""
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_train import tiny_config
 
 from gpt import model as model_module
 from gpt import optimizations, protocol
 from gpt.errors import UserError
 from gpt.model import GPT, GPTConfig, rotary
 from gpt.optimizations.architecture import MODERN
-
-from test_train import tiny_config
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=97, block_size=16)
 
@@ -29,11 +29,17 @@ def test_modern_architecture_sets_the_five_fields():
         optimizations.validate(tiny_config("unused", architecture="llama"))
 
 
-@pytest.mark.parametrize("field,value,expected", [
-    ("mlp", "swiglu", "unknown mlp 'swiglu'"), ("norm", "batchnorm", "unknown norm"),
-    ("positions", "alibi", "unknown positions"), ("qk_norm", 1, "qk_norm must be true or false"),
-    ("zero_init_proj", "yes", "zero_init_proj must be true or false"),
-    ("n_embd", 36, "head size 9 .* must be even")])  # 36 / 4 heads = 9 (rotary only)
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("mlp", "swiglu", "unknown mlp 'swiglu'"),
+        ("norm", "batchnorm", "unknown norm"),
+        ("positions", "alibi", "unknown positions"),
+        ("qk_norm", 1, "qk_norm must be true or false"),
+        ("zero_init_proj", "yes", "zero_init_proj must be true or false"),
+        ("n_embd", 36, "head size 9 .* must be even"),
+    ],
+)  # 36 / 4 heads = 9 (rotary only)
 def test_bad_settings_get_a_user_error(field, value, expected):
     with pytest.raises(UserError, match=expected):
         tiny(**{field: value, "positions": "rotary"} if field == "n_embd" else {field: value})
@@ -180,11 +186,28 @@ def test_modern_model_checkpoints_its_blocks_with_the_same_gradients():
 
 # GPT-2's model as it was before these fields: its parameters in order, and its loss and logits for seed 0 on a
 # fixed batch (printed by the model of commit 2501493). The architecture's defaults must leave them unchanged.
-GPT2_PARAMETERS = ["transformer.wte.weight", "transformer.wpe.weight"] + [
-    f"transformer.h.{i}.{name}" for i in range(2) for name in (
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
-] + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+GPT2_PARAMETERS = (
+    ["transformer.wte.weight", "transformer.wpe.weight"]
+    + [
+        f"transformer.h.{i}.{name}"
+        for i in range(2)
+        for name in (
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
+            "mlp.c_proj.bias",
+        )
+    ]
+    + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+)
 
 
 def test_the_default_is_gpt2_unchanged():
@@ -196,7 +219,8 @@ def test_the_default_is_gpt2_unchanged():
     logits, loss = model(idx, idx)
     assert loss.item() == pytest.approx(4.179195404052734, abs=1e-5)
     assert logits[0, 3, :4].tolist() == pytest.approx(
-        [-0.11554253101348877, -0.06728972494602203, 0.13036328554153442, -0.03186886012554169], abs=1e-5)
+        [-0.11554253101348877, -0.06728972494602203, 0.13036328554153442, -0.03186886012554169], abs=1e-5
+    )
 
 
 def test_modern_parameters():
@@ -209,8 +233,9 @@ def test_modern_parameters():
     gpt2 = GPT(tiny())
     expected = gpt2.num_params() - TINY["block_size"] * c - (2 * TINY["n_layer"] + 1) * c + 2 * TINY["n_layer"] * head
     assert model.num_params() == expected
-    assert model.flops_per_token() == gpt2.flops_per_token() - 6 * (gpt2.num_params() - TINY["block_size"] * c
-                                                                    - expected)
+    assert model.flops_per_token() == gpt2.flops_per_token() - 6 * (
+        gpt2.num_params() - TINY["block_size"] * c - expected
+    )
 
 
 def test_modern_model_builds_on_meta_and_materialises():

@@ -3,6 +3,7 @@ checked against its parent here, on the CPU, through the project's own code, in 
 tests/test_ladder_equivalence.py (whose helpers it uses). Tolerances are stated per test; measured
 differences are printed (pytest -s).
 """
+
 import dataclasses
 import functools
 import importlib.util
@@ -14,16 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import needs_torch_chunked_loss
 from dist_worker import full_params, param_name
-from gpt.data import load_prepared, make_dataset
-from gpt.errors import UserError
-from gpt.ladder import STAGES_DIR, stage_config
-from gpt.optimizations import chunked_loss, owner, why_cannot_run
-from gpt.optimizations.parallel import fsdp_policies
-from gpt.optimizations.precision import matmul_precision, mixed_precision
-from gpt.stage import EXIT_SKIPPED, no_effect
 from test_ladder_equivalence import (
     AMP_LOSS_ATOL,
     CPU,
@@ -49,6 +42,13 @@ from test_ladder_equivalence import (
     train_with_grads,
 )
 
+from gpt.data import load_prepared, make_dataset
+from gpt.errors import UserError
+from gpt.ladder import STAGES_DIR, stage_config
+from gpt.optimizations import chunked_loss, owner, why_cannot_run
+from gpt.optimizations.parallel import fsdp_policies
+from gpt.optimizations.precision import matmul_precision, mixed_precision
+from gpt.stage import EXIT_SKIPPED, no_effect
 
 # ---- pre-tokenised data (fast_1) ---------------------------------------------------------------------------
 
@@ -179,20 +179,27 @@ def test_padded_vocab_keeps_the_loss_and_the_real_rows_gradients(char_data):
     assert padded.losses == pytest.approx(plain.losses, rel=PAD_RTOL)
     for step, (gp, g) in enumerate(zip(grads_padded, grads_plain)):
         assert gp["transformer.wte.weight"][vocab:].abs().max() == 0  # padding rows: probability 0, no gradient
-        report(f"padded vs plain vocabulary, step {step + 1} gradients (real rows)", real_rows(gp, vocab), g,
-               PAD_RTOL, PAD_ATOL)
+        report(
+            f"padded vs plain vocabulary, step {step + 1} gradients (real rows)",
+            real_rows(gp, vocab),
+            g,
+            PAD_RTOL,
+            PAD_ATOL,
+        )
         torch.testing.assert_close(real_rows(gp, vocab), g, rtol=PAD_RTOL, atol=PAD_ATOL)
     assert wte[vocab:].abs().max() == 0  # never predicted, never updated
-    torch.testing.assert_close(real_rows(full_params(padded.raw), vocab), full_params(plain.raw), rtol=PAD_RTOL,
-                               atol=PAD_ATOL)
+    torch.testing.assert_close(
+        real_rows(full_params(padded.raw), vocab), full_params(plain.raw), rtol=PAD_RTOL, atol=PAD_ATOL
+    )
 
 
 def test_padding_without_the_mask_changes_the_loss(char_data):
     """Negative control: without the -inf bias the padding rows' logits (0) join the softmax's denominator,
     so the loss the comparison above accepts is not reached."""
     plain = train_with_grads(tiny_config(char_data), 1)[0]
-    unmasked = train_with_grads(tiny_config(char_data, vocab_multiple=64), 1,
-                                lambda run: setattr(run.raw, "vocab_mask", None))[0]
+    unmasked = train_with_grads(
+        tiny_config(char_data, vocab_multiple=64), 1, lambda run: setattr(run.raw, "vocab_mask", None)
+    )[0]
     print(f"\nunmasked padding vs plain loss: {unmasked.losses[0]:.6f} vs {plain.losses[0]:.6f}")
     assert unmasked.losses[0] != pytest.approx(plain.losses[0], rel=PAD_RTOL)
 
@@ -213,8 +220,13 @@ def test_fused_adamw_matches_foreach(char_data):
     foreach = train_with_grads(tiny_config(char_data, **cfg), 4)[0]
     fused = train_with_grads(tiny_config(char_data, optimizer_fused=True, **cfg), 4)[0]
     assert [g["fused"] for g in fused.optimizer.param_groups] == [True, True]
-    report("fused vs foreach AdamW, parameters after 4 steps", full_params(fused.raw), full_params(foreach.raw),
-           FUSED_RTOL, FUSED_ATOL)
+    report(
+        "fused vs foreach AdamW, parameters after 4 steps",
+        full_params(fused.raw),
+        full_params(foreach.raw),
+        FUSED_RTOL,
+        FUSED_ATOL,
+    )
     torch.testing.assert_close(full_params(fused.raw), full_params(foreach.raw), rtol=FUSED_RTOL, atol=FUSED_ATOL)
     assert fused.losses == pytest.approx(foreach.losses, rel=1e-6)
 
@@ -264,14 +276,18 @@ def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multi
     assert small_chunks == [16, 16]  # the chunked op ran in the model, once per step, 8 chunks per call
     assert chunked.losses == pytest.approx(full.losses, rel=CHUNK_RTOL)
     for step, (gc, gf) in enumerate(zip(grads_chunked, grads_full)):
-        report(f"chunked vs full loss (vocab_multiple {vocab_multiple}), step {step + 1} gradients", gc, gf,
-               CHUNK_RTOL, CHUNK_ATOL)
+        report(
+            f"chunked vs full loss (vocab_multiple {vocab_multiple}), step {step + 1} gradients",
+            gc,
+            gf,
+            CHUNK_RTOL,
+            CHUNK_ATOL,
+        )
         torch.testing.assert_close(gc, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
 
 
 @needs_torch_chunked_loss
-def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch,
-                                                                                 char_data):
+def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch, char_data):
     """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
     chunked op (on a CPU) in the inputs' dtype, and it returns the loss in bf16, summed over chunks in bf16.
     So: gradients as close to fp32 training as the full loss's are (bound: twice the full loss's difference
@@ -285,8 +301,10 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     assert chunked.raw.config.loss == "chunked" and small_chunks == [16]
     n_chunks = 8 * 16 // small_chunks[0]
     full_rel, chunked_rel = max_diff(grads_full[0], grads_fp32[0])[1], max_diff(grads_chunked[0], grads_fp32[0])[1]
-    print(f"\nbf16 vs fp32 gradients, max |diff| / max |value|: full loss {full_rel:.3g}, chunked {chunked_rel:.3g}; "
-          f"losses: fp32 {fp32.losses[0]:.5f}, full {full.losses[0]:.5f}, chunked {chunked.losses[0]:.5f}")
+    print(
+        f"\nbf16 vs fp32 gradients, max |diff| / max |value|: full loss {full_rel:.3g}, chunked {chunked_rel:.3g}; "
+        f"losses: fp32 {fp32.losses[0]:.5f}, full {full.losses[0]:.5f}, chunked {chunked.losses[0]:.5f}"
+    )
     assert chunked_rel < 2 * full_rel + BF16_CHUNKED_WEIGHT_GRAD
     assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
 
@@ -315,6 +333,7 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     """auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on
     CUDA only; with none, a stage records why it is skipped; a named implementation that is missing says what
     to install."""
+
     def skip_reason(stage):
         return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
 
@@ -322,6 +341,7 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in installed else None)
 
     def op(input, linear_weight, target, *, linear_bias=None, options=None): ...  # the signature called
+
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", op, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
@@ -350,16 +370,33 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
 # accum_dtype and cce's gradient filter change, is recorded and checked as given.
 
 
-def kernel_contract(x, weight, targets, bias=None, *, ignore_index, reduction, softcap, ce_weight=None,
-                    label_smoothing=0.0, lse_square_scale=0.0):
+def kernel_contract(
+    x,
+    weight,
+    targets,
+    bias=None,
+    *,
+    ignore_index,
+    reduction,
+    softcap,
+    ce_weight=None,
+    label_smoothing=0.0,
+    lse_square_scale=0.0,
+):
     assert x.dim() == 2 and targets.shape == x.shape[:1] and weight.shape[1] == x.shape[1]
     with torch.autocast(x.device.type, enabled=False):
         logits = torch.nn.functional.linear(x, weight, bias)  # raises unless x, weight and bias share a dtype
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     logits = logits.float()
-    loss = torch.nn.functional.cross_entropy(logits, targets, weight=ce_weight, ignore_index=ignore_index,
-                                             reduction=reduction, label_smoothing=label_smoothing)
+    loss = torch.nn.functional.cross_entropy(
+        logits,
+        targets,
+        weight=ce_weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
     if lse_square_scale:
         z = lse_square_scale * torch.logsumexp(logits, -1)[targets != ignore_index] ** 2
         loss = loss + {"mean": z.mean(), "sum": z.sum()}[reduction]
@@ -370,26 +407,52 @@ def stand_ins(monkeypatch) -> dict:
     """Both libraries importable, with the stand-ins; returns what the precision-only arguments were given."""
     seen = {}
 
-    def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight=None, ignore_index=-100,
-                                         lse_square_scale=0.0, label_smoothing=0.0, reduction="mean", softcap=None,
-                                         return_z_loss=False, accum_dtype=None, use_token_scaling=False,
-                                         return_token_accuracy=False, return_predicted_tokens=False,
-                                         chunk_mem_const=1):
+    def liger_fused_linear_cross_entropy(
+        input,
+        weight,
+        target,
+        bias=None,
+        ce_weight=None,
+        ignore_index=-100,
+        lse_square_scale=0.0,
+        label_smoothing=0.0,
+        reduction="mean",
+        softcap=None,
+        return_z_loss=False,
+        accum_dtype=None,
+        use_token_scaling=False,
+        return_token_accuracy=False,
+        return_predicted_tokens=False,
+        chunk_mem_const=1,
+    ):
         assert not (return_z_loss or use_token_scaling or return_token_accuracy or return_predicted_tokens)  # a tuple
         seen.update(accum_dtype=accum_dtype)
-        return kernel_contract(input, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
-                               softcap=softcap, ce_weight=ce_weight, label_smoothing=label_smoothing,
-                               lse_square_scale=lse_square_scale)
+        return kernel_contract(
+            input,
+            weight,
+            target,
+            bias,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            softcap=softcap,
+            ce_weight=ce_weight,
+            label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale,
+        )
 
-    def linear_cross_entropy(e, c, targets, ignore_index=-100, softcap=None, reduction="mean", shift=False,
-                             filter_eps="high", impl="cce"):
+    def linear_cross_entropy(
+        e, c, targets, ignore_index=-100, softcap=None, reduction="mean", shift=False, filter_eps="high", impl="cce"
+    ):
         seen.update(filter_eps=filter_eps, impl=impl)
         if shift:
             e, targets = e[:-1], targets[1:]
         return kernel_contract(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
 
-    fake_module(monkeypatch, "liger_kernel.transformers.functional",
-                liger_fused_linear_cross_entropy=liger_fused_linear_cross_entropy)
+    fake_module(
+        monkeypatch,
+        "liger_kernel.transformers.functional",
+        liger_fused_linear_cross_entropy=liger_fused_linear_cross_entropy,
+    )
     fake_module(monkeypatch, "cut_cross_entropy", linear_cross_entropy=linear_cross_entropy)
     return seen
 
@@ -431,8 +494,10 @@ def test_triton_chunked_losses_run_outside_torch_compile(impl, monkeypatch):
     out=...): fast_6 died before its first step on an H100, tests/test_gpu.py::test_fast_stages_run_on_cuda).
     The stand-in records whether it ran under Dynamo's tracing; it must have run, and eagerly."""
     stand_ins(monkeypatch)
-    module, name = {"liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy"),
-                    "cce": ("cut_cross_entropy", "linear_cross_entropy")}[impl]
+    module, name = {
+        "liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy"),
+        "cce": ("cut_cross_entropy", "linear_cross_entropy"),
+    }[impl]
     kernel, traced = getattr(sys.modules[module], name), []
 
     def recording_kernel(*args, **kwargs):
@@ -472,8 +537,14 @@ for gl, gf in zip(grads_liger, grads_full):
     torch.testing.assert_close(gl, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
 print("liger matches", liger.losses, full.losses)
 """
-    r = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent, capture_output=True, text=True,
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     print(r.stdout)
 
@@ -536,15 +607,19 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
     return (diff.norm() / moved.norm()).item()
 
 
-@pytest.mark.parametrize("stage_settings", [
-    dict(fsdp_mixed_precision=True),  # lean_1
-    pytest.param(dict(fsdp_mixed_precision=True, loss="chunked"), marks=needs_torch_chunked_loss),  # lean_2
-])
+@pytest.mark.parametrize(
+    "stage_settings",
+    [
+        dict(fsdp_mixed_precision=True),  # lean_1
+        pytest.param(dict(fsdp_mixed_precision=True, loss="chunked"), marks=needs_torch_chunked_loss),  # lean_2
+    ],
+)
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
     memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
     # goal "memory", as the lean ladder runs (gpt/ladder.py:LADDER_GOAL): the chunked loss is kept whatever its time
-    cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, goal="memory", **memory_4,
-                      **stage_settings)
+    cfg = tiny_config(
+        char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, goal="memory", **memory_4, **stage_settings
+    )
     launch_workers(cfg, DIST_STEPS, tmp_path, "--cpu-bf16")  # bf16 even where this CPU would keep fp32
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
     assert all(r["model_loss"] == cfg.loss for r in ranks)  # the built model computes the loss under test
@@ -563,8 +638,10 @@ def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_dat
     error = update_error(params, full_params(single.raw), initial)
     slower = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, lr=0.8 * cfg.lr), DIST_STEPS)[0]
     control = update_error(full_params(slower.raw), full_params(single.raw), initial)
-    print(f"update after {DIST_STEPS} steps vs fp32 on one process: {error:.3g} relative "
-          f"(fp32 at 0.8 x lr: {control:.3g})")
+    print(
+        f"update after {DIST_STEPS} steps vs fp32 on one process: {error:.3g} relative "
+        f"(fp32 at 0.8 x lr: {control:.3g})"
+    )
     assert error < FSDP_BF16_UPDATE_REL < control
 
 
@@ -572,9 +649,23 @@ def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_dat
 
 
 def test_cpu_offload_is_skipped_without_a_gpu(tmp_path):
-    r = subprocess.run([sys.executable, str(STAGES_DIR / "lean_3_cpu_offload.py"), "--profile", "smoke",
-                        "--device", "cpu", "--out", str(tmp_path), "--wandb", "disabled"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(STAGES_DIR / "lean_3_cpu_offload.py"),
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--wandb",
+            "disabled",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == EXIT_SKIPPED, r.stderr
     record = json.loads((tmp_path / "lean_3_cpu_offload.json").read_text())
     assert record["status"] == "skipped" and record["reason"].startswith("nothing to offload to")
@@ -590,8 +681,9 @@ LEAN_3 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_forea
 
 
 def test_cpu_offload_on_two_processes_matches_one_process(char_data, tmp_path):
-    check_two_processes_match_one("fsdp", LEAN_3, char_data, tmp_path, "cpu", (DIST_GRAD_RTOL, DIST_GRAD_ATOL),
-                                  (DIST_PARAM_RTOL, DIST_PARAM_ATOL))
+    check_two_processes_match_one(
+        "fsdp", LEAN_3, char_data, tmp_path, "cpu", (DIST_GRAD_RTOL, DIST_GRAD_ATOL), (DIST_PARAM_RTOL, DIST_PARAM_ATOL)
+    )
 
 
 def test_every_fsdp_unit_gets_the_offload_and_precision_policies(monkeypatch, char_data):
@@ -652,8 +744,27 @@ def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
 def test_loss_benchmark_times_the_full_loss_and_each_available_implementation(capsys):
     from gpt import bench_loss
 
-    assert bench_loss.main(["--rows", "64", "--dim", "16", "--vocab", "80", "--repeats", "2", "--warmup", "0",
-                            "--device", "cpu", "--dtype", "float32"]) == 0
+    assert (
+        bench_loss.main(
+            [
+                "--rows",
+                "64",
+                "--dim",
+                "16",
+                "--vocab",
+                "80",
+                "--repeats",
+                "2",
+                "--warmup",
+                "0",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "64 rows x 16 -> 80 classes (padded to 128)" in out and "\nfull " in out
     assert ("chunked (torch)" in out) == chunked_loss.installed("torch")
@@ -724,8 +835,9 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
     assert loss == "full" and why.startswith("kept the full loss: the chunked loss (torch) is slower on this CPU")
     assert "96 rows x 32 -> 65 classes, float32: full 2.00 ms, chunked 5.00 ms" in why  # batch 8 x block 12
     assert owner("loss").no_effect(cfg, CPU) == why  # measured once, then read from the cache
-    assert chunked_loss.loss_used(tiny_config(char_data, loss="chunked", block_size=12, samples=320, goal="memory"),
-                                  "cpu", 65) == ("chunked", None)
+    assert chunked_loss.loss_used(
+        tiny_config(char_data, loss="chunked", block_size=12, samples=320, goal="memory"), "cpu", 65
+    ) == ("chunked", None)
     assert built_model_config(cfg).loss == "full"
     # a GPU measures too, under its own name: there the chunked loss was measured faster
     times = iter([{"median_ms": 5.0}, {"median_ms": 2.0}])
@@ -748,7 +860,9 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
     """F.linear_cross_entropy came into torch's history before its linear_bias= and options= (the call
     chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back
     to liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
+
     def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
+
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older, raising=False)  # 2.11 has none
     assert not chunked_loss.installed("torch")
     reason = why_cannot_run(stage_config("lean_2_chunked_loss", "smoke", device="cpu"), "cpu")
@@ -767,13 +881,17 @@ def test_every_bf16_choice_on_a_gpu_follows_one_rule(gpu, bf16_units, char_data,
 
     def is_bf16_supported(including_emulation=True):
         return bf16_units or including_emulation
+
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
     lean_1 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, device="cuda")
     amp = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), cuda)
     fsdp = fsdp_policies(lean_1, cuda).get("mp_policy")
-    chosen = {"autocast": amp.dtype == bf16, "FSDP": fsdp is not None and fsdp.param_dtype == bf16,
-              "Newton-Schulz": newton_schulz_dtype("cuda") == bf16}
+    chosen = {
+        "autocast": amp.dtype == bf16,
+        "FSDP": fsdp is not None and fsdp.param_dtype == bf16,
+        "Newton-Schulz": newton_schulz_dtype("cuda") == bf16,
+    }
     assert chosen == dict.fromkeys(chosen, bf16_units), gpu
     assert bf16_units or (amp.dtype == torch.float16 and "this GPU has no bf16 units" in amp.why)
     no_effect = owner("fsdp_mixed_precision").no_effect(lean_1, cuda)
@@ -805,5 +923,7 @@ def test_bf16_chunked_weight_gradient_at_the_stages_shape():
     full_rel = max_diff(weight_grad(chunked_loss.full_cross_entropy, torch.bfloat16), fp32)[1]
     chunked = weight_grad(lambda *a: chunked_loss.chunked_cross_entropy(*a, impl="torch"), torch.bfloat16)
     chunked_rel = max_diff(chunked, fp32)[1]
-    print(f"\nbf16 vs fp32 weight gradient at {rows} x {dim} -> {padded}: full {full_rel:.3g}, chunked {chunked_rel:.3g}")
+    print(
+        f"\nbf16 vs fp32 weight gradient at {rows} x {dim} -> {padded}: full {full_rel:.3g}, chunked {chunked_rel:.3g}"
+    )
     assert chunked_rel < 2 * full_rel + BF16_CHUNKED_WEIGHT_GRAD

@@ -1,4 +1,5 @@
 """Tokenizers, data preparation and the training datasets (fast, offline)."""
+
 import hashlib
 import importlib.util
 import json
@@ -261,7 +262,8 @@ def test_gathered_batches_are_the_dataloaders_batches(prepared, world_size):
     sampler, for every rank; only how they are built differs."""
     ds = make_dataset("tokens", prepared, BLOCK)
     for rank in range(world_size):
-        def sampler():
+
+        def sampler(rank=rank):
             return WindowSampler(len(ds), batch_size=4, num_batches=5, seed=11, rank=rank, world_size=world_size)
 
         loaded = list(DataLoader(ds, batch_size=4, sampler=sampler()))

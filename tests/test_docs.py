@@ -1,12 +1,12 @@
 """The README and docs/ point at things that exist: every relative link (and its #anchor), every `path.py:name`
 pointer into the code, and every code path written in backticks. A renamed function or a moved page fails here
 instead of leaving a reader at a dead end."""
+
 import ast
 import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -31,9 +31,13 @@ def defines(path: Path, dotted: str) -> bool:
     for name in dotted.split("."):
         found = None
         for node in body:
-            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                     else [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
-                           if isinstance(t, ast.Name)])
+            names = (
+                [node.name]
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                else [
+                    t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)
+                ]
+            )
             if name in names:
                 found = node
         if found is None:

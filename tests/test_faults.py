@@ -6,6 +6,7 @@ tests/stage_hooks/sitecustomize.py, which Python runs at start-up from PYTHONPAT
 they start carries a marker in its environment, so the tests can check that none is left behind, whatever session
 torchrun put it in.
 """
+
 import json
 import os
 import shutil
@@ -19,13 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
+
 from gpt import run_all
 from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS
 from gpt.records import record_problems
 from gpt.run_all import stage_command as real_stage_command
-from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
 
 HOOKS = REPO / "tests" / "stage_hooks"  # holds sitecustomize.py
 ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
@@ -84,19 +85,41 @@ def run_marked(cmd: list[str], env: dict, marker: str, log: Path) -> int:
 # ---- a rank that fails ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]),
-])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+                ),
+            ],
+        ),
+    ],
+)
 def test_a_rank_that_raises_ends_the_stage_with_its_error(device, tmp_path, char_data):
     """Rank 1 raises in its third step while rank 0 waits in FSDP's all-gather: rank 1 reports its error
     and leaves without a barrier (NCCL: aborts its communicator), torchrun stops rank 0; the record names
     rank 1 and its error. Without the fix, rank 1 waits in a barrier and the stage hangs for 30 minutes."""
     failed_at, out = tmp_path / "failed_at", tmp_path / "out"
     env, marker = marked_env(HOOK_FAULT=f"raise:1:2:{failed_at}")
-    cmd = [sys.executable, str(STAGES_DIR / "memory_4_fsdp.py"), "--profile", "smoke", "--device", device,
-           "--data-dir", str(char_data), "--out", str(out), "--wandb", "disabled"]
+    cmd = [
+        sys.executable,
+        str(STAGES_DIR / "memory_4_fsdp.py"),
+        "--profile",
+        "smoke",
+        "--device",
+        device,
+        "--data-dir",
+        str(char_data),
+        "--out",
+        str(out),
+        "--wandb",
+        "disabled",
+    ]
     rc = run_marked(cmd, env, marker, tmp_path / "stage.log")
     ended = time.time()
     log = (tmp_path / "stage.log").read_text()
@@ -109,10 +132,13 @@ def test_a_rank_that_raises_ends_the_stage_with_its_error(device, tmp_path, char
     assert_nothing_left(marker)
 
 
-@pytest.mark.parametrize("stage", [
-    "memory_4_fsdp",  # eager, no DataLoader workers: seconds
-    pytest.param("speed_6_ddp", marks=pytest.mark.slow),  # compiled, 4 DataLoader workers per rank: minutes
-])
+@pytest.mark.parametrize(
+    "stage",
+    [
+        "memory_4_fsdp",  # eager, no DataLoader workers: seconds
+        pytest.param("speed_6_ddp", marks=pytest.mark.slow),  # compiled, 4 DataLoader workers per rank: minutes
+    ],
+)
 def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, monkeypatch):
     """Rank 1 of a 2-process stage is SIGKILLed inside its third step's forward: the stage ends in bounded time,
     its record says so, run_all runs the next stages, and no process of the stage survives it (for speed_6_ddp
@@ -125,9 +151,15 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
     env, marker = marked_env(HOOK_FAULT=f"kill:1:2:{killed_at}")
     hooked = [f"{key}={env[key]}" for key in ("PYTHONPATH", "OMP_NUM_THREADS", "GPT_TEST_MARKER", "HOOK_FAULT")]
     stub_command = run_all.stage_command  # the hooks for the stage under test alone: they import torch in the stubs
-    monkeypatch.setattr(run_all, "stage_command", lambda name, *args: (
-        ["env", *hooked, *real_stage_command(name, *args), "--data-dir", str(char_data)] if name == stage
-        else stub_command(name, *args)))
+    monkeypatch.setattr(
+        run_all,
+        "stage_command",
+        lambda name, *args: (
+            ["env", *hooked, *real_stage_command(name, *args), "--data-dir", str(char_data)]
+            if name == stage
+            else stub_command(name, *args)
+        ),
+    )
     monkeypatch.setattr(run_all, "run_memory_planner", lambda out, reuse_from: None)
     monkeypatch.setattr(run_all, "SECTIONS", list(TIMED_LADDERS))  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
@@ -161,17 +193,27 @@ def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys)
     for stage in LADDERS["speed"]:
         behave(stage, "ok", fake_record(stage))
     holder = subprocess.Popen(  # another ladder, holding the directory
-        [sys.executable, "-c", "import sys; from pathlib import Path; from gpt.run_all import lock_output; "
-         "lock = lock_output(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()", str(out)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from gpt.run_all import lock_output; "
+            "lock = lock_output(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
+            str(out),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(SystemExit) as e:
             run_all.main([*SPEED_ARGS, "--out", str(out)])
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"error: another ladder (pid {holder.pid}) is writing to {out}: wait for it to finish, "
-                       "or give this one another --out"]
+        assert err == [
+            f"error: another ladder (pid {holder.pid}) is writing to {out}: wait for it to finish, "
+            "or give this one another --out"
+        ]
         assert calls() == []  # refused before any stage ran
     finally:
         holder.stdin.close()
@@ -206,8 +248,11 @@ def blocked_output(tmp_path: Path, how: str):
         return
     path.mkdir()
     path.chmod(0o555)
-    immutable = (writable(path) and shutil.which("chattr") is not None
-                 and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0)
+    immutable = (
+        writable(path)
+        and shutil.which("chattr") is not None
+        and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    )
     try:
         blocked = path if not writable(path) else Path("/sys")  # /sys: only read, never changed
         if not blocked.is_dir() or writable(blocked):
@@ -221,8 +266,9 @@ def blocked_output(tmp_path: Path, how: str):
 
 # a stage of one process, and one that would launch two
 @pytest.mark.parametrize("how, stage", [("file in the way", "speed_0_baseline"), ("read-only", "memory_4_fsdp")])
-def test_an_unwritable_output_directory_is_one_line_before_any_training(how, stage, tmp_path, stub_stages,
-                                                                       capsys, char_data):
+def test_an_unwritable_output_directory_is_one_line_before_any_training(
+    how, stage, tmp_path, stub_stages, capsys, char_data
+):
     out, behave, calls = stub_stages
     with blocked_output(tmp_path, how) as (blocked, message):
         with pytest.raises(SystemExit) as e:
@@ -230,9 +276,25 @@ def test_an_unwritable_output_directory_is_one_line_before_any_training(how, sta
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and message in err[0] and str(blocked) in err[0]
         assert calls() == []
-        r = subprocess.run([sys.executable, str(STAGES_DIR / f"{stage}.py"), "--profile", "smoke", "--device",
-                            "cpu", "--data-dir", str(char_data), "--out", str(blocked), "--wandb", "disabled"],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(STAGES_DIR / f"{stage}.py"),
+                "--profile",
+                "smoke",
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(char_data),
+                "--out",
+                str(blocked),
+                "--wandb",
+                "disabled",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
         assert r.stdout == ""  # no training, no launch
@@ -273,13 +335,32 @@ def test_a_stage_run_alone_prepares_its_default_data(tmp_path):
         shutil.copytree(REPO / d, clone / d, ignore=shutil.ignore_patterns("__pycache__"))
     (clone / "data").mkdir()
     shutil.copy(REPO / "data" / "prepare.py", clone / "data")
-    r = subprocess.run([sys.executable, str(clone / "stages" / "speed_0_baseline.py"), "--profile", "smoke",
-                        "--device", "cpu", "--samples", "8", "--repeats", "1", "--out", str(tmp_path / "out"),
-                        "--wandb", "disabled"],
-                       env={**os.environ, "PYTHONPATH": str(clone)}, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(clone / "stages" / "speed_0_baseline.py"),
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--samples",
+            "8",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+            "--wandb",
+            "disabled",
+        ],
+        env={**os.environ, "PYTHONPATH": str(clone)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     data_dir = clone / "data" / "shakespeare_char"
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("preparing")] == [
-        f"preparing the default data set in {data_dir}: python data/prepare.py --tokenizer char"]
+        f"preparing the default data set in {data_dir}: python data/prepare.py --tokenizer char"
+    ]
     assert (data_dir / "meta.json").is_file()
     assert json.loads((tmp_path / "out" / "speed_0_baseline.json").read_text())["status"] == "ok"

@@ -9,6 +9,7 @@ ones have not run anywhere yet, and their bounds, marked "not yet measured", are
 the end (Muon's bf16 Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added
 later and have not run on a GPU yet; their CPU twins run in the CPU suite.
 """
+
 import os
 import pickle
 import re
@@ -18,6 +19,20 @@ from dataclasses import fields
 
 import pytest
 import torch
+from test_beyond_equivalence import BF16_CHUNKED_WEIGHT_GRAD
+from test_ladder_equivalence import (
+    check_fp16_tracks_fp32,
+    check_two_processes_match_one,
+    max_diff,
+    tiny_config,
+    with_pytorchs_early_stop,
+)
+from test_noise_scale import check_smoke_measurement, measure_smoke
+from test_report import details
+from test_speedrun import check_the_groups_follow_wsd, check_the_last_stage_learns_compiled, trace_last_stage
+from test_speedrun_optimizer import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
+from test_time_to_loss import LEARNING_STAGES, learning_budget
+from test_train import run_stage
 
 from gpt import protocol, time_to_loss, train
 from gpt.allocator_snapshot import MiB
@@ -30,15 +45,6 @@ from gpt.optimizations.precision import mixed_precision
 from gpt.peak_memory import traced_memory
 from gpt.records import read_record, record_path, record_problems, write_record
 from gpt.report.document import write_report
-from test_beyond_equivalence import BF16_CHUNKED_WEIGHT_GRAD
-from test_ladder_equivalence import (check_fp16_tracks_fp32, check_two_processes_match_one, max_diff, tiny_config,
-                                     with_pytorchs_early_stop)
-from test_noise_scale import check_smoke_measurement, measure_smoke
-from test_report import details
-from test_speedrun import check_the_groups_follow_wsd, check_the_last_stage_learns_compiled, trace_last_stage
-from test_speedrun_optimizer import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
-from test_time_to_loss import LEARNING_STAGES, learning_budget
-from test_train import run_stage
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -52,8 +58,7 @@ GPU_DIST_PARAM_TOL = (1e-4, 1e-5)
 
 def cuda_run(char_data, tmp_path, **overrides) -> tuple[dict, dict]:
     """A short single-GPU run through protocol.run: (its record, the allocator snapshot it wrote)."""
-    cfg = tiny_config(char_data, device="cuda", samples=32, repeats=2, warmup_iters=3, measure_memory=True,
-                      **overrides)
+    cfg = tiny_config(char_data, device="cuda", samples=32, repeats=2, warmup_iters=3, measure_memory=True, **overrides)
     path = tmp_path / "stage.memory.pickle"
     record = protocol.run(cfg, memory_snapshot=path)
     with open(path, "rb") as f:
@@ -99,8 +104,9 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
 
     out = tmp_path / "records"
     for stage, record in (("speed_3_non_blocking", eager), ("speed_4_compile", graphs)):
-        write_record(record_path(out, stage), {**record, "stage": stage, "ladder": "speed", "profile": "test",
-                                               "parent": None})
+        write_record(
+            record_path(out, stage), {**record, "stage": stage, "ladder": "speed", "profile": "test", "parent": None}
+        )
     md = write_report(out).read_text()
     assert details(md, "speed_4_compile")[1].endswith("†")  # the "MiB vs prev." cell
     assert "their change compares the max_memory_reserved of both" in md
@@ -115,13 +121,17 @@ def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
 
 
 @two_gpus
-@pytest.mark.parametrize("mode, stage_settings", [
-    ("ddp", dict(grad_accum_steps=2)),
-    ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
-])
+@pytest.mark.parametrize(
+    "mode, stage_settings",
+    [
+        ("ddp", dict(grad_accum_steps=2)),
+        ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
+    ],
+)
 def test_two_gpus_match_one_gpu_on_the_combined_batch(mode, stage_settings, char_data, tmp_path):
-    check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, "cuda", GPU_DIST_GRAD_TOL,
-                                  GPU_DIST_PARAM_TOL)
+    check_two_processes_match_one(
+        mode, stage_settings, char_data, tmp_path, "cuda", GPU_DIST_GRAD_TOL, GPU_DIST_PARAM_TOL
+    )
 
 
 @two_gpus
@@ -168,8 +178,19 @@ def test_compiled_ddp_stage_records_its_cuda_graphs_once(char_data, tmp_path, mo
     recordings = []
     for repeats in (1, 3):
         out = tmp_path / f"repeats_{repeats}"
-        r = run_stage("--profile", "smoke", "--device", "cuda", "--data-dir", str(char_data), "--out", str(out),
-                      "--repeats", str(repeats), stage="speed_6_ddp")
+        r = run_stage(
+            "--profile",
+            "smoke",
+            "--device",
+            "cuda",
+            "--data-dir",
+            str(char_data),
+            "--out",
+            str(out),
+            "--repeats",
+            str(repeats),
+            stage="speed_6_ddp",
+        )
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-3000:]
         record = read_record(record_path(out, "speed_6_ddp"))
@@ -189,8 +210,19 @@ def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProces
     """`stage` at the smoke profile's small shapes on CUDA, with its memory step (the allocator's history of one
     step). A DDP/FSDP stage runs on 2 GPUs where there are 2, else as 1 rank under torchrun (FSDP over a mesh of
     one: the same code paths, all-gather and reduce-scatter included)."""
-    script = [str(STAGES_DIR / f"{stage}.py"), "--profile", "smoke", "--device", "cuda", "--data-dir", str(data_dir),
-              "--out", str(out), "--wandb", "disabled"]
+    script = [
+        str(STAGES_DIR / f"{stage}.py"),
+        "--profile",
+        "smoke",
+        "--device",
+        "cuda",
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--wandb",
+        "disabled",
+    ]
     one_rank = stage_config(stage, "smoke").distributed and torch.cuda.device_count() < 2
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if one_rank else []
     r = subprocess.run([sys.executable, *launcher, *script], capture_output=True, text=True, timeout=600)
@@ -253,12 +285,14 @@ def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
 def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_data):
     """The planner against max_memory_allocated at the reference profile's fast shapes (gpt-mini, batch 256,
     block 128), one eager step after one warm-up: the naive attention (fast_2) and SDPA with dropout (fast_3),
-    whose CUDA kernel the planner simulates (gpt/memory/estimator.py:_cuda_sdpa). Its old estimate, the CPU's math path, was
-    twice what the H100 measured. 10% is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are ~4% here."""
+    whose CUDA kernel the planner simulates (gpt/memory/estimator.py:_cuda_sdpa). Its old estimate, the CPU's math
+    path, was twice what the H100 measured. 10% is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are
+    ~4% here."""
     from gpt.memory.planner import compare_records
 
-    cfg = stage_config(stage, "reference", data_dir=str(char_data), device="cuda", compile=False, repeats=1,
-                       warmup_iters=1)
+    cfg = stage_config(
+        stage, "reference", data_dir=str(char_data), device="cuda", compile=False, repeats=1, warmup_iters=1
+    )
     cfg.samples = cfg.batch_size
     record = {"stage": stage, **protocol.run(cfg, label=stage)}
     [row] = compare_records([record], progress=print)
@@ -313,8 +347,10 @@ def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
     loss_full, grads_full = grads(full, torch.bfloat16)
     loss_chunked, grads_chunked = grads(chunked, torch.bfloat16)
     full_rel, chunked_rel = max_diff(grads_full, grads_fp32)[1], max_diff(grads_chunked, grads_fp32)[1]
-    print(f"\n{impl}: bf16 vs fp32 gradients {chunked_rel:.3g} (full loss {full_rel:.3g}); losses {loss_chunked:.5f} "
-          f"vs {loss_fp32:.5f}")
+    print(
+        f"\n{impl}: bf16 vs fp32 gradients {chunked_rel:.3g} (full loss {full_rel:.3g}); losses {loss_chunked:.5f} "
+        f"vs {loss_fp32:.5f}"
+    )
     assert chunked_rel < 2 * full_rel + (1e-3 if impl == "liger" else BF16_CHUNKED_WEIGHT_GRAD)
     assert loss_chunked == pytest.approx(loss_fp32, rel=1e-2)
     assert grads_chunked["weight"][vocab:].abs().max() == 0

@@ -1,4 +1,5 @@
 """The ladders' structure: one script per stage, each one change away from its parent, and the CLI's edges."""
+
 import json
 import re
 import subprocess
@@ -6,14 +7,23 @@ import sys
 from dataclasses import fields
 
 import pytest
+from conftest import REPO
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.ladder import LADDER_GOAL, LADDERS, STAGES_DIR, ladder_of, lineage, load_stage, parent_of, stage_config, trains_to_a_loss_only
+from gpt.ladder import (
+    LADDER_GOAL,
+    LADDERS,
+    STAGES_DIR,
+    ladder_of,
+    lineage,
+    load_stage,
+    parent_of,
+    stage_config,
+    trains_to_a_loss_only,
+)
 from gpt.profiles import PROFILES
 from gpt.stage import EXIT_SKIPPED
-
-from conftest import REPO
 
 ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
 # The fields each stage's single change may touch (a change is one optimization, not a bundle).
@@ -38,13 +48,29 @@ CHANGED_FIELDS = {
     "lean_2_chunked_loss": {"loss"},
     "lean_3_cpu_offload": {"fsdp_cpu_offload"},
     # the speedrun: the systems bundle, then training changes that also set the run's own settings
-    "speedrun_1_systems": {"compile", "amp", "dataset", "batch_gather", "amp_bf16", "tf32", "attention",
-                           "vocab_multiple", "optimizer_fused", "loss"},
+    "speedrun_1_systems": {
+        "compile",
+        "amp",
+        "dataset",
+        "batch_gather",
+        "amp_bf16",
+        "tf32",
+        "attention",
+        "vocab_multiple",
+        "optimizer_fused",
+        "loss",
+    },
     "speedrun_2_batch_lr": {"batch_size", "lr", "min_lr", "betas"},
     "speedrun_3_muon": {"matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"},
     "speedrun_4_architecture": {"architecture"},
-    "speedrun_5_wsd": {"lr_schedule", "lr_cooldown", "train_tokens", "lr_decay_tokens", "eval_every_tokens",
-                       "lr_warmup_tokens"},
+    "speedrun_5_wsd": {
+        "lr_schedule",
+        "lr_cooldown",
+        "train_tokens",
+        "lr_decay_tokens",
+        "eval_every_tokens",
+        "lr_warmup_tokens",
+    },
     "speedrun_6_bigram": {"bigram_embedding"},
 }
 DOCUMENTED = ("speed", "memory")  # the book's ladders; the others go beyond it (no documented figures)
@@ -112,7 +138,13 @@ def test_stage_references_match_the_documented_ladder():
 
 def test_reference_profile_is_the_documented_setup():
     speed, memory = stage_config("speed_0_baseline", "reference"), stage_config("memory_0_baseline", "reference")
-    assert (speed.batch_size, speed.block_size, speed.samples, speed.repeats, speed.warmup_iters) == (32, 128, 10240, 5, 10)
+    assert (speed.batch_size, speed.block_size, speed.samples, speed.repeats, speed.warmup_iters) == (
+        32,
+        128,
+        10240,
+        5,
+        10,
+    )
     assert stage_config("speed_1_batch_size", "reference").batch_size == 256
     assert (memory.preset, memory.batch_size, memory.samples) == ("gpt2-large", 32, 1024)
     assert stage_config("memory_1_grad_accum", "reference").micro_batch_size == 16
@@ -125,8 +157,9 @@ def test_unknown_stage_is_a_user_error():
 
 
 def run_script(stage, *args):
-    return subprocess.run([sys.executable, str(STAGES_DIR / f"{stage}.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(STAGES_DIR / f"{stage}.py"), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_help_documents_the_common_flags():
@@ -142,8 +175,9 @@ def test_distributed_stage_that_cannot_run_is_skipped_with_one_line(tmp_path):
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine can run 2 GPU processes")
-    r = run_script("speed_6_ddp", "--device", "cuda", "--profile", "smoke", "--out", str(tmp_path),
-                   "--wandb", "disabled")
+    r = run_script(
+        "speed_6_ddp", "--device", "cuda", "--profile", "smoke", "--out", str(tmp_path), "--wandb", "disabled"
+    )
     assert r.returncode == EXIT_SKIPPED
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and re.match(r"error: speed_6_ddp cannot run here: needs 2 GPUs, found \d", lines[0])
@@ -153,8 +187,22 @@ def test_distributed_stage_that_cannot_run_is_skipped_with_one_line(tmp_path):
 
 def test_dropout_and_loss_impl_flags_reach_the_config(tmp_path, char_data):
     """nanoGPT's bench.py trains without dropout: --dropout sets it (bad values: one line, exit 2)."""
-    r = run_script("speed_0_baseline", "--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
-                   "--out", str(tmp_path), "--wandb", "disabled", "--dropout", "0", "--no-profiler")
+    r = run_script(
+        "speed_0_baseline",
+        "--profile",
+        "smoke",
+        "--device",
+        "cpu",
+        "--data-dir",
+        str(char_data),
+        "--out",
+        str(tmp_path),
+        "--wandb",
+        "disabled",
+        "--dropout",
+        "0",
+        "--no-profiler",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((tmp_path / "speed_0_baseline.json").read_text())
     assert record["config"]["dropout"] == 0.0 == record["model"]["dropout"]

@@ -10,6 +10,7 @@ differences are printed (pytest -s).
 Gradients are read where AdamW reads them: an optimizer step pre-hook copies every .grad just before
 the step (after clipping), since train_step sets them to None once it has stepped.
 """
+
 import contextlib
 import json
 import math
@@ -21,10 +22,10 @@ from unittest import mock
 
 import pytest
 import torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
 from conftest import REPO, load_prepare_module
 from dist_worker import full_params, record_grads, run_steps
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
 from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler, make_dataset
@@ -33,8 +34,18 @@ from gpt.optimizations.precision import MixedPrecision
 from gpt.train import build_model, train_step
 
 CPU = torch.device("cpu")
-TINY = dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, dataset="tokens",
-            batch_size=8, device="cpu", measure_memory=False)
+TINY = dict(
+    preset="gpt-mini",
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    block_size=16,
+    dropout=0.0,
+    dataset="tokens",
+    batch_size=8,
+    device="cpu",
+    measure_memory=False,
+)
 NO_CLIP = 1e9  # grad_clip: at this model's gradient norm (~2) a clip coefficient of 1, i.e. no clipping
 
 
@@ -44,9 +55,11 @@ def tiny_config(data_dir, **overrides) -> TrainConfig:
 
 def train_with_grads(cfg: TrainConfig, steps: int, *setups, amp=None):
     grads = []
+
     def setup(run):
         for s in (record_grads(grads), *setups):
             s(run)
+
     return run_steps(cfg, steps, setup, amp=amp), grads
 
 
@@ -59,8 +72,9 @@ def max_diff(actual: dict, expected: dict) -> tuple[float, float]:
     """(largest absolute difference, largest difference relative to its tensor's largest magnitude)."""
     assert actual.keys() == expected.keys()
     abs_d = max((actual[k] - expected[k]).abs().max().item() for k in expected)
-    rel_d = max(((actual[k] - expected[k]).abs().max() / expected[k].abs().max().clamp_min(1e-30)).item()
-                for k in expected)
+    rel_d = max(
+        ((actual[k] - expected[k]).abs().max() / expected[k].abs().max().clamp_min(1e-30)).item() for k in expected
+    )
     return abs_d, rel_d
 
 
@@ -70,8 +84,7 @@ def report(what: str, actual: dict, expected: dict, rtol: float = 0.0, atol: flo
     abs_d, rel_d = max_diff(actual, expected)
     line = f"\n{what}: max |diff| {abs_d:.3g}, max |diff| / max |value| {rel_d:.3g}"
     if rtol or atol:
-        used = max(((actual[k] - expected[k]).abs() / (atol + rtol * expected[k].abs())).max().item()
-                   for k in expected)
+        used = max(((actual[k] - expected[k]).abs() / (atol + rtol * expected[k].abs())).max().item() for k in expected)
         line += f", {used:.2g} of the tolerance"
     print(line)
 
@@ -164,8 +177,9 @@ def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, m
 
     raised = []
     init = ckpt_module._StopRecomputationError.__init__
-    monkeypatch.setattr(ckpt_module._StopRecomputationError, "__init__",
-                        lambda self, *a: raised.append(1) or init(self, *a))
+    monkeypatch.setattr(
+        ckpt_module._StopRecomputationError, "__init__", lambda self, *a: raised.append(1) or init(self, *a)
+    )
     cfg = tiny_config(char_data, dropout=0.1, grad_accum_steps=2, activation_checkpointing=True)
     _, (grads,) = train_with_grads(cfg, 1, seeded(1))
     assert raised == []
@@ -203,8 +217,9 @@ def test_adamw_for_loop_matches_foreach(char_data):
 def gpt2_text_data(tmp_path_factory, shakespeare_excerpt):
     """The CPU speed profile's kind of data: raw text, cleaned and BPE-tokenised per sample."""
     out = tmp_path_factory.mktemp("equivalence") / "excerpt_gpt2"
-    return load_prepare_module().prepare(source="files", files=[str(shakespeare_excerpt)], tokenizer="gpt2",
-                                         out=str(out))
+    return load_prepare_module().prepare(
+        source="files", files=[str(shakespeare_excerpt)], tokenizer="gpt2", out=str(out)
+    )
 
 
 def loader_batches(cfg: TrainConfig, steps: int) -> list:
@@ -273,8 +288,10 @@ def test_compile_matches_eager(char_data):
     counters.clear()
     compiled, grads_compiled = train_with_grads(tiny_config(char_data, compile=True), 2)
     # really compiled: a wrapper alone (hasattr _orig_mod) is also what dynamo leaves when it falls back to eager
-    assert counters["stats"]["unique_graphs"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] + \
-        counters["inductor"]["fxgraph_cache_hit"] >= 1, dict(counters["stats"])
+    assert (
+        counters["stats"]["unique_graphs"] >= 1
+        and counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
+    ), dict(counters["stats"])
     print(f"\ncompile vs eager losses: {compiled.losses} vs {eager.losses}")
     assert compiled.losses == pytest.approx(eager.losses, rel=COMPILE_LOSS_RTOL)
     for step, (gc, ge) in enumerate(zip(grads_compiled, grads_eager)):
@@ -302,8 +319,10 @@ def test_bf16_autocast_loss_tracks_fp32(char_data):
     with torch.no_grad(), amp.autocast():  # the matmuls really ran in bf16
         assert bf16.model(bf16.inputs[0])[0].dtype == torch.bfloat16
     diffs = [abs(a - b) for a, b in zip(bf16.losses, fp32.losses)]
-    print(f"\nbf16 vs fp32 losses: {[round(l, 4) for l in bf16.losses]} vs {[round(l, 4) for l in fp32.losses]}; "
-          f"max |diff| {max(diffs):.3g}")
+    print(
+        f"\nbf16 vs fp32 losses: {[round(x, 4) for x in bf16.losses]} vs {[round(x, 4) for x in fp32.losses]}; "
+        f"max |diff| {max(diffs):.3g}"
+    )
     assert max(diffs) < AMP_LOSS_ATOL
     assert fp32.losses[0] - fp32.losses[-1] > 5 * AMP_LOSS_ATOL  # the tolerance is small next to learning
 
@@ -352,14 +371,15 @@ def test_grad_scaler_skips_a_step_with_inf_gradients_and_halves_its_scale(char_d
     state untouched) and the scale multiplied by backoff_factor (0.5)."""
     cfg = tiny_config(char_data, lr=3e-3, batch_size=16, grad_accum_steps=2)
     batches = loader_batches(cfg, steps=4)
-    raw, model, optimizer = build_model(cfg, make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size).vocab_size,
-                                        CPU)
+    raw, model, optimizer = build_model(cfg, make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size).vocab_size, CPU)
     amp = fp16_with_scaler(init_scale=2.0**10, growth_interval=2)
     poisoned = raw.transformer.h[0].mlp.c_fc.weight
     scales, applied = [], []
     for step, (x, y) in enumerate(batches):
-        before = {**full_params(raw), **{f"exp_avg {i}": s["exp_avg"].clone()
-                                         for i, s in enumerate(optimizer.state.values())}}
+        before = {
+            **full_params(raw),
+            **{f"exp_avg {i}": s["exp_avg"].clone() for i, s in enumerate(optimizer.state.values())},
+        }
         hook = poisoned.register_hook(lambda g: torch.full_like(g, float("inf"))) if step == 2 else None
         loss = train_step(model, optimizer, x, y, cfg, amp)
         if hook:
@@ -390,9 +410,21 @@ DIST_PARAM_RTOL, DIST_PARAM_ATOL = 1e-5, 1e-6
 
 
 def launch_workers(cfg: TrainConfig, steps: int, out, *worker_args: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
-           str(REPO / "tests" / "dist_worker.py"), "--config", json.dumps(cfg.to_dict()),
-           "--steps", str(steps), "--out", str(out), *worker_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={NPROC}",
+        str(REPO / "tests" / "dist_worker.py"),
+        "--config",
+        json.dumps(cfg.to_dict()),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        *worker_args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 processes share 2 cores
     log = out / "torchrun.log"  # a file, not a pipe: a stray process holding a pipe open cannot block us
     with open(log, "w") as f:
@@ -408,6 +440,7 @@ def launch_workers(cfg: TrainConfig, steps: int, out, *worker_args: str) -> None
 def kill_tree(proc: subprocess.Popen) -> None:
     """Kill torchrun and its ranks. The ranks run in sessions of their own (torchrun starts them so), so
     killing torchrun's process group would orphan them: collect their ids from /proc first."""
+
     def children(pid):
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -431,26 +464,44 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-@pytest.mark.parametrize("mode, stage_settings", [
-    # grad_accum_steps=2 also runs DDP's no_sync() path (gradients all-reduced on the last micro-batch only).
-    ("ddp", dict(grad_accum_steps=2)),
-    # the memory ladder's earlier changes, as memory_4 runs them, composed with sharding
-    ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
-])
+@pytest.mark.parametrize(
+    "mode, stage_settings",
+    [
+        # grad_accum_steps=2 also runs DDP's no_sync() path (gradients all-reduced on the last micro-batch only).
+        ("ddp", dict(grad_accum_steps=2)),
+        # the memory ladder's earlier changes, as memory_4 runs them, composed with sharding
+        ("fsdp", dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)),
+    ],
+)
 def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_settings, char_data, tmp_path):
-    check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, "cpu",
-                                  (DIST_GRAD_RTOL, DIST_GRAD_ATOL), (DIST_PARAM_RTOL, DIST_PARAM_ATOL))
+    check_two_processes_match_one(
+        mode,
+        stage_settings,
+        char_data,
+        tmp_path,
+        "cpu",
+        (DIST_GRAD_RTOL, DIST_GRAD_ATOL),
+        (DIST_PARAM_RTOL, DIST_PARAM_ATOL),
+    )
 
 
 def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, device, grad_tol, param_tol) -> None:
     """Also run on 2 GPUs (NCCL) by tests/test_gpu.py. Tolerances are (rtol, atol)."""
     # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
-    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, device=device,
-                      grad_clip=NO_CLIP, **stage_settings)
+    cfg = tiny_config(
+        char_data,
+        distributed=mode,
+        nproc=NPROC,
+        batch_size=RANK_BATCH,
+        device=device,
+        grad_clip=NO_CLIP,
+        **stage_settings,
+    )
     launch_workers(cfg, DIST_STEPS, tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(NPROC)]
-    single, grads_single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device,
-                                                        grad_clip=NO_CLIP), DIST_STEPS)
+    single, grads_single = train_with_grads(
+        tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device, grad_clip=NO_CLIP), DIST_STEPS
+    )
     grads_single = [{k: g.cpu() for k, g in grads.items()} for grads in grads_single]
     params_single = {k: p.cpu() for k, p in full_params(single.raw).items()}
 
@@ -466,8 +517,12 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
     for step, (gd, gs) in enumerate(zip(ranks[0]["grads"], grads_single)):
         report(f"{mode} x{NPROC} vs one process, step {step + 1} gradients", gd, gs, *grad_tol)
         torch.testing.assert_close(gd, gs, rtol=grad_tol[0], atol=grad_tol[1])
-    report(f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps", ranks[0]["params"],
-           params_single, *param_tol)
+    report(
+        f"{mode} x{NPROC} vs one process, parameters after {DIST_STEPS} steps",
+        ranks[0]["params"],
+        params_single,
+        *param_tol,
+    )
     torch.testing.assert_close(ranks[0]["params"], params_single, rtol=param_tol[0], atol=param_tol[1])
 
 
@@ -475,8 +530,9 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
 def test_ranks_gradients_summed_not_averaged_fail_that_comparison(mode, stage_settings, char_data, tmp_path):
     """Negative control: a reduction that sums the ranks' gradients (each W = 2 times too large) is rejected by
     the gradient comparison above, which clipping would have passed."""
-    cfg = tiny_config(char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, grad_clip=NO_CLIP,
-                      **stage_settings)
+    cfg = tiny_config(
+        char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, grad_clip=NO_CLIP, **stage_settings
+    )
     launch_workers(cfg, 1, tmp_path, "--summed-reduction")
     (grads_summed,) = torch.load(tmp_path / "rank0.pt")["grads"]
     _, (grads_single,) = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, grad_clip=NO_CLIP), 1)

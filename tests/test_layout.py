@@ -2,6 +2,7 @@
 counted), gpt's modules in layers that import only downward (LAYERS), no function in gpt/, data/ or stages/ longer
 than a screen (MAX_FUNCTION_LINES), each optimization's knowledge in its one home (the fields it owns named in few
 modules, none in the report), all read from the source (ast); and every module imports on an older torch."""
+
 import ast
 import re
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from dataclasses import fields
 
 from conftest import REPO
+
 from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.ladder import LADDERS, parent_of, stage_config, trains_to_a_loss_only
@@ -20,15 +22,24 @@ MAX_MODULES_NAMING_A_FIELD = 4
 # batch_size is speed_1's change, but also the batch every part of a run reads (sampler, loader, planner, W&B) and
 # the report shows as a fact of a run (the planner section's title, the noise-scale plot's baseline batch).
 SHARED_FIELDS = {"batch_size"}
-SPEEDRUN_RUN_SETTINGS = {"lr", "min_lr", "betas", "train_tokens", "lr_decay_tokens", "eval_every_tokens",
-                         "lr_warmup_tokens"}
+SPEEDRUN_RUN_SETTINGS = {
+    "lr",
+    "min_lr",
+    "betas",
+    "train_tokens",
+    "lr_decay_tokens",
+    "eval_every_tokens",
+    "lr_warmup_tokens",
+}
 
 
 def module_imports() -> dict[str, set[str]]:
     """gpt's modules -> the gpt modules each imports: at the top, inside a function, or under `if TYPE_CHECKING:`
     (an import for annotations only runs nowhere, but still makes each module need the other to be read)."""
-    files = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in (REPO / "gpt").rglob("*.py")}
+    files = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (REPO / "gpt").rglob("*.py")
+    }
     graph = {}
     for name, path in files.items():
         deps = set()
@@ -48,7 +59,7 @@ def cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     def visit(node, path):
         for dep in graph.get(node, ()):
             if dep in path:
-                cycle = path[path.index(dep):]
+                cycle = path[path.index(dep) :]
                 found.add(min(tuple(cycle[i:] + cycle[:i]) for i in range(len(cycle))))
             else:
                 visit(dep, path + [dep])
@@ -78,16 +89,44 @@ LAYERS = [
     # the ground: plain helpers over plain values, importing nothing from the project
     ("ground", {"gpt.errors", "gpt.files", "gpt.formatting", "gpt.loss_curve"}),
     # settings, devices, records, data, clocks and memory readings: what every run stands on
-    ("basics", {"gpt.profiles", "gpt.config", "gpt.devices", "gpt.records", "gpt.tokenizer", "gpt.data",
-                "gpt.evaluation", "gpt.step_profiler", "gpt.clocks", "gpt.machine_cache", "gpt.flops",
-                "gpt.allocator_snapshot", "gpt.peak_memory", "gpt.distributed", "gpt.reuse"}),
+    (
+        "basics",
+        {
+            "gpt.profiles",
+            "gpt.config",
+            "gpt.devices",
+            "gpt.records",
+            "gpt.tokenizer",
+            "gpt.data",
+            "gpt.evaluation",
+            "gpt.step_profiler",
+            "gpt.clocks",
+            "gpt.machine_cache",
+            "gpt.flops",
+            "gpt.allocator_snapshot",
+            "gpt.peak_memory",
+            "gpt.distributed",
+            "gpt.reuse",
+        },
+    ),
     # one home per optimization, and the registry
     ("optimizations", {"gpt.optimizations"}),
     # the model, the training step and loop, the ladders' order, the timed protocol
     ("training", {"gpt.model", "gpt.train", "gpt.ladder", "gpt.protocol"}),
     # the commands that train or measure and write records
-    ("commands", {"gpt.stage", "gpt.time_to_loss", "gpt.noise_scale", "gpt.bench_loss", "gpt.wandb_log",
-                  "gpt.published", "gpt.quick", "gpt.ngram_floor"}),
+    (
+        "commands",
+        {
+            "gpt.stage",
+            "gpt.time_to_loss",
+            "gpt.noise_scale",
+            "gpt.bench_loss",
+            "gpt.wandb_log",
+            "gpt.published",
+            "gpt.quick",
+            "gpt.ngram_floor",
+        },
+    ),
     # the memory planner: the stages' training code run on fake tensors
     ("memory planner", {"gpt.memory"}),
     # results.md from every command's records, the planner's section included
@@ -112,8 +151,12 @@ def layer_of(module: str) -> int | None:
 def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     """(importer, imported) for every import of a module from a higher layer than the importer's ("gpt" itself, the
     empty package every `from gpt import x` names, is no layer)."""
-    return {(m, d) for m, deps in graph.items() for d in deps - {"gpt"}
-            if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)}
+    return {
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps - {"gpt"}
+        if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)
+    }
 
 
 def test_the_modules_stand_in_layers_and_import_only_downward():
@@ -131,9 +174,13 @@ def test_the_modules_stand_in_layers_and_import_only_downward():
     ground = {m: deps - {"gpt"} for m, deps in graph.items() if layer_of(m) == 0}
     assert {m: deps for m, deps in ground.items() if deps} == {}  # the ground stands on nothing
     # the check finds one, inside a function too (module_imports walks the whole tree)
-    assert upward_imports({"gpt.formatting": {"gpt", "gpt.report.rows"}, "gpt.report.rows": {"gpt.formatting"},
-                           "gpt.optimizations.feeding": {"gpt.optimizations.optimization"}}) == {
-        ("gpt.formatting", "gpt.report.rows")}
+    assert upward_imports(
+        {
+            "gpt.formatting": {"gpt", "gpt.report.rows"},
+            "gpt.report.rows": {"gpt.formatting"},
+            "gpt.optimizations.feeding": {"gpt.optimizations.optimization"},
+        }
+    ) == {("gpt.formatting", "gpt.report.rows")}
 
 
 def test_no_function_longer_than_a_screen():
@@ -152,13 +199,18 @@ def test_every_module_imports_on_a_torch_without_the_chunked_loss_api():
     """torch 2.11 (the GPU machines' preinstalled torch) has no F.linear_cross_entropy and no
     torch.nn.LinearCrossEntropyOptions: nothing may need them at import (a return annotation once did, and
     every stage died at import there). Emulated here by deleting both before importing every module."""
-    modules = sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-                     for p in (REPO / "gpt").rglob("*.py") if p.name != "__main__.py")
-    script = ("import importlib, torch, torch.nn.functional as F\n"
-              "for name in ('LinearCrossEntropyOptions',):\n    torch.nn.__dict__.pop(name, None)\n"
-              "F.__dict__.pop('linear_cross_entropy', None)\n"
-              f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-              "from gpt.optimizations import chunked_loss\nprint(chunked_loss.installed('torch'))\n")
+    modules = sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in (REPO / "gpt").rglob("*.py")
+        if p.name != "__main__.py"
+    )
+    script = (
+        "import importlib, torch, torch.nn.functional as F\n"
+        "for name in ('LinearCrossEntropyOptions',):\n    torch.nn.__dict__.pop(name, None)\n"
+        "F.__dict__.pop('linear_cross_entropy', None)\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+        "from gpt.optimizations import chunked_loss\nprint(chunked_loss.installed('torch'))\n"
+    )
     r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "False" and len(modules) > 20
@@ -202,8 +254,9 @@ def test_every_field_a_stage_changes_belongs_to_exactly_one_optimization():
         # the speedrun's training changes also set the run's own settings (learning rate, betas, budget): they are
         # judged by the time to the target, and those settings have no home but the stage script that sets them
         run_settings = SPEEDRUN_RUN_SETTINGS if trains_to_a_loss_only(stage) else set()
-        assert changed_fields(stage) and all(optimizations.owner(f) or f in run_settings
-                                             for f in changed_fields(stage)), stage
+        assert changed_fields(stage) and all(
+            optimizations.owner(f) or f in run_settings for f in changed_fields(stage)
+        ), stage
     assert optimizations.owner("lr") is None  # a setting of the run, not an optimization
 
 
@@ -243,8 +296,10 @@ def test_the_suite_collects_with_pytest_alone_and_without_the_optional_packages(
     there, without pytest-timeout (the timeout is set by tests/conftest.py where the plugin is) and without the
     packages only some paths use (matplotlib: the plots; safetensors: loading GPT-2's weights; wandb, datasets,
     tiktoken), which are imported where used."""
-    script = ("import sys, pytest\n"
-              "for m in ('matplotlib', 'safetensors', 'wandb', 'datasets', 'tiktoken'):\n    sys.modules[m] = None\n"
-              "sys.exit(pytest.main(['-p', 'no:timeout', '-p', 'no:cacheprovider', '--collect-only', '-q', 'tests']))\n")
+    script = (
+        "import sys, pytest\n"
+        "for m in ('matplotlib', 'safetensors', 'wandb', 'datasets', 'tiktoken'):\n    sys.modules[m] = None\n"
+        "sys.exit(pytest.main(['-p', 'no:timeout', '-p', 'no:cacheprovider', '--collect-only', '-q', 'tests']))\n"
+    )
     r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

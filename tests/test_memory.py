@@ -1,6 +1,7 @@
 """The memory planner (gpt/memory): estimates match the peaks real runs measure, CUDA's rules are applied,
 the reference emulation keeps what it says it keeps, the fit search finds the boundary, bad input gets one
 line. About a minute in all; the reference-size checks are marked slow."""
+
 import contextlib
 import json
 import math
@@ -12,23 +13,24 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gpt import allocator_snapshot as snapshot
 from gpt import optimizations, protocol
-from gpt.errors import UserError
-from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
 from gpt.allocator_snapshot import MiB
-from gpt.memory.estimator import _cuda_rules, estimate
-from gpt.report.memory_planner import planner_section
+from gpt.config import TrainConfig
+from gpt.errors import UserError
+from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
 from gpt.memory.__main__ import main
+from gpt.memory.estimator import _cuda_rules, estimate
 from gpt.memory.planner import (
+    COMPARED,
     SNAPSHOT_DIR,
     SNAPSHOTS,
-    VARIANTS,
-    COMPARED,
     UPPER_BOUND,
+    VARIANTS,
     compare_records,
     compared_peak,
     largest_fit,
@@ -37,11 +39,9 @@ from gpt.memory.planner import (
     vocabulary_of,
     with_newgelu,
 )
-from gpt.config import TrainConfig
 from gpt.model import GPT, CausalSelfAttention, GPTConfig
 from gpt.records import write_record
-
-from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
+from gpt.report.memory_planner import planner_section
 
 # Smoke stages measured for real here, each compared with its estimate. Not among them:
 # - speed_2_num_workers, speed_3_non_blocking: they change host-side data loading only (worker processes;
@@ -52,11 +52,23 @@ from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
 # - speed_6_ddp: DDP is estimated as its single-process rank (see gpt/memory); checked in a slow test.
 # - the fast_* stages: all compiled (they continue from speed_5_amp), as speed_4 and speed_5.
 # - lean_3_cpu_offload: skipped on a CPU (nothing to offload to), so there is no CPU measurement.
-IN_PROCESS = ["memory_0_baseline", "memory_1_grad_accum", "memory_2_checkpointing", "memory_3_foreach_off",
-              "speed_0_baseline", "speed_1_batch_size"]
+IN_PROCESS = [
+    "memory_0_baseline",
+    "memory_1_grad_accum",
+    "memory_2_checkpointing",
+    "memory_3_foreach_off",
+    "speed_0_baseline",
+    "speed_1_batch_size",
+]
 TWO_PROCESSES = ["memory_4_fsdp", "lean_1_fsdp_bf16", "lean_2_chunked_loss"]
-COMPILED = {"fast_1_pretokenized", "fast_2_bf16", "fast_3_sdpa", "fast_4_padded_vocab", "fast_5_fused_adamw",
-            "fast_6_chunked_loss"}
+COMPILED = {
+    "fast_1_pretokenized",
+    "fast_2_bf16",
+    "fast_3_sdpa",
+    "fast_4_padded_vocab",
+    "fast_5_fused_adamw",
+    "fast_6_chunked_loss",
+}
 
 
 def measured_record(stage: str, data_dir, out) -> dict:
@@ -65,12 +77,36 @@ def measured_record(stage: str, data_dir, out) -> dict:
     if stage in IN_PROCESS:
         cfg = stage_config(stage, "smoke", data_dir=str(data_dir), device="cpu", warmup_iters=1, repeats=1)
         cfg.samples = cfg.batch_size
-        return {"stage": stage, "ladder": ladder_of(stage), "profile": "smoke", "parent": parent_of(stage),
-                **protocol.run(cfg, label=stage)}
-    r = subprocess.run([sys.executable, str(REPO / "stages" / f"{stage}.py"), "--profile", "smoke", "--device",
-                        "cpu", "--wandb", "disabled", "--data-dir", str(data_dir), "--out", str(out),
-                        "--repeats", "1", "--warmup-iters", "1"],
-                       capture_output=True, text=True, timeout=300)
+        return {
+            "stage": stage,
+            "ladder": ladder_of(stage),
+            "profile": "smoke",
+            "parent": parent_of(stage),
+            **protocol.run(cfg, label=stage),
+        }
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages" / f"{stage}.py"),
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--wandb",
+            "disabled",
+            "--data-dir",
+            str(data_dir),
+            "--out",
+            str(out),
+            "--repeats",
+            "1",
+            "--warmup-iters",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads((out / f"{stage}.json").read_text())
 
@@ -105,10 +141,23 @@ HAND_SHAPE = dict(C=64, H=2, V=512, T=64, b=8)
 
 def hand_sized_estimate(n_layer: int):
     s = HAND_SHAPE
-    cfg = optimizations.validate(TrainConfig(
-        preset="gpt-mini", n_layer=n_layer, n_head=s["H"], n_embd=s["C"], block_size=s["T"], batch_size=2 * s["b"],
-        grad_accum_steps=2, dropout=0.0, attention="sdpa", dataset="tokens", device="cpu", goal="memory",
-        measure_memory=False))
+    cfg = optimizations.validate(
+        TrainConfig(
+            preset="gpt-mini",
+            n_layer=n_layer,
+            n_head=s["H"],
+            n_embd=s["C"],
+            block_size=s["T"],
+            batch_size=2 * s["b"],
+            grad_accum_steps=2,
+            dropout=0.0,
+            attention="sdpa",
+            dataset="tokens",
+            device="cpu",
+            goal="memory",
+            measure_memory=False,
+        )
+    )
     return estimate(cfg, s["V"], "cpu").breakdown_mib
 
 
@@ -126,8 +175,9 @@ def test_planner_activations_of_one_block_match_a_count_by_hand():
     C, H, T, b = HAND_SHAPE["C"], HAND_SHAPE["H"], HAND_SHAPE["T"], HAND_SHAPE["b"]
     block = 4 * (16 * b * T * C + b * H * T + 4 * b * T) / MiB
     one, two = hand_sized_estimate(1), hand_sized_estimate(2)
-    print(f"\none block's activations: by hand {block:.4f} MiB, "
-          f"estimated {two['activations'] - one['activations']:.2f}")
+    print(
+        f"\none block's activations: by hand {block:.4f} MiB, estimated {two['activations'] - one['activations']:.2f}"
+    )
     assert two["activations"] - one["activations"] == pytest.approx(block, abs=0.01)
 
 
@@ -150,14 +200,16 @@ def test_cuda_rules_attend_with_a_fused_kernel_that_keeps_no_t_by_t_tensor(dtype
     backward; CUDA's flash (16-bit) and memory-efficient (fp32) kernels keep the output and a logsumexp per
     row. The CUDA estimate must keep what CUDA keeps (the H100 measured fast_3..fast_5 at half the old
     estimate, which had counted the math path's tensors)."""
-    config = GPTConfig(n_layer=1, n_head=4, n_embd=64, block_size=32, vocab_size=80, dropout=0.1,
-                       attention="sdpa")
+    config = GPTConfig(n_layer=1, n_head=4, n_embd=64, block_size=32, vocab_size=80, dropout=0.1, attention="sdpa")
     B, T, H = 2, config.block_size, config.n_head
 
     def saved_shapes(rules) -> tuple[set, set]:
         saved, attention = set(), CausalSelfAttention(config).to(dtype)
-        with FakeTensorMode(allow_non_fake_inputs=True), rules, torch.autograd.graph.saved_tensors_hooks(
-                lambda t: saved.add((tuple(t.shape), t.dtype)) or t, lambda t: t):
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            rules,
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.add((tuple(t.shape), t.dtype)) or t, lambda t: t),
+        ):
             y = attention(torch.randn(B, T, config.n_embd, dtype=dtype))
         nodes, todo = set(), [y.grad_fn]
         while todo:  # every backward node of the graph, by name
@@ -196,14 +248,17 @@ def test_fit_finds_the_largest_depth_that_fits():
     assert line["params"] == found["params"] and line["peak_mib"] == pytest.approx(found["peak_mib"], abs=1)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["estimate", "--stage", "memory_9_magic"], "unknown stage"),
-    (["estimate", "--n-head", "7"], "divisible"),
-    (["estimate", "--stage", "memory_0_baseline", "--world-size", "2"], "runs one process"),
-    (["fit", "--budget-gib", "0.5", "--world-sizes"], "below what even a 1-layer model needs"),
-    (["fit", "--budget-gib", "-1"], "must be positive"),
-    (["compare", "--runs", "/nonexistent/runs"], "no runs directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["estimate", "--stage", "memory_9_magic"], "unknown stage"),
+        (["estimate", "--n-head", "7"], "divisible"),
+        (["estimate", "--stage", "memory_0_baseline", "--world-size", "2"], "runs one process"),
+        (["fit", "--budget-gib", "0.5", "--world-sizes"], "below what even a 1-layer model needs"),
+        (["fit", "--budget-gib", "-1"], "must be positive"),
+        (["compare", "--runs", "/nonexistent/runs"], "no runs directory"),
+    ],
+)
 def test_bad_input_gets_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -219,30 +274,48 @@ def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchange
 
     monkeypatch.setattr(cli, "fit_settings", lambda *a: pytest.fail("computed"))
     source, dest = tmp_path / "earlier.json", tmp_path / "run" / "memory_fit.json"
-    reuse.write_record(source, {"kind": "fit", "rows": ["x"],
-                                "provenance": reuse.provenance(cli._reuse_key(cli.parse_args(["fit"])))})
+    reuse.write_record(
+        source, {"kind": "fit", "rows": ["x"], "provenance": reuse.provenance(cli._reuse_key(cli.parse_args(["fit"])))}
+    )
     assert cli._main(["fit", "--json", str(dest), "--reuse", str(source)]) == 0
     assert json.loads(dest.read_text())["rows"] == ["x"] and "reused" in capsys.readouterr().out
     with pytest.raises(pytest.fail.Exception, match="computed"):  # another budget: another answer
         cli._main(["fit", "--budget-gib", "40", "--json", str(dest), "--reuse", str(source)])
 
     from gpt import run_all
+
     started = []
-    monkeypatch.setattr(run_all.subprocess, "Popen", lambda cmd, **k: started.append(cmd) or mock.Mock(
-        wait=lambda: 0))
+    monkeypatch.setattr(run_all.subprocess, "Popen", lambda cmd, **k: started.append(cmd) or mock.Mock(wait=lambda: 0))
     run_all.run_memory_planner(tmp_path, tmp_path / "committed")
     reused = {cmd[3]: cmd[cmd.index("--reuse") + 1] for cmd in started if "--reuse" in cmd}
-    assert reused == {"reference": str(tmp_path / "committed" / "memory_reference.json"),
-                      "fit": str(tmp_path / "committed" / "memory_fit.json")}
+    assert reused == {
+        "reference": str(tmp_path / "committed" / "memory_reference.json"),
+        "fit": str(tmp_path / "committed" / "memory_fit.json"),
+    }
     started.clear()
     run_all.run_memory_planner(tmp_path, None)  # --fresh
     assert len(started) == 3 and not any("--reuse" in cmd for cmd in started)
 
 
 def test_command_line_entry_point():
-    r = subprocess.run([sys.executable, "-m", "gpt.memory", "estimate", "--stage", "memory_2_checkpointing",
-                        "--profile", "smoke", "--vocab-size", "80"], capture_output=True, text=True, cwd=REPO,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.memory",
+            "estimate",
+            "--stage",
+            "memory_2_checkpointing",
+            "--profile",
+            "smoke",
+            "--vocab-size",
+            "80",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "predicted peak" in r.stdout and "optimizer state" in r.stdout
 
@@ -263,8 +336,14 @@ def test_ddp_smoke_estimate_matches_its_measurement(char_data, tmp_path):
 
 
 def test_every_ladder_stage_is_covered_or_excused():
-    excused = {"speed_2_num_workers", "speed_3_non_blocking", "speed_4_compile", "speed_5_amp", "speed_6_ddp",
-               "lean_3_cpu_offload"} | COMPILED
+    excused = {
+        "speed_2_num_workers",
+        "speed_3_non_blocking",
+        "speed_4_compile",
+        "speed_5_amp",
+        "speed_6_ddp",
+        "lean_3_cpu_offload",
+    } | COMPILED
     assert all(stage_config(s, "smoke").compile for s in COMPILED)
     # the speedrun trains to a loss only: no timed step, no measured peak to compare an estimate with
     speedrun = set(LADDERS["speedrun"])
@@ -275,21 +354,41 @@ def test_every_ladder_stage_is_covered_or_excused():
 
 # The keys of the reference's real snapshots (torch.cuda.memory._dump_snapshot); checked against the files
 # themselves by test_real_snapshots_have_the_format_written_here when they are beside the checkout.
-SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
-                "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
+SEGMENT_KEYS = {
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+}
 BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
 EVENT_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
 BASE = 0x10000000
 
-FORWARD = [{"name": "forward", "filename": "/src/model.py", "line": 10},
-           {"name": "_call_impl", "filename": "/lib/torch/nn/modules/module.py", "line": 1520},
-           {"name": "run", "filename": "/src/trainer.py", "line": 94}]
-BACKWARD = [{"name": "torch::autograd::generated::MmBackward0::apply", "filename": "", "line": 0},
-            {"name": "torch::autograd::Engine::evaluate_function", "filename": "", "line": 0}]
-ZERO_GRAD = [{"name": "zero_grad", "filename": "/lib/torch/nn/modules/module.py", "line": 2457},
-             {"name": "run", "filename": "/src/trainer.py", "line": 97}]
-OPTIMIZER = [{"name": "_multi_tensor_adamw", "filename": "/lib/torch/optim/adamw.py", "line": 500},
-             {"name": "run", "filename": "/src/trainer.py", "line": 100}]
+FORWARD = [
+    {"name": "forward", "filename": "/src/model.py", "line": 10},
+    {"name": "_call_impl", "filename": "/lib/torch/nn/modules/module.py", "line": 1520},
+    {"name": "run", "filename": "/src/trainer.py", "line": 94},
+]
+BACKWARD = [
+    {"name": "torch::autograd::generated::MmBackward0::apply", "filename": "", "line": 0},
+    {"name": "torch::autograd::Engine::evaluate_function", "filename": "", "line": 0},
+]
+ZERO_GRAD = [
+    {"name": "zero_grad", "filename": "/lib/torch/nn/modules/module.py", "line": 2457},
+    {"name": "run", "filename": "/src/trainer.py", "line": 97},
+]
+OPTIMIZER = [
+    {"name": "_multi_tensor_adamw", "filename": "/lib/torch/optim/adamw.py", "line": 500},
+    {"name": "run", "filename": "/src/trainer.py", "line": 100},
+]
 
 
 def synthetic_snapshot(g1_block_mib: float = 4) -> dict:
@@ -301,28 +400,64 @@ def synthetic_snapshot(g1_block_mib: float = 4) -> dict:
     req = int(3.5 * mib)
 
     def ev(action, off, size, frames):
-        return {"action": action, "addr": BASE + int(off * mib), "size": size, "stream": 0, "time_us": 0,
-                "frames": frames}
+        return {
+            "action": action,
+            "addr": BASE + int(off * mib),
+            "size": size,
+            "stream": 0,
+            "time_us": 0,
+            "frames": frames,
+        }
 
     def free(off, size, frames):
         return [ev("free_requested", off, size, frames), ev("free_completed", off, size, frames)]
 
-    trace = [ev("alloc", 18, 8 * mib, FORWARD), ev("alloc", 26, 8 * mib, FORWARD), *free(14, req, ZERO_GRAD),
-             ev("alloc", 34, 6 * mib, BACKWARD), *free(26, 8 * mib, BACKWARD), ev("alloc", 14, req, BACKWARD),
-             *free(34, 6 * mib, BACKWARD), *free(18, 8 * mib, BACKWARD), ev("alloc", 18, 4 * mib, OPTIMIZER),
-             *free(18, 4 * mib, OPTIMIZER)]
+    trace = [
+        ev("alloc", 18, 8 * mib, FORWARD),
+        ev("alloc", 26, 8 * mib, FORWARD),
+        *free(14, req, ZERO_GRAD),
+        ev("alloc", 34, 6 * mib, BACKWARD),
+        *free(26, 8 * mib, BACKWARD),
+        ev("alloc", 14, req, BACKWARD),
+        *free(34, 6 * mib, BACKWARD),
+        *free(18, 8 * mib, BACKWARD),
+        ev("alloc", 18, 4 * mib, OPTIMIZER),
+        *free(18, 4 * mib, OPTIMIZER),
+    ]
     for i, e in enumerate(trace):
         e["time_us"] = 1000 * i
 
     def block(off, size, requested, state="active_allocated", frames=()):
-        return {"address": BASE + int(off * mib), "size": int(size * mib), "requested_size": requested,
-                "state": state, "frames": list(frames)}
+        return {
+            "address": BASE + int(off * mib),
+            "size": int(size * mib),
+            "requested_size": requested,
+            "state": state,
+            "frames": list(frames),
+        }
 
-    blocks = [block(0, 4, req), block(4, 4, req), block(8, 4, req), block(12, 2, 2 * mib),
-              block(14, g1_block_mib, req, frames=BACKWARD), block(14 + g1_block_mib, 50 - g1_block_mib, 0, "inactive")]
-    segment = {"device": 0, "address": BASE, "total_size": 64 * mib, "allocated_size": 0, "active_size": 0,
-               "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-               "is_expandable": False, "frames": [], "blocks": blocks}
+    blocks = [
+        block(0, 4, req),
+        block(4, 4, req),
+        block(8, 4, req),
+        block(12, 2, 2 * mib),
+        block(14, g1_block_mib, req, frames=BACKWARD),
+        block(14 + g1_block_mib, 50 - g1_block_mib, 0, "inactive"),
+    ]
+    segment = {
+        "device": 0,
+        "address": BASE,
+        "total_size": 64 * mib,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
     return {"segments": [segment], "device_traces": [trace, []]}
 
 
@@ -330,11 +465,25 @@ def test_snapshot_peak_and_categories_by_stacks():
     r = snapshot.analyse(synthetic_snapshot())
     assert r.blocks_replayed  # the 4 MiB block of the 3.5 MiB gradient was replayed from the split rule
     assert r.start_mib == 18 and r.end_mib == 18
-    assert r.start_mib_by_category == {"parameters": 3.5, "gradients": 3.5, "optimizer_state": 7, "activations": 0,
-                                       "temporaries": 0, "other": 2, "rounding": 2}
+    assert r.start_mib_by_category == {
+        "parameters": 3.5,
+        "gradients": 3.5,
+        "optimizer_state": 7,
+        "activations": 0,
+        "temporaries": 0,
+        "other": 2,
+        "rounding": 2,
+    }
     assert r.peak_mib == 36 and r.peak_event == 4 and r.peak_ms == 4.0
-    assert r.peak_mib_by_category == {"parameters": 3.5, "gradients": 0, "optimizer_state": 7, "activations": 16,
-                                      "temporaries": 6, "other": 2, "rounding": 1.5}
+    assert r.peak_mib_by_category == {
+        "parameters": 3.5,
+        "gradients": 0,
+        "optimizer_state": 7,
+        "activations": 16,
+        "temporaries": 6,
+        "other": 2,
+        "rounding": 1.5,
+    }
     assert r.peak_where.startswith("in backward pass 1 of 1")
     assert r.params == int(3.5 * 2**20) // 4  # the gradient's fp32 values
     assert r.reallocated_large_blocks == 3  # the two activations and the temporary
@@ -364,11 +513,14 @@ def test_snapshot_reader_refuses_code(tmp_path, capsys):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (pickle.dumps([1, 2, 3]), "not a CUDA memory snapshot"),
-    (pickle.dumps({"segments": [], "device_traces": [[]]}), "no trace of allocations"),
-    (b"\x80\x04\x95 garbage", "not a readable pickle"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (pickle.dumps([1, 2, 3]), "not a CUDA memory snapshot"),
+        (pickle.dumps({"segments": [], "device_traces": [[]]}), "no trace of allocations"),
+        (b"\x80\x04\x95 garbage", "not a readable pickle"),
+    ],
+)
 def test_snapshot_bad_files_get_one_line(content, message, tmp_path, capsys):
     path = tmp_path / "bad.pickle"
     path.write_bytes(content)
@@ -396,8 +548,9 @@ def test_simulated_step_written_as_a_snapshot_reads_back_as_estimated(stage, cod
     ours, theirs = r.peak_mib_by_category, est.breakdown_mib
     for key in ("parameters", "activations"):
         assert ours[key] == pytest.approx(theirs[key], abs=0.01), key
-    assert ours["gradients"] + ours["temporaries"] == pytest.approx(theirs["gradients"] + theirs["temporaries"],
-                                                                    abs=0.01)
+    assert ours["gradients"] + ours["temporaries"] == pytest.approx(
+        theirs["gradients"] + theirs["temporaries"], abs=0.01
+    )
     steps = sum(1 for _ in GPT(est.model).parameters()) * snapshot.UNIT / 2**20
     assert ours["optimizer_state"] == pytest.approx(theirs["optimizer_state"] - steps, abs=0.01)
     assert ours["other"] == pytest.approx(theirs["buffers"] + theirs["other"] + steps, abs=0.01)
@@ -415,8 +568,20 @@ def test_written_snapshot_is_read_by_pytorchs_own_tools(tmp_path):
 
 def test_estimate_snapshot_out_command(tmp_path, capsys):
     out = tmp_path / "step.pickle"
-    for argv in (["estimate", "--stage", "memory_0_baseline", "--profile", "smoke", "--vocab-size", "80",
-                  "--snapshot-out", str(out)], ["snapshot", str(out)]):
+    for argv in (
+        [
+            "estimate",
+            "--stage",
+            "memory_0_baseline",
+            "--profile",
+            "smoke",
+            "--vocab-size",
+            "80",
+            "--snapshot-out",
+            str(out),
+        ],
+        ["snapshot", str(out)],
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 0
@@ -427,8 +592,9 @@ def test_estimate_snapshot_out_command(tmp_path, capsys):
 
 # ---- the reference's real snapshots (beside the checkout; skipped without them) ------------------------------
 
-needs_snapshots = pytest.mark.skipif(SNAPSHOT_DIR is None,
-                                     reason="shared/reference/snapshots is not beside this checkout")
+needs_snapshots = pytest.mark.skipif(
+    SNAPSHOT_DIR is None, reason="shared/reference/snapshots is not beside this checkout"
+)
 
 
 @needs_snapshots
@@ -441,10 +607,13 @@ def test_real_snapshots_have_the_format_written_here():
 
 
 @needs_snapshots
-@pytest.mark.parametrize("stage, peak_mib, where", [
-    ("memory_0_baseline", 34_784.5, "in forward pass 1 of 1 at cross_entropy"),
-    ("memory_1_grad_accum", 22_899.9, "in forward pass 2 of 2 at cross_entropy"),
-])
+@pytest.mark.parametrize(
+    "stage, peak_mib, where",
+    [
+        ("memory_0_baseline", 34_784.5, "in forward pass 1 of 1 at cross_entropy"),
+        ("memory_1_grad_accum", 22_899.9, "in forward pass 2 of 2 at cross_entropy"),
+    ],
+)
 def test_real_snapshot_figures(stage, peak_mib, where):
     r = snapshot.analyse(snapshot.load(SNAPSHOT_DIR / SNAPSHOTS[stage]))
     assert r.blocks_replayed and r.peak_mib == pytest.approx(peak_mib, abs=0.1)
@@ -494,7 +663,9 @@ def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
     memory) but keeps a unit's gathered parameters, the activations, and the shards in transit."""
     if not TORCH_CHUNKED_LOSS:
         pytest.skip(NO_TORCH_CHUNKED_LOSS)  # the planner simulates the chunked loss with PyTorch's op
-    lean_2, lean_3 = (estimate(stage_config(s, "smoke"), 80, "cuda") for s in ("lean_2_chunked_loss", "lean_3_cpu_offload"))
+    lean_2, lean_3 = (
+        estimate(stage_config(s, "smoke"), 80, "cuda") for s in ("lean_2_chunked_loss", "lean_3_cpu_offload")
+    )
     b2, b3 = lean_2.breakdown_mib, lean_3.breakdown_mib
     assert b3["gradients"] == 0 and b3["optimizer_state"] == 0 and 0 < b3["parameters"] < b2["parameters"]
     assert lean_3.peak_mib < lean_2.peak_mib - b2["optimizer_state"] - b2["gradients"]
@@ -512,12 +683,20 @@ def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatc
     the other stages and says why for that one, and the report shows the reason."""
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
     cfg = stage_config("fast_6_chunked_loss", "smoke").to_dict()
-    record = {"stage": "fast_6_chunked_loss", "status": "ok", "config": cfg, "model": {"vocab_size": 80},
-              "device": {"type": "cuda"}, "metrics": {"peak_memory_mib": 123.0}}
+    record = {
+        "stage": "fast_6_chunked_loss",
+        "status": "ok",
+        "config": cfg,
+        "model": {"vocab_size": 80},
+        "device": {"type": "cuda"},
+        "metrics": {"peak_memory_mib": 123.0},
+    }
     [row] = compare_records([record], progress=lambda _: None)
     assert row["estimate_mib"] is None and row["error_pct"] is None and row["measured_mib"] == 123.0
-    assert row["notes"] == ["not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "
-                            f"which needs PyTorch 2.12 or newer (this is {torch.__version__})"]
+    assert row["notes"] == [
+        "not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "
+        f"which needs PyTorch 2.12 or newer (this is {torch.__version__})"
+    ]
     write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
     lines = planner_section(tmp_path, tmp_path / "plots", "plots")
     assert f"- `fast_6_chunked_loss`: {row['notes'][0]}" in lines
@@ -528,10 +707,15 @@ def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
     (allocated in warm-up): compare reads its allocated peak over warm-up, or, in an older record without it, the
     reservation, an upper bound; the report says which figure each row is."""
     cfg = stage_config("speed_1_batch_size", "smoke")
-    graphs = {"stage": "speed_4_compile", "status": "ok", "config": cfg.to_dict(), "model": {"vocab_size": 80},
-              "device": {"type": "cuda"}, "choices": {"memory_method": "cuda_max_reserved"},
-              "metrics": {"peak_memory_mib": 900.0, "peak_memory_allocated_mib": 9.0,
-                          "peak_memory_reserved_mib": 900.0}}
+    graphs = {
+        "stage": "speed_4_compile",
+        "status": "ok",
+        "config": cfg.to_dict(),
+        "model": {"vocab_size": 80},
+        "device": {"type": "cuda"},
+        "choices": {"memory_method": "cuda_max_reserved"},
+        "metrics": {"peak_memory_mib": 900.0, "peak_memory_allocated_mib": 9.0, "peak_memory_reserved_mib": 900.0},
+    }
     [row] = compare_records([graphs], progress=lambda _: None)
     assert (row["target"], row["measured_mib"], row["measured"]) == ("cuda", 900.0, UPPER_BOUND[1])
     assert row["error_pct"] == pytest.approx(100 * (estimate(cfg, 80, "cuda").peak_mib / 900.0 - 1), abs=0.01)
@@ -547,8 +731,10 @@ def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
 # ---- the planner on this project's own H100 records (records/h100-2026-11-24, committed) ------------------------
 
 H100_RECORDS = REPO / "records" / "h100-2026-11-24"
-needs_h100_records = pytest.mark.skipif(not H100_RECORDS.is_dir(), reason="records/h100-2026-11-24 (this project's "
-                                        "H100 records) is missing from this checkout")
+needs_h100_records = pytest.mark.skipif(
+    not H100_RECORDS.is_dir(),
+    reason="records/h100-2026-11-24 (this project's H100 records) is missing from this checkout",
+)
 EAGER_BOUND_PCT, GRAPHS_BOUND_PCT = 2.0, 10.0
 
 
@@ -575,10 +761,23 @@ def test_the_planner_lands_within_its_bounds_on_the_h100_records():
     """Every eager record within 2% of its max_memory_allocated (the cuBLAS workspaces, 64 MiB, included: without
     them speed_0 was 12% short), every CUDA-graph record within 10% of the peak that holds its pool."""
     rows = {r["stage"]: r for r in compare_records(h100_records(), progress=lambda line: None)}
-    eager = {"memory_0_baseline", "memory_1_grad_accum", "speed_0_baseline", "speed_1_batch_size",
-             "speed_2_num_workers", "speed_3_non_blocking"}
-    graphs = {"speed_4_compile", "speed_5_amp", "fast_1_pretokenized", "fast_2_bf16", "fast_3_sdpa",
-              "fast_4_padded_vocab", "fast_5_fused_adamw"}
+    eager = {
+        "memory_0_baseline",
+        "memory_1_grad_accum",
+        "speed_0_baseline",
+        "speed_1_batch_size",
+        "speed_2_num_workers",
+        "speed_3_non_blocking",
+    }
+    graphs = {
+        "speed_4_compile",
+        "speed_5_amp",
+        "fast_1_pretokenized",
+        "fast_2_bf16",
+        "fast_3_sdpa",
+        "fast_4_padded_vocab",
+        "fast_5_fused_adamw",
+    }
     assert eager | graphs == set(rows)
     errors = {s: rows[s]["error_pct"] for s in rows}
     assert {s: e for s, e in errors.items() if s in eager and abs(e) > EAGER_BOUND_PCT} == {}
@@ -604,8 +803,10 @@ def test_cuda_estimate_casts_as_cuda_autocast_does(char_data):
     cfg = stage_config("fast_2_bf16", "smoke", batch_size=4, block_size=64, data_dir=str(char_data))
     assert cfg.attention == "naive" and cfg.amp
     with_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
-    with mock.patch("gpt.memory.estimator._CudaAutocastLists.__torch_function__",
-                    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))):
+    with mock.patch(
+        "gpt.memory.estimator._CudaAutocastLists.__torch_function__",
+        lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})),
+    ):
         cpu_lists = estimate(cfg, 65, "cuda").breakdown_mib["activations"]
     probabilities = cfg.model_shape["n_layer"] * 4 * cfg.model_shape["n_head"] * 64 * 64  # elements, per layer
     assert with_lists - cpu_lists >= 2 * probabilities / MiB - 0.01  # 2 more bytes each, at least

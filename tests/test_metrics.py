@@ -2,6 +2,7 @@
 the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic one, written as the allocator
 writes it), the marks that place a step's phases in that trace, and the GPU names of the MFU table.
 tests/test_gpu.py checks the same on a real GPU."""
+
 import contextlib
 import json
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from gpt import flops, machine_cache, peak_memory, protocol
-from gpt.ladder import LADDERS, stage_config
-from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
 from gpt.allocator_snapshot import MiB
+from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
+from gpt.ladder import LADDERS, stage_config
 from gpt.optimizations.compilation import compile_mode
 from gpt.peak_memory import StepMarks, memory_method, peak_breakdown, traced_memory
 
@@ -23,8 +24,10 @@ CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on it
 
 def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before():
     assert memory_method(torch.device("cpu"), None) == memory_method(torch.device("cpu"), "default") == "memtracker"
-    methods = {stage: memory_method(CUDA, compile_mode(stage_config(stage, "reference", device="cuda"), CUDA))
-               for stage in LADDERS["speed"] + LADDERS["memory"]}
+    methods = {
+        stage: memory_method(CUDA, compile_mode(stage_config(stage, "reference", device="cuda"), CUDA))
+        for stage in LADDERS["speed"] + LADDERS["memory"]
+    }
     # torch.compile comes in at speed_4 and uses CUDA graphs ("reduce-overhead") on CUDA from there on
     graphs = {"speed_4_compile", "speed_5_amp", "speed_6_ddp"}
     assert {s for s, m in methods.items() if m == "cuda_max_reserved"} == graphs
@@ -50,26 +53,41 @@ class FakeAllocator:
         size = int(mib * MiB)
         self.live[addr] = (size, block or -(-size // 512) * 512)
         self.allocations += 1
-        self.trace += [{"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []},
-                       {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": []}]
+        self.trace += [
+            {"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []},
+            {"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": []},
+        ]
         return addr
 
     def free(self, addr: int) -> None:
         size, _ = self.live.pop(addr)
-        self.trace += [{"action": a, "addr": addr, "size": size, "stream": 0, "frames": []}
-                       for a in ("free_requested", "free_completed")]
+        self.trace += [
+            {"action": a, "addr": addr, "size": size, "stream": 0, "frames": []}
+            for a in ("free_requested", "free_completed")
+        ]
 
     def start_recording(self) -> None:
         self.trace, self.allocations = [], 0
 
     def snapshot(self) -> dict:
-        blocks = [{"address": a, "size": block, "requested_size": size, "state": "active_allocated", "frames": []}
-                  for a, (size, block) in sorted(self.live.items())]
+        blocks = [
+            {"address": a, "size": block, "requested_size": size, "state": "active_allocated", "frames": []}
+            for a, (size, block) in sorted(self.live.items())
+        ]
         blocks.append({"address": self.next, "size": 7 * MiB, "requested_size": 0, "state": "inactive"})
-        other_device = {"device": self.device + 1, "address": 1, "total_size": MiB, "blocks": [
-            {"address": 1, "size": MiB, "requested_size": MiB, "state": "active_allocated", "frames": []}]}
-        segment = {"device": self.device, "address": blocks[0]["address"], "blocks": blocks, "segment_pool_id": (0, 0),
-                   "total_size": sum(b["size"] for b in blocks)}
+        other_device = {
+            "device": self.device + 1,
+            "address": 1,
+            "total_size": MiB,
+            "blocks": [{"address": 1, "size": MiB, "requested_size": MiB, "state": "active_allocated", "frames": []}],
+        }
+        segment = {
+            "device": self.device,
+            "address": blocks[0]["address"],
+            "blocks": blocks,
+            "segment_pool_id": (0, 0),
+            "total_size": sum(b["size"] for b in blocks),
+        }
         traces = [[] for _ in range(self.device + 2)]
         traces[self.device] = self.trace + [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0}]
         return {"segments": [segment, other_device], "device_traces": traces}
@@ -83,7 +101,7 @@ def test_timeline_and_breakdown_at_the_peak_from_a_snapshot(grad_mib):
     peak is the backward temporary's allocation, with both activations alive; with 10 MiB it is the gradient's:
     the same address then counts as a gradient, because the allocation there is the one the optimizer read."""
     a = FakeAllocator(device=1)
-    param, state, workspace, stale = a.alloc(4), a.alloc(8), a.alloc(1), a.alloc(2)
+    param, state, _workspace, stale = a.alloc(4), a.alloc(8), a.alloc(1), a.alloc(2)
     a.start_recording()
     tensors = [(0, param, "parameters"), (0, state, "optimizer_state")]
     forward = [[a.allocations, None]]
@@ -161,17 +179,35 @@ def test_step_marks_place_forward_passes_and_gradients():
 # ---- MFU's table of GPUs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, board", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
-    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"),
-    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA A100-PCIE-40GB", "A100"),
-    ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("NVIDIA A10G", "A10G"),
-    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla V100-SXM2-16GB", "V100 SXM2"),
-    ("Tesla V100-PCIE-32GB", "V100 PCIe"), ("Tesla T4", "T4"),
-    # not in the table: no board, so no MFU rather than a neighbour's peak
-    ("NVIDIA GH200 480GB", None), ("NVIDIA H800", None), ("NVIDIA H100", None), ("NVIDIA A40", None),
-    ("NVIDIA RTX 6000 Ada Generation", None), ("NVIDIA L40G", None), ("AMD Instinct MI300X", None),
-])
+@pytest.mark.parametrize(
+    "name, board",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA A100-PCIE-40GB", "A100"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "V100 PCIe"),
+        ("Tesla T4", "T4"),
+        # not in the table: no board, so no MFU rather than a neighbour's peak
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H800", None),
+        ("NVIDIA H100", None),
+        ("NVIDIA A40", None),
+        ("NVIDIA RTX 6000 Ada Generation", None),
+        ("NVIDIA L40G", None),
+        ("AMD Instinct MI300X", None),
+    ],
+)
 def test_gpu_names_match_their_own_row_only(name, board):
     assert gpu_board(name) == board
 
@@ -243,8 +279,12 @@ def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
 
     def tracked(tracker_cls):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
-                                                          torch.nn.Linear(256, 64)) for _ in range(4)])
+        model = torch.nn.Sequential(
+            *[
+                torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+                for _ in range(4)
+            ]
+        )
         opt = torch.optim.AdamW(model.parameters())
         for i in range(2):  # the second step, with the optimizer state alive, is tracked
             tracker = tracker_cls()

@@ -1,4 +1,5 @@
 """Tests for gpt/model.py: init, attention equivalence, parameter counts, HF loading, input errors."""
+
 import json
 import math
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.errors import UserError
-from gpt.model import GPT, PRESETS, GPTConfig
+from gpt.model import GPT, GPTConfig
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=97, block_size=16)
 
@@ -184,13 +185,20 @@ def make_hf_state_dict():
     for i in range(HF["n_layer"]):
         p = f"h.{i}."
         sd |= {
-            p + "ln_1.weight": rand(C, mean=1.0), p + "ln_1.bias": rand(C),
-            p + "attn.c_attn.weight": rand(C, 3 * C), p + "attn.c_attn.bias": rand(3 * C),
-            p + "attn.c_proj.weight": rand(C, C), p + "attn.c_proj.bias": rand(C),
-            p + "ln_2.weight": rand(C, mean=1.0), p + "ln_2.bias": rand(C),
-            p + "mlp.c_fc.weight": rand(C, 4 * C), p + "mlp.c_fc.bias": rand(4 * C),
-            p + "mlp.c_proj.weight": rand(4 * C, C), p + "mlp.c_proj.bias": rand(C),
-            p + "attn.bias": torch.ones(P, P).tril().view(1, 1, P, P), p + "attn.masked_bias": torch.tensor(-1e4),
+            p + "ln_1.weight": rand(C, mean=1.0),
+            p + "ln_1.bias": rand(C),
+            p + "attn.c_attn.weight": rand(C, 3 * C),
+            p + "attn.c_attn.bias": rand(3 * C),
+            p + "attn.c_proj.weight": rand(C, C),
+            p + "attn.c_proj.bias": rand(C),
+            p + "ln_2.weight": rand(C, mean=1.0),
+            p + "ln_2.bias": rand(C),
+            p + "mlp.c_fc.weight": rand(C, 4 * C),
+            p + "mlp.c_fc.bias": rand(4 * C),
+            p + "mlp.c_proj.weight": rand(4 * C, C),
+            p + "mlp.c_proj.bias": rand(C),
+            p + "attn.bias": torch.ones(P, P).tril().view(1, 1, P, P),
+            p + "attn.masked_bias": torch.tensor(-1e4),
         }
     return sd
 

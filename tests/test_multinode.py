@@ -4,6 +4,7 @@ They must train as one job: the parameters equal those of one process on the com
 
 Slow (about two minutes on 2 cores: the DDP stage compiles, in each rank and in the single-process run).
 """
+
 import json
 import socket
 import subprocess
@@ -12,11 +13,11 @@ import uuid
 
 import pytest
 import torch
-
 from conftest import REPO
+from test_faults import assert_nothing_left, marked_env, run_marked
+
 from gpt.ladder import STAGES_DIR, parent_of, stage_config
 from gpt.records import record_problems
-from test_faults import assert_nothing_left, marked_env, run_marked
 
 # "The same parameters", made precise. Both runs take the same 4 optimizer steps on the same samples, with
 # dropout 0 (ranks cannot draw the masks one process draws). FSDP (float32): the gradients are the same sums
@@ -40,9 +41,18 @@ def free_port() -> int:
 
 def node_command(stage: str, port: int, job: str, *stage_args: str) -> list[str]:
     """README's multi-machine command (torchrun is `python -m torch.distributed.run`), HOST = 127.0.0.1."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={job}",
-            str(STAGES_DIR / f"{stage}.py"), *stage_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{port}",
+        f"--rdzv_id={job}",
+        str(STAGES_DIR / f"{stage}.py"),
+        *stage_args,
+    ]
 
 
 @pytest.mark.slow
@@ -72,8 +82,15 @@ def test_two_torchrun_nodes_train_as_one_process_on_the_combined_batch(stage, tm
     # the parent stage (the same settings without the process group) in one process, on both ranks' batch
     combined = 2 * stage_config(stage, "smoke").batch_size
     env, marker = marked_env(HOOK_DROPOUT="0", HOOK_SAVE_PARAMS=str(tmp_path / "single.pt"))
-    single = [sys.executable, str(STAGES_DIR / f"{parent_of(stage)}.py"), *common, "--batch-size", str(combined),
-              "--out", str(single_out)]
+    single = [
+        sys.executable,
+        str(STAGES_DIR / f"{parent_of(stage)}.py"),
+        *common,
+        "--batch-size",
+        str(combined),
+        "--out",
+        str(single_out),
+    ]
     assert run_marked(single, env, marker, tmp_path / "single.log") == 0, (tmp_path / "single.log").read_text()
     single_record = json.loads((single_out / f"{parent_of(stage)}.json").read_text())
     assert single_record["metrics"]["steps_per_repeat"] == record["metrics"]["steps_per_repeat"]
@@ -83,6 +100,8 @@ def test_two_torchrun_nodes_train_as_one_process_on_the_combined_batch(stage, tm
     diffs = torch.cat([(nodes[k] - one[k]).abs().flatten() for k in one])
     lr = record["config"]["lr"]
     share, median = (diffs > APART * lr).double().mean().item(), diffs.median().item()
-    print(f"\n{stage} on 2 nodes vs one process, {diffs.numel():,} parameters: {100 * share:.2f}% more than "
-          f"lr/10 apart, median |diff| {median:.2g}, max {diffs.max().item():.2g} (lr {lr:g})")
+    print(
+        f"\n{stage} on 2 nodes vs one process, {diffs.numel():,} parameters: {100 * share:.2f}% more than "
+        f"lr/10 apart, median |diff| {median:.2g}, max {diffs.max().item():.2g} (lr {lr:g})"
+    )
     assert share < MAX_SHARE_APART and median < MAX_MEDIAN * lr

@@ -1,6 +1,7 @@
 """The bigram embedding (gpt/optimizations/ngram_embedding.py, code in gpt/model.py): it starts at zero so the first
 forward is the parent's, it learns through AdamW (never Muon), a window's first position has no previous token, and
 a large vocabulary is hashed into a bounded table."""
+
 import pytest
 import torch
 
@@ -50,8 +51,12 @@ def test_the_first_position_takes_the_no_previous_index_and_every_pair_its_own_r
     vocab = TINY["vocab_size"]
     idx = torch.tensor([[3, 5, 5, 0], [10, 3, 5, 10]])
     rows = bigram_index(idx, vocab, bigram_rows(vocab))
-    expected = torch.tensor([[vocab * vocab + 3, 3 * vocab + 5, 5 * vocab + 5, 5 * vocab + 0],
-                             [vocab * vocab + 10, 10 * vocab + 3, 3 * vocab + 5, 5 * vocab + 10]])
+    expected = torch.tensor(
+        [
+            [vocab * vocab + 3, 3 * vocab + 5, 5 * vocab + 5, 5 * vocab + 0],
+            [vocab * vocab + 10, 10 * vocab + 3, 3 * vocab + 5, 5 * vocab + 10],
+        ]
+    )
     assert torch.equal(rows, expected)
     every = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (prev, token) pairs inside windows
     inside = bigram_index(every, vocab, bigram_rows(vocab))[:, 1]
@@ -76,8 +81,11 @@ def test_no_token_reaches_a_position_before_it_nor_wraps_around_to_the_first():
 
 
 def test_the_table_gets_gradients_and_adamw_updates_it_without_weight_decay_never_muon(char_data):
-    cfg = optimizations.validate(TrainConfig(data_dir=str(char_data), matrix_optimizer="muon", bigram_embedding=True,
-                                             architecture="modern", n_layer=2))
+    cfg = optimizations.validate(
+        TrainConfig(
+            data_dir=str(char_data), matrix_optimizer="muon", bigram_embedding=True, architecture="modern", n_layer=2
+        )
+    )
     raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
     table = raw.transformer.bigram.weight
     assert table.shape == (66 * 65, raw.config.n_embd)

@@ -1,5 +1,6 @@
 """The speedrun's n-gram floor (gpt/ngram_floor.py): its Kneser-Ney model is a distribution over the vocabulary for
 every context, seen or not, and it predicts better from more text. On a tiny excerpt: a second."""
+
 import numpy as np
 import pytest
 
@@ -19,8 +20,12 @@ def _text(n: int) -> np.ndarray:
 def test_the_probabilities_sum_to_one_over_the_vocabulary_for_any_context(order):
     tokens, vocab = _text(5000)
     model = KneserNey(tokens, vocab, order)
-    contexts = [tokens[100:100 + order - 1], tokens[7:8], np.array([vocab - 1] * (order - 1)),  # seen, short, unseen
-                np.array([tokens[3], vocab - 2][:order - 1])]
+    contexts = [
+        tokens[100 : 100 + order - 1],
+        tokens[7:8],
+        np.array([vocab - 1] * (order - 1)),  # seen, short, unseen
+        np.array([tokens[3], vocab - 2][: order - 1]),
+    ]
     for history in contexts:
         p = model.probabilities(np.tile(history, (vocab, 1)), np.arange(vocab))
         assert p.sum() == pytest.approx(1.0, abs=1e-9) and (p > 0).all()

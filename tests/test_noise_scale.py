@@ -1,6 +1,7 @@
 """The gradient noise scale (gpt/noise_scale.py): the estimator against a synthetic case with a closed-form answer, the
 halves trick (the plain step's update; the halves' own squared norms), the batch choice on a hand-made t(B), a smoke
 measurement end to end, and one line for bad input."""
+
 import json
 import math
 import statistics
@@ -11,15 +12,14 @@ from types import SimpleNamespace
 import pytest
 import sympy
 import torch
-
 from conftest import REPO
+
 from gpt import noise_scale, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.ladder import stage_config
+from gpt.noise_scale import HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates, suggested_settings
 from gpt.optimizations import chunked_loss
-from gpt.noise_scale import (HalvesNorms, b_simple, choose_batch, ema, halves_config, step_estimates,
-                             suggested_settings)
 from gpt.optimizations.feeding import to_device
 from gpt.report.speedrun import plot_noise_scale
 
@@ -62,7 +62,7 @@ def test_moving_average_is_bias_corrected():
     relaxes with the time constant."""
     assert ema([3.0] * 50, 10) == pytest.approx([3.0] * 50)
     after = ema([0.0] * 200 + [1.0] * 10, 10)
-    assert after[-1] == pytest.approx(1 - 0.9 ** 10, rel=1e-6)
+    assert after[-1] == pytest.approx(1 - 0.9**10, rel=1e-6)
 
 
 # ---- the halves trick ---------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
     plain.run(1)
     halves.run(1)
     norms.remove()
-    for p, q, b in zip(plain.model.parameters(), params, before):
+    for p, q, _ in zip(plain.model.parameters(), params, before):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(q, b) for q, b in zip(params, before))  # the step moved the weights
     small_sq, big_sq = norms.norms[0].tolist()
@@ -131,8 +131,20 @@ def test_where_the_timed_stage_cannot_run_it_stops_in_one_line_before_training(c
     monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: "it needs two GPUs")
     monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("trained before saying it cannot run"))
     with pytest.raises(SystemExit) as e:
-        noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
-                          "--out", str(tmp_path / "noise.json")])
+        noise_scale.main(
+            [
+                "--profile",
+                "smoke",
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(char_data),
+                "--batches",
+                "4,8",
+                "--out",
+                str(tmp_path / "noise.json"),
+            ]
+        )
     assert e.value.code == 2 and not (tmp_path / "noise.json").exists()
 
 
@@ -148,8 +160,23 @@ def test_on_a_torch_without_the_chunked_op_t_b_is_timed_with_the_full_loss(monke
 def measure_smoke(char_data, device: str, out, monkeypatch) -> dict:
     """`python -m gpt.noise_scale` on the smoke profile on `device`, t(B) at batches 4 and 8: its record, written to
     `out` (where the device has no chunked loss, speedrun_1's code computes the full loss: chunked_loss.loss_used)."""
-    assert noise_scale.main(["--profile", "smoke", "--device", device, "--data-dir", str(char_data),
-                             "--batches", "4,8", "--out", str(out)]) == 0
+    assert (
+        noise_scale.main(
+            [
+                "--profile",
+                "smoke",
+                "--device",
+                device,
+                "--data-dir",
+                str(char_data),
+                "--batches",
+                "4,8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return json.loads(out.read_text())
 
 
@@ -171,8 +198,11 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     """The whole command on the smoke profile; t(B) eager (each batch would compile its own graphs, two thirds of
     this test's time: the compiled step is speedrun_1's, which the ladder runs; tests/test_gpu.py compiles it)."""
     timed = noise_scale.step_times
-    monkeypatch.setattr(noise_scale, "step_times", lambda cfg, *a, **k: timed(
-        TrainConfig.from_dict({**cfg.to_dict(), "compile": False}), *a, **k))
+    monkeypatch.setattr(
+        noise_scale,
+        "step_times",
+        lambda cfg, *a, **k: timed(TrainConfig.from_dict({**cfg.to_dict(), "compile": False}), *a, **k),
+    )
     out = tmp_path / "noise.json"
     record = measure_smoke(char_data, "cpu", out, monkeypatch)
     check_smoke_measurement(record)
@@ -183,20 +213,52 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     # again with --reuse: the curve is the record's (no training), the step times are measured anew
     monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("the curve was measured again"))
     again = tmp_path / "again.json"
-    assert noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data),
-                             "--batches", "4,8", "--out", str(again), "--reuse", str(out)]) == 0
+    assert (
+        noise_scale.main(
+            [
+                "--profile",
+                "smoke",
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(char_data),
+                "--batches",
+                "4,8",
+                "--out",
+                str(again),
+                "--reuse",
+                str(out),
+            ]
+        )
+        == 0
+    )
     reused = json.loads(again.read_text())
     assert reused["curve"] == record["curve"] and reused["window"] == record["window"]
     assert reused["reused_from"] == str(out) and reused["provenance"] == record["provenance"]
     assert set(reused["step_times"]) == {"4", "8", "16"} and reused["env"]["time"] >= record["env"]["time"]
-    assert "were computed on" in noise_scale.summary_line(reused) and "were computed" not in \
-        noise_scale.summary_line(record)
+    assert "were computed on" in noise_scale.summary_line(reused) and "were computed" not in noise_scale.summary_line(
+        record
+    )
     # measured with another profile's settings: not reused
     other = {**record, "provenance": {**record["provenance"], "key": {**record["provenance"]["key"], "profile": "cpu"}}}
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(pytest.fail.Exception, match="measured again"):
-        noise_scale.main(["--profile", "smoke", "--device", "cpu", "--data-dir", str(char_data), "--batches", "4,8",
-                          "--out", str(again), "--reuse", str(tmp_path / "other.json")])
+        noise_scale.main(
+            [
+                "--profile",
+                "smoke",
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(char_data),
+                "--batches",
+                "4,8",
+                "--out",
+                str(again),
+                "--reuse",
+                str(tmp_path / "other.json"),
+            ]
+        )
 
 
 def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch):
@@ -250,22 +312,30 @@ def test_a_curve_measured_on_a_gpu_names_the_gpu(char_data, tmp_path, monkeypatc
     monkeypatch.setattr(noise_scale, "resolve_device", lambda name: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
     monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: None)
-    monkeypatch.setattr(noise_scale, "measure", lambda cfg: noise_scale.noise_record(
-        cfg, [3.0] * 8, [2.0] * 8, [(0, 4.0), (4, 3.5), (8, 3.0)]))  # |G|^2 1, tr(Sigma) the batch: B_noise > 0
+    monkeypatch.setattr(
+        noise_scale,
+        "measure",
+        lambda cfg: noise_scale.noise_record(cfg, [3.0] * 8, [2.0] * 8, [(0, 4.0), (4, 3.5), (8, 3.0)]),
+    )  # |G|^2 1, tr(Sigma) the batch: B_noise > 0
     monkeypatch.setattr(noise_scale, "step_times", lambda cfg, batches: {b: 0.01 * b for b in batches})
     out = tmp_path / "noise.json"
-    assert noise_scale.main(["--profile", "smoke", "--data-dir", str(char_data), "--batches", "4,8",
-                             "--out", str(out)]) == 0
+    assert (
+        noise_scale.main(["--profile", "smoke", "--data-dir", str(char_data), "--batches", "4,8", "--out", str(out)])
+        == 0
+    )
     record = json.loads(out.read_text())
     assert (record["provenance"]["machine"], record["device"]) == (gpu, gpu)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--batches", "12,x"], "--batches takes batch sizes"),
-    (["--batches", "0,12"], "--batches must all be at least 1"),
-    (["--profile", "nope"], "unknown profile"),
-    (["--device", "tpu"], "unknown device"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batches", "12,x"], "--batches takes batch sizes"),
+        (["--batches", "0,12"], "--batches must all be at least 1"),
+        (["--profile", "nope"], "unknown profile"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         noise_scale.main(argv)
@@ -274,10 +344,12 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_the_module_runs_as_a_command():
-    r = subprocess.run([sys.executable, "-m", "gpt.noise_scale", "--batches", "twelve"], cwd=REPO,
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: --batches takes batch sizes separated by "
-                                                                  "commas (e.g. 12,24,48), got 'twelve'"]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpt.noise_scale", "--batches", "twelve"], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --batches takes batch sizes separated by commas (e.g. 12,24,48), got 'twelve'"
+    ]
 
 
 @pytest.mark.parametrize("profile", ["reference", "cpu"])

@@ -1,4 +1,5 @@
 """The process group a distributed stage builds (gpt/distributed.py): its backends, and how it is left."""
+
 import os
 import socket
 from datetime import timedelta
@@ -33,7 +34,7 @@ def clip_host_gradients(rank: int, world: int, port: int, backend: str) -> None:
         p = torch.nn.Parameter(DTensor.from_local(torch.zeros(4), mesh, [Shard(0)]))
         p.grad = DTensor.from_local(torch.full((4,), 3.0), mesh, [Shard(0)])  # whole gradient: 8 threes
         norm = torch.nn.utils.clip_grad_norm_([p], max_norm=1.0)
-        assert abs(float(norm.full_tensor() if isinstance(norm, DTensor) else norm) - 3.0 * 8 ** 0.5) < 1e-4
+        assert abs(float(norm.full_tensor() if isinstance(norm, DTensor) else norm) - 3.0 * 8**0.5) < 1e-4
     finally:
         dist.destroy_process_group()
 

@@ -1,15 +1,26 @@
 """The committed records (gpt/published.py): a default run's JSON files, and nothing else, land in
 records/<profile>-<device>/, replacing an earlier run's, so that results.md can be regenerated from a clone."""
+
 from gpt.published import json_files, publish
 
 
 def test_publish_copies_the_json_records_only_and_replaces_an_earlier_runs(tmp_path):
     runs, dest = tmp_path / "runs", tmp_path / "records"
     (runs / "time_to_loss").mkdir(parents=True)
-    kept = ["machine.json", "memory_fit.json", "speed_0_baseline.json", "time_to_loss/speed_0_baseline.json",
-            "time_to_loss/speed_0_baseline.seed1.json"]
-    left = ["speed_0_baseline.log", "speed_0_baseline.trace.json.gz", "speed_0_baseline.memory.pickle",
-            ".run_all.lock", "time_to_loss/speed_0_baseline.log"]
+    kept = [
+        "machine.json",
+        "memory_fit.json",
+        "speed_0_baseline.json",
+        "time_to_loss/speed_0_baseline.json",
+        "time_to_loss/speed_0_baseline.seed1.json",
+    ]
+    left = [
+        "speed_0_baseline.log",
+        "speed_0_baseline.trace.json.gz",
+        "speed_0_baseline.memory.pickle",
+        ".run_all.lock",
+        "time_to_loss/speed_0_baseline.log",
+    ]
     for name in kept + left:
         (runs / name).write_text(name)
     dest.mkdir()

@@ -1,5 +1,6 @@
 """results.md from records (tables, deltas, failed/skipped rows, plots) and run_all's orchestration
 (resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
+
 import json
 import subprocess
 import sys
@@ -8,61 +9,127 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from gpt import run_all
-from gpt.report.document import write_report
 from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
 from gpt.records import record_path, record_problems, write_record
+from gpt.report.document import write_report
 
 PNG = b"\x89PNG"
-SHARES = {"data": 2.0, "copy": 0.1, "forward": 30.0, "backward": 45.0, "optimizer": 15.0, "communication": 0.0,
-          "other": 7.9}  # a CPU breakdown, adding up to 100
+SHARES = {
+    "data": 2.0,
+    "copy": 0.1,
+    "forward": 30.0,
+    "backward": 45.0,
+    "optimizer": 15.0,
+    "communication": 0.0,
+    "other": 7.9,
+}  # a CPU breakdown, adding up to 100
 
 
-def fake_record(stage: str, status: str = "ok", seconds: float = 1.0, peak: float = 100.0,
-                profile: str = "smoke", reason: str | None = None, **metrics) -> dict:
+def fake_record(
+    stage: str,
+    status: str = "ok",
+    seconds: float = 1.0,
+    peak: float = 100.0,
+    profile: str = "smoke",
+    reason: str | None = None,
+    **metrics,
+) -> dict:
     """A record as a stage script writes it (real config from the stage's ladder position)."""
     cfg = stage_config(stage, profile, device="cpu").to_dict()
-    record = {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage),
-              "status": status, "config": cfg,
-              "env": {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "numpy": "2.0",
-                      "platform": "Linux", "git_commit": "0123456789abcdef", "time": "2026-01-02T03:04:05+00:00"}}
+    record = {
+        "stage": stage,
+        "ladder": ladder_of(stage),
+        "profile": profile,
+        "parent": parent_of(stage),
+        "status": status,
+        "config": cfg,
+        "env": {
+            "python": "3.11.7",
+            "torch": "2.13.0+cpu",
+            "cuda": None,
+            "numpy": "2.0",
+            "platform": "Linux",
+            "git_commit": "0123456789abcdef",
+            "time": "2026-01-02T03:04:05+00:00",
+        },
+    }
     if status != "ok":
         return {**record, "reason": reason or "something broke"}
     steps = cfg["samples"] // cfg["batch_size"]
     world = cfg["nproc"] if cfg["distributed"] else 1
     losses = [4.0 - 0.01 * i for i in range(2 * steps)]
     m = {
-        "seconds_mean": seconds, "seconds_std": 0.01 * seconds, "seconds_per_repeat": [seconds] * 2,
-        "samples_per_repeat": cfg["samples"], "steps_per_repeat": steps,
+        "seconds_mean": seconds,
+        "seconds_std": 0.01 * seconds,
+        "seconds_per_repeat": [seconds] * 2,
+        "samples_per_repeat": cfg["samples"],
+        "steps_per_repeat": steps,
         "tokens_per_s": cfg["samples"] * cfg["block_size"] / seconds,
-        "step_time_s": seconds / steps, "step_time_median_s": seconds / steps,
-        "step_times_s": [seconds / steps] * len(losses), "first_step_s": 5.0 if cfg["compile"] else 0.1,
-        "warmup_s": 5.0, "compile_s": 4.9 if cfg["compile"] else None, "data_wait_pct": 2.0, "copy_pct": 0.1,
+        "step_time_s": seconds / steps,
+        "step_time_median_s": seconds / steps,
+        "step_times_s": [seconds / steps] * len(losses),
+        "first_step_s": 5.0 if cfg["compile"] else 0.1,
+        "warmup_s": 5.0,
+        "compile_s": 4.9 if cfg["compile"] else None,
+        "data_wait_pct": 2.0,
+        "copy_pct": 0.1,
         "compile_cache": "warm" if cfg["compile"] else None,
         "time_breakdown_pct": SHARES,
-        "profiler": {"steps": 2, "step_s": seconds / steps, "gpu_idle_pct": None, "rank": 0, "trace": None,
-                     "compiled_regions_per_step": 1.0 if cfg["compile"] else 0.0},
-        "peak_memory_mib": peak, "peak_memory_allocated_mib": None, "peak_memory_reserved_mib": None,
+        "profiler": {
+            "steps": 2,
+            "step_s": seconds / steps,
+            "gpu_idle_pct": None,
+            "rank": 0,
+            "trace": None,
+            "compiled_regions_per_step": 1.0 if cfg["compile"] else 0.0,
+        },
+        "peak_memory_mib": peak,
+        "peak_memory_allocated_mib": None,
+        "peak_memory_reserved_mib": None,
         "peak_memory_warmup_allocated_mib": None,
         "memory_snapshot": None,
-        "memory_breakdown_mib": {"parameters": 0.1 * peak, "buffers": 0.0, "gradients": 0.1 * peak,
-                                 "optimizer_state": 0.2 * peak, "activations": 0.5 * peak,
-                                 "temporaries": 0.1 * peak, "other": 0.0, "total": peak},
+        "memory_breakdown_mib": {
+            "parameters": 0.1 * peak,
+            "buffers": 0.0,
+            "gradients": 0.1 * peak,
+            "optimizer_state": 0.2 * peak,
+            "activations": 0.5 * peak,
+            "temporaries": 0.1 * peak,
+            "other": 0.0,
+            "total": peak,
+        },
         "memory_timeline_mib": [peak * i / 50 for i in range(50)] + [peak * 0.3] * 10,
-        "flops_per_token": 1000, "peak_flops_per_device": 1e11, "peak_flops_source": "measured: test",
-        "mfu_pct": 1.5, "peak_flops_fastest": 2e11, "peak_flops_fastest_source": "measured: test",
-        "mfu_fastest_pct": 0.75, "loss_first": 4.2, "loss_final": losses[-1], "losses": losses, **metrics,
+        "flops_per_token": 1000,
+        "peak_flops_per_device": 1e11,
+        "peak_flops_source": "measured: test",
+        "mfu_pct": 1.5,
+        "peak_flops_fastest": 2e11,
+        "peak_flops_fastest_source": "measured: test",
+        "mfu_fastest_pct": 0.75,
+        "loss_first": 4.2,
+        "loss_final": losses[-1],
+        "losses": losses,
+        **metrics,
     }
-    return {**record, "schema": 1, "label": stage, "metrics": m,
-            "model": {"n_layer": 2, "params": 1000, "flops_per_token": 1000},
-            "device": {"type": "cpu", "name": "Test CPU", "count": world, "threads_per_process": 2 // world},
-            "choices": {"amp_dtype": "bfloat16" if cfg["amp"] else "float32", "grad_scaler": False,
-                        "compile_mode": "default" if cfg["compile"] else None,
-                        "pinned_memory_non_blocking": False,
-                        "distributed_backend": "gloo" if cfg["distributed"] else None,
-                        "memory_method": "memtracker"}}
+    return {
+        **record,
+        "schema": 1,
+        "label": stage,
+        "metrics": m,
+        "model": {"n_layer": 2, "params": 1000, "flops_per_token": 1000},
+        "device": {"type": "cpu", "name": "Test CPU", "count": world, "threads_per_process": 2 // world},
+        "choices": {
+            "amp_dtype": "bfloat16" if cfg["amp"] else "float32",
+            "grad_scaler": False,
+            "compile_mode": "default" if cfg["compile"] else None,
+            "pinned_memory_non_blocking": False,
+            "distributed_backend": "gloo" if cfg["distributed"] else None,
+            "memory_method": "memtracker",
+        },
+    }
 
 
 def write_ladder(out: Path, records: list[dict]) -> None:
@@ -88,16 +155,20 @@ def details(md: str, stage: str) -> list[str]:
 
 
 def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
-    write_ladder(tmp_path, [
-        fake_record("speed_0_baseline", seconds=8.0, peak=10.0),
-        fake_record("speed_1_batch_size", seconds=2.0, peak=40.0),
-        fake_record("speed_2_num_workers", seconds=2.1, peak=40.0, data_wait_pct=1.0,
-                    time_breakdown_pct=None, profiler=None),  # run with --no-profiler
-        fake_record("speed_3_non_blocking", status="failed", reason="RuntimeError: boom"),
-        fake_record("speed_4_compile", seconds=1.0, peak=40.0),
-        fake_record("speed_5_amp", status="oom", reason="CUDA out of memory. Tried to allocate 2.00 GiB"),
-        fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"),
-    ])
+    write_ladder(
+        tmp_path,
+        [
+            fake_record("speed_0_baseline", seconds=8.0, peak=10.0),
+            fake_record("speed_1_batch_size", seconds=2.0, peak=40.0),
+            fake_record(
+                "speed_2_num_workers", seconds=2.1, peak=40.0, data_wait_pct=1.0, time_breakdown_pct=None, profiler=None
+            ),  # run with --no-profiler
+            fake_record("speed_3_non_blocking", status="failed", reason="RuntimeError: boom"),
+            fake_record("speed_4_compile", seconds=1.0, peak=40.0),
+            fake_record("speed_5_amp", status="oom", reason="CUDA out of memory. Tried to allocate 2.00 GiB"),
+            fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"),
+        ],
+    )
     out = write_report(tmp_path)
     md = out.read_text()
     assert out == tmp_path / "results.md"
@@ -119,16 +190,22 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
 
     assert "Largest gain: `speed_1_batch_size`" in md
     summary = md.split("## Summary")[1].split("## Speed ladder")[0]  # at the top, before the tables
-    assert ("- **Speed ladder** (4 of 7 stages finished), largest gain: here `speed_1_batch_size` (batch size x8), "
-            "-75% time; in the documented H100 run: `speed_1_batch_size`, -70%.") in summary
+    assert (
+        "- **Speed ladder** (4 of 7 stages finished), largest gain: here `speed_1_batch_size` (batch size x8), "
+        "-75% time; in the documented H100 run: `speed_1_batch_size`, -70%."
+    ) in summary
     # no breakdown (--no-profiler): the reason comes from the timed data wait
-    assert "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so " \
-           "workers had little to win (data wait 2% of the time before, 1% now)" in md
+    assert (
+        "`speed_2_num_workers` did not help here (+5.0%): the previous stage hardly waited for data, so "
+        "workers had little to win (data wait 2% of the time before, 1% now)" in md
+    )
     assert details(md, "speed_2_num_workers")[4:6] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
     assert details(md, "speed_1_batch_size")[5] == "backward 45%"
-    assert ("Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step (graphs "
-            "loaded from the on-disk compile cache an earlier run filled; a first compile on a new machine takes "
-            "longer)") in md
+    assert (
+        "Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step (graphs "
+        "loaded from the on-disk compile cache an earlier run filled; a first compile on a new machine takes "
+        "longer)"
+    ) in md
     assert "![speed ladder](plots/speed.png)" in md
     assert (tmp_path / "plots" / "speed.png").read_bytes()[:4] == PNG
 
@@ -143,26 +220,69 @@ def test_report_warns_when_a_compiled_stage_ran_eager(tmp_path):
 
 
 def test_memory_report_partial_ladder_and_planner(tmp_path):
-    write_ladder(tmp_path, [
-        fake_record("memory_0_baseline", seconds=3.0, peak=200.0),
-        fake_record("memory_1_grad_accum", seconds=3.3, peak=150.0),
-        fake_record("memory_2_checkpointing", seconds=4.0, peak=150.0),
-    ])
-    (tmp_path / "memory_reference.json").write_text(json.dumps({
-        "kind": "reference", "target": "cuda", "notes": ["a note"], "stages": [
-            {"stage": "memory_0_baseline", "change": "baseline", "estimate_mib": 35000, "documented_mib": 36272,
-             "error_pct": -3.5, "breakdown_mib": {"parameters": 2700, "gradients": 2700,
-                                                  "optimizer_state": 5400, "activations": 22000,
-                                                  "temporaries": 2200},
-             "snapshot_mib": 34800, "snapshot_error_pct": 0.57,
-             "snapshot_breakdown_mib": {"parameters": 2704, "activations": 23800, "rounding": 73},
-             "estimate_snapshot_categories_mib": {"parameters": 2700, "activations": 22000, "rounding": 0}},
-            {"stage": "memory_2_checkpointing", "change": "checkpointing", "estimate_mib": 13500,
-             "documented_mib": 15394, "error_pct": -12.3}]}))
-    (tmp_path / "memory_fit.json").write_text(json.dumps({
-        "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
-            {"setting": "baseline", "world_size": 1, "n_layer": 90, "params": 1.8e9, "peak_mib": 80000,
-             "documented_params": 1.795e9}]}))
+    write_ladder(
+        tmp_path,
+        [
+            fake_record("memory_0_baseline", seconds=3.0, peak=200.0),
+            fake_record("memory_1_grad_accum", seconds=3.3, peak=150.0),
+            fake_record("memory_2_checkpointing", seconds=4.0, peak=150.0),
+        ],
+    )
+    (tmp_path / "memory_reference.json").write_text(
+        json.dumps(
+            {
+                "kind": "reference",
+                "target": "cuda",
+                "notes": ["a note"],
+                "stages": [
+                    {
+                        "stage": "memory_0_baseline",
+                        "change": "baseline",
+                        "estimate_mib": 35000,
+                        "documented_mib": 36272,
+                        "error_pct": -3.5,
+                        "breakdown_mib": {
+                            "parameters": 2700,
+                            "gradients": 2700,
+                            "optimizer_state": 5400,
+                            "activations": 22000,
+                            "temporaries": 2200,
+                        },
+                        "snapshot_mib": 34800,
+                        "snapshot_error_pct": 0.57,
+                        "snapshot_breakdown_mib": {"parameters": 2704, "activations": 23800, "rounding": 73},
+                        "estimate_snapshot_categories_mib": {"parameters": 2700, "activations": 22000, "rounding": 0},
+                    },
+                    {
+                        "stage": "memory_2_checkpointing",
+                        "change": "checkpointing",
+                        "estimate_mib": 13500,
+                        "documented_mib": 15394,
+                        "error_pct": -12.3,
+                    },
+                ],
+            }
+        )
+    )
+    (tmp_path / "memory_fit.json").write_text(
+        json.dumps(
+            {
+                "kind": "fit",
+                "budget_gib": 80,
+                "shape_rule": "width 1280",
+                "rows": [
+                    {
+                        "setting": "baseline",
+                        "world_size": 1,
+                        "n_layer": 90,
+                        "params": 1.8e9,
+                        "peak_mib": 80000,
+                        "documented_params": 1.795e9,
+                    }
+                ],
+            }
+        )
+    )
     md = write_report(tmp_path, tmp_path / "docs" / "results.md").read_text()
     assert "## Memory ladder" in md and "## Speed ladder" not in md
     assert row(md, "memory_1_grad_accum")[2:6] == ["150", "-25%", "-25%", "25,194 (-31%)"]
@@ -185,23 +305,62 @@ def test_planner_section_bounds_offload_by_host_memory_and_says_why_a_cpu_compar
     CPU run's estimate-vs-measured shows only the stages that differ, and says why the rest agree."""
     write_ladder(tmp_path, [fake_record("memory_0_baseline")])
     offload = "beyond: lean_3, CPU offload (2 GPUs)"
-    (tmp_path / "memory_fit.json").write_text(json.dumps({
-        "kind": "fit", "budget_gib": 80, "shape_rule": "width 1280", "rows": [
-            {"setting": "before (1 GPU)", "world_size": 1, "n_layer": 126, "params": 2.48e9, "peak_mib": 81520},
-            {"setting": offload, "world_size": 2, "n_layer": 16248, "params": 319.719e9, "peak_mib": 81916,
-             "host_mib": 2382 * 1024, "extrapolated": True}],
-        "notes": [f"{offload}: 16248 layers, 319,719M parameters", "before (1 GPU): 126 layers"]}))
-    (tmp_path / "memory_compare.json").write_text(json.dumps({"kind": "compare", "profile": "cpu", "stages": [
-        {"stage": "speed_0_baseline", "measured_mib": 589, "measured": "MemTracker's peak", "estimate_mib": 589,
-         "error_pct": 0.0, "target": "cpu"},
-        {"stage": "speed_6_ddp", "measured_mib": 3202, "measured": "MemTracker's peak", "estimate_mib": 3155,
-         "error_pct": -1.5, "target": "cpu"}]}))
+    (tmp_path / "memory_fit.json").write_text(
+        json.dumps(
+            {
+                "kind": "fit",
+                "budget_gib": 80,
+                "shape_rule": "width 1280",
+                "rows": [
+                    {"setting": "before (1 GPU)", "world_size": 1, "n_layer": 126, "params": 2.48e9, "peak_mib": 81520},
+                    {
+                        "setting": offload,
+                        "world_size": 2,
+                        "n_layer": 16248,
+                        "params": 319.719e9,
+                        "peak_mib": 81916,
+                        "host_mib": 2382 * 1024,
+                        "extrapolated": True,
+                    },
+                ],
+                "notes": [f"{offload}: 16248 layers, 319,719M parameters", "before (1 GPU): 126 layers"],
+            }
+        )
+    )
+    (tmp_path / "memory_compare.json").write_text(
+        json.dumps(
+            {
+                "kind": "compare",
+                "profile": "cpu",
+                "stages": [
+                    {
+                        "stage": "speed_0_baseline",
+                        "measured_mib": 589,
+                        "measured": "MemTracker's peak",
+                        "estimate_mib": 589,
+                        "error_pct": 0.0,
+                        "target": "cpu",
+                    },
+                    {
+                        "stage": "speed_6_ddp",
+                        "measured_mib": 3202,
+                        "measured": "MemTracker's peak",
+                        "estimate_mib": 3155,
+                        "error_pct": -1.5,
+                        "target": "cpu",
+                    },
+                ],
+            }
+        )
+    )
     md = write_report(tmp_path).read_text()
     assert "| before (1 GPU) | 1 | 126 |" in md and f"| {offload}" not in md
     assert f"- {offload}: 16248 layers" not in md and "- before (1 GPU): 126 layers" in md
-    assert (f"Not in the table: {offload}. Its GPU memory would fit 16,248 layers (319,719M parameters), but "
-            "their sharded parameters, gradients and AdamW state would take 2,382 GiB of host memory per GPU; with "
-            "256 GiB per GPU, host memory bounds it at about 1,746 layers") in md
+    assert (
+        f"Not in the table: {offload}. Its GPU memory would fit 16,248 layers (319,719M parameters), but "
+        "their sharded parameters, gradients and AdamW state would take 2,382 GiB of host memory per GPU; with "
+        "256 GiB per GPU, host memory bounds it at about 1,746 layers"
+    ) in md
     assert "come from the same tracker (MemTracker)" in md and "1 of 2 stages agree within 0.5%" in md
     assert "| speed_6_ddp | 3,202 |" in md and "| speed_0_baseline | 589 |" not in md
 
@@ -211,11 +370,15 @@ def cuda_record(stage: str, allocated: float, reserved: float | None, **metrics)
     record = fake_record(stage, peak=allocated, **metrics)
     method = "cuda_max_reserved" if record["config"]["compile"] else "cuda_max_allocated"
     record["device"].update(type="cuda", name="NVIDIA H100 80GB HBM3")
-    record["choices"].update(memory_method=method, compile_mode="reduce-overhead" if method == "cuda_max_reserved"
-                             else None)
-    record["metrics"].update(peak_memory_allocated_mib=allocated, peak_memory_reserved_mib=reserved,
-                             peak_memory_mib=reserved if method == "cuda_max_reserved" else allocated,
-                             memory_snapshot=f"{stage}.memory.pickle")
+    record["choices"].update(
+        memory_method=method, compile_mode="reduce-overhead" if method == "cuda_max_reserved" else None
+    )
+    record["metrics"].update(
+        peak_memory_allocated_mib=allocated,
+        peak_memory_reserved_mib=reserved,
+        peak_memory_mib=reserved if method == "cuda_max_reserved" else allocated,
+        memory_snapshot=f"{stage}.memory.pickle",
+    )
     return record
 
 
@@ -223,21 +386,26 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
     """CUDA graphs: speed_4's allocated peak (20 MiB) misses the graph pool; its peak is reserved memory
     (160), compared with speed_3's reserved (150), never with its allocated (100). A parent without a
     reserved figure gives no change at all. Every such cell is explained under the table."""
-    write_ladder(tmp_path, [
-        cuda_record("speed_0_baseline", 90.0, 120.0),
-        cuda_record("speed_1_batch_size", 95.0, 130.0),
-        cuda_record("speed_2_num_workers", 95.0, None),  # no reserved figure: as from an older record
-        cuda_record("speed_3_non_blocking", 100.0, 150.0),
-        cuda_record("speed_4_compile", 20.0, 160.0),
-        cuda_record("speed_5_amp", 15.0, 140.0),
-    ])
+    write_ladder(
+        tmp_path,
+        [
+            cuda_record("speed_0_baseline", 90.0, 120.0),
+            cuda_record("speed_1_batch_size", 95.0, 130.0),
+            cuda_record("speed_2_num_workers", 95.0, None),  # no reserved figure: as from an older record
+            cuda_record("speed_3_non_blocking", 100.0, 150.0),
+            cuda_record("speed_4_compile", 20.0, 160.0),
+            cuda_record("speed_5_amp", 15.0, 140.0),
+        ],
+    )
     (tmp_path / "speed_0_baseline.memory.pickle").write_bytes(b"")  # the others' are absent, as in records/
     md = write_report(tmp_path).read_text()
     assert [row(md, "speed_1_batch_size")[6], details(md, "speed_1_batch_size")[1]] == ["95.0", "+5.6%"]  # eager
     assert [row(md, "speed_4_compile")[6], details(md, "speed_4_compile")[1]] == ["160", "+6.7% †"]  # reserved, both
     assert [row(md, "speed_5_amp")[6], details(md, "speed_5_amp")[1]] == ["140", "-12%"]  # both graphs, no mark
-    assert "† `speed_4_compile` measures peak memory as cuda_max_reserved, `speed_3_non_blocking` as " \
-           "cuda_max_allocated: their change compares the max_memory_reserved of both." in md
+    assert (
+        "† `speed_4_compile` measures peak memory as cuda_max_reserved, `speed_3_non_blocking` as "
+        "cuda_max_allocated: their change compares the max_memory_reserved of both." in md
+    )
     assert "because CUDA graphs replay in a private pool that max_memory_allocated does not see" in md
     assert "`speed_0_baseline` as" not in md  # the speed table shows no memory change against the baseline
     assert "open at https://pytorch.org/memory_viz): `speed_0_baseline.memory.pickle`" in md
@@ -247,10 +415,13 @@ def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
     write_ladder(older, [cuda_record("speed_3_non_blocking", 100.0, None), cuda_record("speed_4_compile", 20.0, 160.0)])
     md = write_report(older).read_text()
     assert details(md, "speed_4_compile")[1] == ""
-    assert "`speed_4_compile` (cuda_max_reserved) and `speed_3_non_blocking` (cuda_max_allocated) measure peak " \
-           "memory differently and share no figure, so no memory change is given between them." in md
+    assert (
+        "`speed_4_compile` (cuda_max_reserved) and `speed_3_non_blocking` (cuda_max_allocated) measure peak "
+        "memory differently and share no figure, so no memory change is given between them." in md
+    )
 
     from gpt.stage import print_summary
+
     print_summary(cuda_record("speed_4_compile", 20.0, 160.0), older)
     print_summary(cuda_record("speed_4_compile", 20.0, 160.0), tmp_path)
     out = capsys.readouterr().out
@@ -268,58 +439,77 @@ def shares(**changes) -> dict:
 
 
 def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
-    write_ladder(tmp_path, [
-        fake_record("speed_0_baseline", seconds=8.0),
-        fake_record("speed_1_batch_size", seconds=2.0, time_breakdown_pct=shares(data=31.0, forward=20.0,
-                                                                                backward=30.0)),
-        fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
-        fake_record("speed_3_non_blocking", seconds=1.52, time_breakdown_pct=shares(data=2.0, backward=40.0)),
-        fake_record("memory_0_baseline", seconds=3.0),
-        fake_record("memory_1_grad_accum", seconds=3.3, status="failed"),
-        fake_record("memory_2_checkpointing", seconds=4.0, time_breakdown_pct=shares(forward=15.0, backward=60.0)),
-        fake_record("memory_3_foreach_off", seconds=5.0, time_breakdown_pct=shares(forward=20.0, backward=40.0,
-                                                                                  optimizer=35.0)),
-    ])
+    write_ladder(
+        tmp_path,
+        [
+            fake_record("speed_0_baseline", seconds=8.0),
+            fake_record(
+                "speed_1_batch_size", seconds=2.0, time_breakdown_pct=shares(data=31.0, forward=20.0, backward=30.0)
+            ),
+            fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+            fake_record("speed_3_non_blocking", seconds=1.52, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+            fake_record("memory_0_baseline", seconds=3.0),
+            fake_record("memory_1_grad_accum", seconds=3.3, status="failed"),
+            fake_record("memory_2_checkpointing", seconds=4.0, time_breakdown_pct=shares(forward=15.0, backward=60.0)),
+            fake_record(
+                "memory_3_foreach_off",
+                seconds=5.0,
+                time_breakdown_pct=shares(forward=20.0, backward=40.0, optimizer=35.0),
+            ),
+        ],
+    )
     md = write_report(tmp_path).read_text()
     assert details(md, "speed_0_baseline")[5] == "backward 45%"  # the largest share
     assert details(md, "speed_1_batch_size")[5] == "data wait 31%"
     assert details(md, "memory_3_foreach_off")[5] == "backward 40%"
     # the share each change attacks, before -> after, in % of the step and seconds per N samples
     assert "- `speed_2_num_workers` (-25% time): data wait 31% -> 2% (620 ms -> 30 ms; timed repeats: 2% -> 2%)" in md
-    assert "- `speed_3_non_blocking` (+1.3% time, within run-to-run noise of ±1%, did not help): copy was 0.1% " \
-           "and data wait was 2% of the parent's profiled step already (copy 0.1% and data wait 2% of its timed " \
-           "repeats), and stayed small here, so there was little to remove" in md
+    assert (
+        "- `speed_3_non_blocking` (+1.3% time, within run-to-run noise of ±1%, did not help): copy was 0.1% "
+        "and data wait was 2% of the parent's profiled step already (copy 0.1% and data wait 2% of its timed "
+        "repeats), and stayed small here, so there was little to remove" in md
+    )
     # a change without a target: the category that moved most
     assert "- `speed_1_batch_size` (-75% time): backward 45% -> 30% (3.6 s -> 600 ms)" in md
     assert "`speed_3_non_blocking` did not help here" not in md  # the breakdown replaced the guessed reason
-    assert "- `memory_3_foreach_off` (+25% time): optimizer 15% -> 35% (600 ms -> 1.75 s); largest change: " \
-           "optimizer" not in md  # the target is the largest change: cited once
+    assert (
+        "- `memory_3_foreach_off` (+25% time): optimizer 15% -> 35% (600 ms -> 1.75 s); largest change: "
+        "optimizer" not in md
+    )  # the target is the largest change: cited once
     assert "- `memory_3_foreach_off` (+25% time): optimizer 15% -> 35% (600 ms -> 1.75 s)" in md
     assert "memory_2_checkpointing` (+" not in md  # its parent failed: nothing to compare with
     assert "## Where the time goes" in md and "![where the time goes](plots/time_breakdown.png)" in md
     assert (tmp_path / "plots" / "time_breakdown.png").read_bytes()[:4] == PNG
 
 
-@pytest.mark.parametrize("breakdown, data_wait", [
-    (shares(data=2.0, backward=40.0), 30.0),  # the profiled step small, the timed repeats' wait (the table's) large
-    (shares(data=32.0, backward=20.0), 35.0),  # the stage itself added the wait: small in its parent only
-])
+@pytest.mark.parametrize(
+    "breakdown, data_wait",
+    [
+        (shares(data=2.0, backward=40.0), 30.0),  # the profiled step small, the timed repeats' wait (the table's) large
+        (shares(data=32.0, backward=20.0), 35.0),  # the stage itself added the wait: small in its parent only
+    ],
+)
 def test_a_stage_that_added_data_wait_is_never_told_there_was_little_to_remove(breakdown, data_wait, tmp_path):
     """speed_3's change acts on data wait and copy, which held 2% and 0.1% of its parent's step; but the stage's own
     data wait, as its row in the table gives it (the timed repeats), is large: the sentence must not say there was
     little to remove, and it gives both measurements of the wait, each named."""
-    write_ladder(tmp_path, [
-        fake_record("speed_0_baseline", seconds=8.0),
-        fake_record("speed_1_batch_size", seconds=2.0),
-        fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
-        fake_record("speed_3_non_blocking", seconds=1.6, time_breakdown_pct=breakdown, data_wait_pct=data_wait),
-    ])
+    write_ladder(
+        tmp_path,
+        [
+            fake_record("speed_0_baseline", seconds=8.0),
+            fake_record("speed_1_batch_size", seconds=2.0),
+            fake_record("speed_2_num_workers", seconds=1.5, time_breakdown_pct=shares(data=2.0, backward=40.0)),
+            fake_record("speed_3_non_blocking", seconds=1.6, time_breakdown_pct=breakdown, data_wait_pct=data_wait),
+        ],
+    )
     md = write_report(tmp_path).read_text()
     assert details(md, "speed_3_non_blocking")[4] == f"{data_wait:.0f}% / 0.1%"  # the table's data wait / copy
     (line,) = [ln for ln in md.splitlines() if ln.startswith("- `speed_3_non_blocking` (")]
     assert "little to remove" not in line
-    assert (f"data wait 2% -> {breakdown['data']:.0f}% (30 ms -> {16 * breakdown['data']:.0f} ms; timed repeats: "
-            f"2% -> {data_wait:.0f}%)") in line
+    assert (
+        f"data wait 2% -> {breakdown['data']:.0f}% (30 ms -> {16 * breakdown['data']:.0f} ms; timed repeats: "
+        f"2% -> {data_wait:.0f}%)"
+    ) in line
 
 
 def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_path):
@@ -327,14 +517,19 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     anchor column gives build-nanogpt's change where a stage has one; a stage with no effect on this device
     says so instead of a gain; the lean ladder, with no figures to compare with, has no reference column."""
     speed = [fake_record(s, seconds=8.0 / (i + 1)) for i, s in enumerate(LADDERS["speed"][:6])]  # speed_5: 1.33 s
-    fast = [fake_record("fast_1_pretokenized", seconds=1.0),
-            fake_record("fast_2_bf16", seconds=1.01, no_effect_reason="no effect on cpu: nothing to replace"),
-            fake_record("fast_3_sdpa", seconds=0.8, time_breakdown_pct=shares(forward=20.0))]
+    fast = [
+        fake_record("fast_1_pretokenized", seconds=1.0),
+        fake_record("fast_2_bf16", seconds=1.01, no_effect_reason="no effect on cpu: nothing to replace"),
+        fake_record("fast_3_sdpa", seconds=0.8, time_breakdown_pct=shares(forward=20.0)),
+    ]
     for r in fast:
         r["no_effect"] = r["metrics"].pop("no_effect_reason", None)
-    lean = [fake_record("memory_0_baseline"), fake_record("memory_4_fsdp", peak=50.0),
-            fake_record("lean_1_fsdp_bf16", peak=40.0),
-            fake_record("lean_3_cpu_offload", status="skipped", reason="nothing to offload to")]
+    lean = [
+        fake_record("memory_0_baseline"),
+        fake_record("memory_4_fsdp", peak=50.0),
+        fake_record("lean_1_fsdp_bf16", peak=40.0),
+        fake_record("lean_3_cpu_offload", status="skipped", reason="nothing to offload to"),
+    ]
     write_ladder(tmp_path, speed + fast + lean)
     md = write_report(tmp_path).read_text()
     assert "## Fast ladder" in md and "## Lean ladder" in md
@@ -343,13 +538,16 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     assert row(md, "fast_3_sdpa")[5] == "96 (-26%)"  # build-nanogpt: 130 -> 96 ms per step
     assert row(md, "fast_1_pretokenized")[5] == ""  # no anchor for this one
     assert details(md, "fast_3_sdpa")[3] == "1.5% / 0.8%"  # MFU against its dtype's peak / the fastest
-    assert "- `fast_2_bf16`: no effect on cpu: nothing to replace; its time change (+1.0%) is run-to-run " \
-           "variation" in md
+    assert (
+        "- `fast_2_bf16`: no effect on cpu: nothing to replace; its time change (+1.0%) is run-to-run variation" in md
+    )
     assert "`fast_2_bf16` (+1.0% time" not in md  # no breakdown line reads a gain or loss into it
     assert "Overall, `speed_0_baseline` to `fast_3_sdpa`: 10.0x faster here." in md
     assert "- `fast_3_sdpa` (-21% time): forward 30% -> 20% (303 ms -> 160 ms)" in md
-    assert "Largest gain: `fast_1_pretokenized` (pre-tokenised data, each batch one gather on the device), -25% time per " \
-           "32 samples." in md  # no reference figure to cite for it
+    assert (
+        "Largest gain: `fast_1_pretokenized` (pre-tokenised data, each batch one gather on the device), -25% time per "
+        "32 samples." in md
+    )  # no reference figure to cite for it
     lean_head = next(ln for ln in md.split("## Lean ladder")[1].splitlines() if ln.startswith("| stage |"))
     assert "documented" not in lean_head and "build-nanogpt" not in lean_head
     assert row(md, "lean_1_fsdp_bf16")[3:5] == ["-20%", "-60%"]  # vs memory_4_fsdp, vs memory_0_baseline
@@ -359,8 +557,7 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
 
 
 def test_report_cli_without_records_is_one_line_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "gpt.report", "--runs", str(tmp_path)], capture_output=True,
-                       text=True)
+    p = subprocess.run([sys.executable, "-m", "gpt.report", "--runs", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: no stage records") and "Traceback" not in p.stderr
 
 
@@ -423,9 +620,11 @@ def stub_stages(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "prepare_data", lambda profile, ladders: None)
     monkeypatch.setattr(run_all, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
     monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
-    monkeypatch.setattr(run_all, "stage_command",
-                        lambda stage, profile, device, wandb, out: [sys.executable, str(stub), stage, str(out),
-                                                                    str(templates)])
+    monkeypatch.setattr(
+        run_all,
+        "stage_command",
+        lambda stage, profile, device, wandb, out: [sys.executable, str(stub), stage, str(out), str(templates)],
+    )
 
     def behave(stage, how, record=None):
         (templates / f"{stage}.how").write_text(how)
@@ -471,8 +670,21 @@ def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
     out, _, _ = stub_stages
     commands = []
     monkeypatch.setattr(run_all, "run_stage", lambda cmd, log, show, deadline=None: commands.append(cmd) or 1)
-    run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out),
-                     "--wandb", "disabled", "--no-profiler"])
+    run_all.main(
+        [
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--only",
+            "speed",
+            "--out",
+            str(out),
+            "--wandb",
+            "disabled",
+            "--no-profiler",
+        ]
+    )
     assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
 
 
@@ -499,8 +711,10 @@ def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, mon
 def test_interrupt_stops_the_stage_and_everything_it_started(tmp_path):
     """Ctrl-C during a stage: the stage and its children (torchrun's ranks, DataLoader workers) all end."""
     pids = tmp_path / "pids"
-    script = (f"import os, subprocess, time; c = subprocess.Popen(['sleep', '60']); "
-              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(60)")
+    script = (
+        f"import os, subprocess, time; c = subprocess.Popen(['sleep', '60']); "
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(60)"
+    )
 
     def show(seconds):
         if pids.exists() and pids.read_text():
@@ -527,9 +741,14 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
     header gives both, and warns when the end's is >5% higher (the start's peak, the MFU basis, was low)."""
     out, behave, _ = stub_stages
     calibrations = []
-    monkeypatch.setattr(run_all, "calibrate_cpu_peaks",
-                        lambda threads, rounds: calibrations.append((threads, rounds)) or
-                        {"float32 x2 threads": 100e9, "bfloat16 x2 threads": 1e9, "float32 x1 threads": 50e9})
+    monkeypatch.setattr(
+        run_all,
+        "calibrate_cpu_peaks",
+        lambda threads, rounds: (
+            calibrations.append((threads, rounds))
+            or {"float32 x2 threads": 100e9, "bfloat16 x2 threads": 1e9, "float32 x1 threads": 50e9}
+        ),
+    )
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
     for end, warned in ((103e9, False), (130e9, True)):
         for stage in LADDERS["speed"]:
@@ -544,8 +763,9 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
     assert calibrations[0] == ([2, 1], 1)  # both thread counts the stages use; smoke: one round
 
 
-def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(stub_stages, tmp_path, monkeypatch,
-                                                                              capsys):
+def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
+    stub_stages, tmp_path, monkeypatch, capsys
+):
     """--quick: the plan first; the timed stages at fewer repeats; a stage still running at the limit is stopped,
     those after it are recorded as not run; every record says quick and its wall clock; the report is written
     beside the records, never over the committed ones; --resume completes the run."""
@@ -565,8 +785,10 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(stu
     records = {s: json.loads((quick_out / f"{s}.json").read_text()) for s in speed}
     assert records["speed_0_baseline"]["status"] == "ok" and records["speed_0_baseline"]["run"]["quick"] is True
     assert records["speed_1_batch_size"]["reason"] == "stopped at the quick run's 3 s limit (--resume runs it again)"
-    assert all(records[s]["status"] == "skipped" and records[s]["reason"].startswith("not run: the quick run's 3 s")
-               for s in speed[2:])
+    assert all(
+        records[s]["status"] == "skipped" and records[s]["reason"].startswith("not run: the quick run's 3 s")
+        for s in speed[2:]
+    )
     first = (quick_out / "arguments.txt").read_text().splitlines()[0]
     assert first == "speed_0_baseline --repeats 2 --warmup-iters 1"  # the smoke profile's 1 warm-up step kept
     assert "**A quick run**" in (quick_out / "results.md").read_text()
@@ -584,8 +806,25 @@ def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
     """`./run_all.sh --quick` for real on the smoke profile (minutes on 2 cores): the speed and fast ladders and
     the speedrun, each stage a real record marked quick, and a page that says so."""
     out = tmp_path / "quick"
-    r = subprocess.run([sys.executable, "-m", "gpt.run_all", "--profile", "smoke", "--device", "cpu", "--quick",
-                        "--out", str(out), "--wandb", "disabled"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.run_all",
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(out),
+            "--wandb",
+            "disabled",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     speedrun = sorted(p.stem for p in (out / "speedrun").glob("speedrun_*.json"))
     assert speedrun == LADDERS["speedrun"]
@@ -611,8 +850,7 @@ def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["interrupted", "--only"])
-def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(how, stub_stages, tmp_path,
-                                                                              monkeypatch):
+def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(how, stub_stages, tmp_path, monkeypatch):
     """A default run stopped after its first stages, or one of a single ladder, once replaced every committed record
     and results.md with its own few: now it writes its report beside its records and the committed ones stay."""
     _, behave, _ = stub_stages
@@ -632,6 +870,7 @@ def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(ho
             if "fast_1_pretokenized" in cmd:
                 raise KeyboardInterrupt
             return real(cmd, log, show, deadline)
+
         monkeypatch.setattr(run_all, "run_stage", stop_at_fast)
         args = []
     else:
@@ -645,12 +884,31 @@ def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(ho
 def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_stages, tmp_path, monkeypatch):
     """No ladder disappears: where the limit comes before speed_0, the speedrun's stages are there too, not run."""
     out, _, calls = stub_stages
-    monkeypatch.setattr(run_all.quick.Deadline, "starting_now",
-                        classmethod(lambda cls, limit_min: cls(60 * limit_min, time.monotonic() - 60)))  # spent
-    run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "speedrun", "--quick", "--time-limit", "0.001",
-                  "--out", str(out), "--wandb", "disabled"])
+    monkeypatch.setattr(
+        run_all.quick.Deadline,
+        "starting_now",
+        classmethod(lambda cls, limit_min: cls(60 * limit_min, time.monotonic() - 60)),
+    )  # spent
+    run_all.main(
+        [
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--only",
+            "speedrun",
+            "--quick",
+            "--time-limit",
+            "0.001",
+            "--out",
+            str(out),
+            "--wandb",
+            "disabled",
+        ]
+    )
     assert calls() == []
     folder = out / "speedrun"
     reasons = {p.stem: json.loads(p.read_text())["reason"] for p in folder.glob("speedrun_*.json")}
-    assert sorted(reasons) == LADDERS["speedrun"] and all(r.startswith("not run: the quick run's") for r in
-                                                          reasons.values())
+    assert sorted(reasons) == LADDERS["speedrun"] and all(
+        r.startswith("not run: the quick run's") for r in reasons.values()
+    )

@@ -1,4 +1,5 @@
 """gpt/reuse.py: a machine-independent record is reused only while the code it ran, torch and its key are unchanged."""
+
 import sys
 import types
 
@@ -30,8 +31,9 @@ def test_provenance_names_the_imported_sources_and_every_stage_script(repo):
     assert reuse.still_valid({"provenance": prov}, {"k": 1})
 
 
-@pytest.mark.parametrize("change", ["edit a module", "edit a stage", "remove a file", "other key", "other torch",
-                                    "no provenance"])
+@pytest.mark.parametrize(
+    "change", ["edit a module", "edit a stage", "remove a file", "other key", "other torch", "no provenance"]
+)
 def test_a_record_from_other_code_torch_or_key_is_not_reused(repo, change, monkeypatch):
     record = {"provenance": reuse.provenance({"k": 1})}
     key = {"k": 1}

@@ -3,12 +3,16 @@ its target and its judgement, the one claim of its systems stage, that it keeps 
 as the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/test_gpu.py). The training changes'
 own mechanics are tested beside their homes (tests/test_speedrun_optimizer.py, tests/test_noise_scale.py,
 tests/test_architecture.py)."""
+
 from dataclasses import dataclass
 
 import pytest
 import torch
-
 from conftest import needs_torch_chunked_loss
+from test_beyond_equivalence import real_rows
+from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
+from test_time_to_loss import learning_budget
+
 from gpt import optimizations, run_all, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device
@@ -19,9 +23,6 @@ from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import read_record, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
-from test_beyond_equivalence import real_rows
-from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
-from test_time_to_loss import learning_budget
 
 SPEEDRUN = LADDERS["speedrun"]
 
@@ -63,7 +64,9 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     base = tiny_config(char_data, **common)
     systems = tiny_config(char_data, **common)
     load_stage("speedrun_1_systems").change(systems)
-    systems.amp = systems.amp_bf16 = False  # the precision's own bound is fast_2's test; here the rest must be exact to fp32
+    systems.amp = systems.amp_bf16 = (
+        False  # the precision's own bound is fast_2's test; here the rest must be exact to fp32
+    )
     optimizations.validate(systems)
     assert systems.compile and systems.batch_gather and systems.loss == "chunked" and systems.attention == "sdpa"
     run_b, grads_b = train_with_grads(base, 1)
@@ -74,14 +77,29 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
 
 
 def _loss_record(stage: str, seed: int | None, curve: list[tuple[int, float, float]], status="ok") -> dict:
-    points = [{"step": i, "tokens": t, "seconds": s, "val_loss": v, "train_loss": None, "lr": None}
-              for i, (t, s, v) in enumerate(curve)]
-    return {"stage": stage, "ladder": "speedrun" if stage.startswith("speedrun") else "speed", "profile": "cpu",
-            "status": status, "mode": "time_to_loss", "seed": seed, "device": {"name": "cpu", "type": "cpu", "count": 1},
-            "metrics": {"curve": points, "train_seconds": points[-1]["seconds"], "tokens": points[-1]["tokens"],
-                        "val_loss_final": points[-1]["val_loss"], "val_loss_initial": points[0]["val_loss"],
-                        "tokens_per_s": points[-1]["tokens"] / max(points[-1]["seconds"], 1e-9), "target_loss": None,
-                        "startup_s": 0.0}}
+    points = [
+        {"step": i, "tokens": t, "seconds": s, "val_loss": v, "train_loss": None, "lr": None}
+        for i, (t, s, v) in enumerate(curve)
+    ]
+    return {
+        "stage": stage,
+        "ladder": "speedrun" if stage.startswith("speedrun") else "speed",
+        "profile": "cpu",
+        "status": status,
+        "mode": "time_to_loss",
+        "seed": seed,
+        "device": {"name": "cpu", "type": "cpu", "count": 1},
+        "metrics": {
+            "curve": points,
+            "train_seconds": points[-1]["seconds"],
+            "tokens": points[-1]["tokens"],
+            "val_loss_final": points[-1]["val_loss"],
+            "val_loss_initial": points[0]["val_loss"],
+            "tokens_per_s": points[-1]["tokens"] / max(points[-1]["seconds"], 1e-9),
+            "target_loss": None,
+            "startup_s": 0.0,
+        },
+    }
 
 
 def test_the_target_is_the_highest_of_the_baselines_final_losses():
@@ -110,10 +128,13 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
     """Target 2.1. speedrun_1 crosses it at 19 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 19 s, 475
     tokens); speedrun_2's second seed ends at 2.15: the stage does not hold. The baseline's seeds are timed to the
     target the same way: the better one at 1.9/2.1 of its 100 s, the worse one at the end of its 120 s."""
-    write_speedrun(tmp_path, {
-        "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
-        "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 1.5)], [(0, 0, 4.0), (400, 8, 2.15)]],
-    })
+    write_speedrun(
+        tmp_path,
+        {
+            "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
+            "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 1.5)], [(0, 0, 4.0), (400, 8, 2.15)]],
+        },
+    )
     sr = Speedrun(tmp_path)
     assert sr.target == pytest.approx(2.1)
     assert sr.seconds("speed_0_baseline") == [pytest.approx(100 * 1.9 / 2.1), pytest.approx(120.0)]
@@ -131,23 +152,40 @@ def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_pa
     it, else the process's own process_s) and both ratios against speed_0's, whose seeds took 150 and 170 s of wall
     clock: speedrun_1's 40 s is 4.00x sooner. speedrun_3 has only its own process_s: its wall clock is shown but no
     ratio against speed_0's, measured from outside; speedrun_4's record has neither."""
-    write_speedrun(tmp_path, {"speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
-                              "speedrun_3_muon": [[(0, 0, 4.0), (400, 8, 1.5)]],
-                              "speedrun_4_architecture": [[(0, 0, 4.0), (400, 10, 1.5)]]})
+    write_speedrun(
+        tmp_path,
+        {
+            "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
+            "speedrun_3_muon": [[(0, 0, 4.0), (400, 8, 1.5)]],
+            "speedrun_4_architecture": [[(0, 0, 4.0), (400, 10, 1.5)]],
+        },
+    )
     loss_dir, sr_dir = time_to_loss_dir(tmp_path), time_to_loss_dir(tmp_path, "speedrun")
-    walls = {loss_dir / "speed_0_baseline.json": 150.0, loss_dir / "speed_0_baseline.seed3409.json": 170.0,
-             sr_dir / "speedrun_1_systems.json": 40.0}
+    walls = {
+        loss_dir / "speed_0_baseline.json": 150.0,
+        loss_dir / "speed_0_baseline.seed3409.json": 170.0,
+        sr_dir / "speedrun_1_systems.json": 40.0,
+    }
     for path, wall in walls.items():
         record = read_record(path)
-        write_record(path, {**record, "run": {"quick": False, "wall_s": wall},
-                            "metrics": {**record["metrics"], "process_s": wall - 1}})
+        write_record(
+            path,
+            {
+                **record,
+                "run": {"quick": False, "wall_s": wall},
+                "metrics": {**record["metrics"], "process_s": wall - 1},
+            },
+        )
     record = read_record(sr_dir / "speedrun_3_muon.json")
     write_record(sr_dir / "speedrun_3_muon.json", {**record, "metrics": {**record["metrics"], "process_s": 25.0}})
     lines = speedrun_section(Speedrun(tmp_path), tmp_path, "plots")
     header = next(line for line in lines if line.startswith("| stage |"))
     assert header.count("|") - 1 <= 7 and "wall" in header and "training" in header
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines
-            if line.startswith("| speed")}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in lines
+        if line.startswith("| speed")
+    }
     assert rows["speed_0_baseline"][-2:] == ["1.00x", "160 (150-170); 1.00x"]
     # training: (90.48 + 120) / 2 / 19; wall: 160 / 40
     assert rows["speedrun_1_systems"][-2:] == ["5.54x (4.76-6.32x)", "40.0; 4.00x (3.75-4.25x)"]
@@ -186,7 +224,7 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     baseline = [c for c in calls if c[0] == "speed_0_baseline"]
     assert [c[1] for c in baseline] == [None, 3408, 3409] and all(c[2] is None for c in baseline)
     target = repr(max(2.0, 2.0, 2.0 + 0.1))  # the worst seed's final loss
-    rest = calls[len(baseline):]
+    rest = calls[len(baseline) :]
     assert rest[0] == ("noise_scale", published_dir("cpu", "cpu") / "speedrun", None)  # the committed curve, if valid
     assert [c[0] for c in rest[1:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
     assert all(c[2] == target for c in rest[1:])
@@ -212,8 +250,20 @@ def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_pat
     from gpt.ladder import STAGES_DIR
 
     for bad in ("0", "nan"):
-        p = subprocess.run([sys.executable, str(STAGES_DIR / "speedrun_2_batch_lr.py"), "--lr", bad, "--out",
-                            str(tmp_path), "--wandb", "disabled"], capture_output=True, text=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                str(STAGES_DIR / "speedrun_2_batch_lr.py"),
+                "--lr",
+                bad,
+                "--out",
+                str(tmp_path),
+                "--wandb",
+                "disabled",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert p.returncode == 2, p.stderr
         assert p.stderr.strip().count("\n") == 0 and "--lr" in p.stderr
     assert not list(tmp_path.rglob("*.json"))  # rejected before any training
@@ -229,8 +279,11 @@ def torch_211_image(monkeypatch):
 
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in chunked_loss.MODULES.values()
-                        else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in chunked_loss.MODULES.values() else real_find_spec(name, *a),
+    )
 
 
 @pytest.mark.parametrize("stage", SPEEDRUN)
@@ -278,6 +331,7 @@ class StageTrace:
     """A watched run to a loss of the speedrun's last stage: its config and record; at each evaluation, the steps done,
     the CUDA graphs recorded and the graphs Dynamo compiled so far in this process; each step's learning rates, one
     per param group, as AdamW's and Muon's step() began."""
+
     cfg: TrainConfig
     record: dict
     evaluations: list[tuple[int, int, int]]
@@ -349,7 +403,7 @@ def check_the_last_stage_learns_compiled(trace: StageTrace) -> None:
     assert compiled[1] > compiled[0], "no graph compiled at the first step: the model ran eager"
     assert set(compiled[1:]) == {compiled[1]}, f"compiled again after the first step: {compiled}"
     if cuda_graphs:
-        settled = recorded[SPEEDRUN_STEPS // 2:]
+        settled = recorded[SPEEDRUN_STEPS // 2 :]
         assert settled[0] > 0, "no CUDA graph recorded: the step ran without its graphs"
         assert set(settled) == {settled[0]}, f"CUDA graphs recorded again between evaluations: {recorded}"
     else:
@@ -379,8 +433,8 @@ def check_the_groups_follow_wsd(trace: StageTrace) -> None:
         assert muon == pytest.approx([s * cfg.muon_lr] * len(muon), rel=1e-9), step
     stable = [i for i, s in enumerate(shares) if s == 1.0]
     assert 0 < stable[0] and stable[-1] < SPEEDRUN_STEPS - 2 and stable == list(range(stable[0], stable[-1] + 1))
-    assert shares[:stable[0]] == sorted(shares[:stable[0]]) and shares[0] < 1  # the warm-up rises
-    decay = shares[stable[-1] + 1:]
+    assert shares[: stable[0]] == sorted(shares[: stable[0]]) and shares[0] < 1  # the warm-up rises
+    decay = shares[stable[-1] + 1 :]
     assert decay == sorted(decay, reverse=True) and decay[-1] == pytest.approx(cfg.min_lr / cfg.lr)
 
 

@@ -2,6 +2,7 @@
 blocks' matrices and AdamW everything else, one step of the combined optimizer is the two torch optimizers' steps,
 wsd's shape and that both optimizers follow it, one line for bad settings, and a Muon run that learns; the
 Newton-Schulz iteration and a Muon step in bf16 against float32 (on the CPU here, on CUDA in tests/test_gpu.py)."""
+
 import copy
 import math
 import re
@@ -10,18 +11,19 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
+from test_time_to_loss import smoke_to_a_loss
+
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.muon import MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
 from gpt.optimizations.schedule import learning_rate, set_learning_rates
-from test_time_to_loss import smoke_to_a_loss
 
 HAS_MUON = hasattr(torch.optim, "Muon")
-needs_muon = pytest.mark.skipif(not HAS_MUON, reason=f"needs torch.optim.Muon (PyTorch 2.9+; this is "
-                                                     f"{torch.__version__})")
+needs_muon = pytest.mark.skipif(
+    not HAS_MUON, reason=f"needs torch.optim.Muon (PyTorch 2.9+; this is {torch.__version__})"
+)
 # The blocks' matrices, named independently of the code under test.
 HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
@@ -29,8 +31,9 @@ HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|
 def built(char_data, device: str = "cpu", **overrides):
     """The optimizer build_model makes with Muon on `device` (TrainConfig's gpt-mini unless overridden): (cfg, the
     GPT, the optimizer). The weights are drawn on the CPU from the config's seed, so every device starts alike."""
-    cfg = optimizations.validate(TrainConfig(data_dir=str(char_data), device=device, matrix_optimizer="muon",
-                                             **overrides))
+    cfg = optimizations.validate(
+        TrainConfig(data_dir=str(char_data), device=device, matrix_optimizer="muon", **overrides)
+    )
     raw, model, optimizer = train.build_model(cfg, 65, torch.device(device))
     return cfg, raw, optimizer
 
@@ -64,9 +67,12 @@ def hand_built(model, cfg):
     decay = [named["transformer.wte.weight"]]  # the tied lm_head: the one Linear weight outside the blocks
     rest = [p for n, p in named.items() if not HIDDEN.fullmatch(n) and n != "transformer.wte.weight"]
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
-    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                               {"params": rest, "weight_decay": 0.0}],
-                              lr=cfg.lr, betas=cfg.betas, foreach=cfg.optimizer_foreach)
+    adamw = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=cfg.betas,
+        foreach=cfg.optimizer_foreach,
+    )
     return muon, adamw
 
 
@@ -124,8 +130,11 @@ def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
 
 def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
     # the decay: the last 2200 tokens, from 8800
-    cfg = optimizations.validate(TrainConfig(lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000,
-                                             lr_schedule="wsd", lr_cooldown=0.2))
+    cfg = optimizations.validate(
+        TrainConfig(
+            lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000, lr_schedule="wsd", lr_cooldown=0.2
+        )
+    )
     assert learning_rate(cfg, 0) == 0.0
     assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
     assert learning_rate(cfg, 1000) == learning_rate(cfg, 5000) == learning_rate(cfg, 8800) == 1e-3  # stable
@@ -139,8 +148,15 @@ def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_d
     """Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the
     same share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
     budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
-    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
-                          train_tokens=budget, lr_decay_tokens=budget)
+    cfg = smoke_to_a_loss(
+        char_data,
+        matrix_optimizer="muon",
+        lr_schedule="wsd",
+        lr_cooldown=0.5,
+        muon_lr=0.03,
+        train_tokens=budget,
+        lr_decay_tokens=budget,
+    )
     trainer = train.prepare(cfg, torch.device("cpu"), 40, "test")
     muon, adamw = trainer.optimizer.muon.param_groups, trainer.optimizer.adamw.param_groups
     shares = []
@@ -161,9 +177,17 @@ def test_the_curve_records_adamws_learning_rate_and_muons_beside_it(char_data):
     has it), its `muon_lr` Muon's at the same share of muon_lr; before the first step neither exists. AdamW's
     warm-up peak is 1e-3 here and Muon's 0.03: the two cannot be mistaken for each other."""
     budget = 8 * 4 * 32  # 8 steps of the smoke batch, evaluated every 2
-    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, muon_lr=0.03,
-                          train_tokens=budget, lr_decay_tokens=budget, lr_warmup_tokens=budget // 4,
-                          eval_every_tokens=budget // 4)
+    cfg = smoke_to_a_loss(
+        char_data,
+        matrix_optimizer="muon",
+        lr_schedule="wsd",
+        lr_cooldown=0.5,
+        muon_lr=0.03,
+        train_tokens=budget,
+        lr_decay_tokens=budget,
+        lr_warmup_tokens=budget // 4,
+        eval_every_tokens=budget // 4,
+    )
     curve = time_to_loss.run(cfg)["metrics"]["curve"]
     for point in curve[1:]:
         share = learning_rate(cfg, point["tokens"]) / cfg.lr
@@ -181,27 +205,52 @@ def run_stage_with(char_data, tmp_path, setup: str = "", **overrides) -> subproc
     """speed_0_baseline's script as a user runs it, with TrainConfig overrides applied as a stage would (stage_config's
     overrides: the config is validated after them), for 2 steps (a setting wrongly let through fails fast). `setup`
     runs first (e.g. a torch without Muon)."""
-    code = (f"import sys, torch\nfrom math import inf, nan\n{setup}\nfrom gpt import stage\nreal = stage.stage_config\n"
-            f"stage.stage_config = lambda *a, **k: real(*a, **{{**k, **{overrides!r}}})\n"
-            f"stage.stage_main({str(REPO / 'stages' / 'speed_0_baseline.py')!r})")
-    return subprocess.run([sys.executable, "-c", code, "--profile", "smoke", "--device", "cpu", "--time-to-loss",
-                           "--train-tokens", "256", "--data-dir", str(char_data), "--out", str(tmp_path / "out"),
-                           "--wandb", "disabled"], capture_output=True, text=True, timeout=120)
+    code = (
+        f"import sys, torch\nfrom math import inf, nan\n{setup}\nfrom gpt import stage\nreal = stage.stage_config\n"
+        f"stage.stage_config = lambda *a, **k: real(*a, **{{**k, **{overrides!r}}})\n"
+        f"stage.stage_main({str(REPO / 'stages' / 'speed_0_baseline.py')!r})"
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--time-to-loss",
+            "--train-tokens",
+            "256",
+            "--data-dir",
+            str(char_data),
+            "--out",
+            str(tmp_path / "out"),
+            "--wandb",
+            "disabled",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
-    (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
-    (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
-    (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
-    (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
-    (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
-    (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
-    (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
-    (dict(lr_schedule="wsd", lr_cooldown=1.0), "before the warm-up ends"),
-    (dict(lr_cooldown=0.2), "lr_cooldown (0.2) is wsd's setting"),
-    (dict(lr=0.0, min_lr=0.0), "the learning rate must be a positive number, got 0.0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
+        (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
+        (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
+        (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
+        (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
+        (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
+        (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
+        (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
+        (dict(lr_schedule="wsd", lr_cooldown=1.0), "before the warm-up ends"),
+        (dict(lr_cooldown=0.2), "lr_cooldown (0.2) is wsd's setting"),
+        (dict(lr=0.0, min_lr=0.0), "the learning rate must be a positive number, got 0.0"),
+    ],
+)
 def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp_path):
     r = run_stage_with(char_data, tmp_path, **overrides)
     lines = r.stderr.strip().splitlines()
@@ -230,8 +279,14 @@ def test_a_muon_run_with_wsd_learns(char_data):
     """A run to a loss with Muon and wsd (the smoke profile's, 60 steps): the validation loss falls well below its
     start (ln 65 = 4.17; 0.6 lower after 30 steps here)."""
     budget = 60 * 4 * 32
-    cfg = smoke_to_a_loss(char_data, matrix_optimizer="muon", lr_schedule="wsd", lr_cooldown=0.5, train_tokens=budget,
-                          lr_decay_tokens=budget)
+    cfg = smoke_to_a_loss(
+        char_data,
+        matrix_optimizer="muon",
+        lr_schedule="wsd",
+        lr_cooldown=0.5,
+        train_tokens=budget,
+        lr_decay_tokens=budget,
+    )
     curve = [p["val_loss"] for p in time_to_loss.run(cfg)["metrics"]["curve"]]
     assert curve[-1] < curve[0] - 0.5, curve
 
@@ -246,8 +301,10 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
     from gpt.optimizations import muon as home
 
     g = torch.randn(96, 32, generator=torch.Generator().manual_seed(0))
-    fp32, bf16 = newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7), _muon._zeropower_via_newtonschulz(
-        g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    fp32, bf16 = (
+        newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
+        _muon._zeropower_via_newtonschulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
+    )
     assert fp32.dtype == torch.float32 and fp32.shape == g.shape
     assert ((fp32 - bf16.float()).abs().max() / fp32.abs().max()).item() < 5e-2
     monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (False, "slower here"))
@@ -274,7 +331,7 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
 # ~20 roundings; added up as if none cancelled, 20 u = 0.078. Measured on this CPU's bf16 (fp32 accumulation, as
 # cuBLAS): 0.025 to 0.041 (shapes 256x1024, 1024x256, 96x32, 32x128, 3 seeds each). An iteration fewer moves the
 # result by 0.096 to 0.45, none at all by ~1.
-NEWTON_SCHULZ_BF16 = 20 * 2 ** -8
+NEWTON_SCHULZ_BF16 = 20 * 2**-8
 # What the quintic's coefficients aim for (Keller Jordan's Muon; torch/optim/_muon.py): not U Vᵀ itself but U S' Vᵀ
 # with S' within about (0.5, 1.5); here p⁵ gives 0.68 to 1.14 for every singular value above 1% of |G|_F.
 ORTHOGONAL_BAND = (0.5, 1.5)
@@ -302,7 +359,7 @@ def check_newton_schulz_in_bf16(device: str) -> None:
         out = out.cpu().double()
         s = torch.linalg.svdvals(g.double()) / g.double().norm()
         for _ in range(steps):
-            s = a * s + b * s ** 3 + c * s ** 5
+            s = a * s + b * s**3 + c * s**5
         singular = torch.linalg.svdvals(out)
         low, high = ORTHOGONAL_BAND
         assert low < singular.min() and singular.max() < high, (shape, singular.min(), singular.max())

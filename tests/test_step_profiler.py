@@ -2,6 +2,7 @@
 synthetic trace events whose breakdown is known by hand, then real profiled runs: the profiled steps come
 after the timed ones and never change them, the trace opens and holds the phases, DDP's all-reduce shows up
 as communication. The CUDA run itself is checked by a `gpu` test (skipped without a GPU)."""
+
 import json
 import random
 import subprocess
@@ -9,13 +10,12 @@ import sys
 
 import pytest
 import torch
-
-from gpt import protocol, step_profiler, train
-from gpt.step_profiler import attribute, breakdown, intersect, length, subtract, union
-from gpt.records import record_problems
-
 from conftest import REPO
 from test_train import tiny_config
+
+from gpt import protocol, step_profiler, train
+from gpt.records import record_problems
+from gpt.step_profiler import attribute, breakdown, intersect, length, subtract, union
 
 # ---------------------------------------------------------------------------------------------------------
 # interval arithmetic
@@ -35,8 +35,10 @@ def test_attribute_matches_a_brute_force_count_on_random_intervals():
     rng = random.Random(0)
     for _ in range(200):
         window = (rng.randint(0, 20), rng.randint(30, 60))
-        layers = [(rng.choice("abc"), [tuple(sorted(rng.sample(range(70), 2))) for _ in range(rng.randint(0, 4))])
-                  for _ in range(rng.randint(0, 5))]
+        layers = [
+            (rng.choice("abc"), [tuple(sorted(rng.sample(range(70), 2))) for _ in range(rng.randint(0, 4))])
+            for _ in range(rng.randint(0, 5))
+        ]
         expected = {}
         for t in range(*window):
             owner = next((c for c, spans in layers if any(s <= t < e for s, e in spans)), "rest")
@@ -74,8 +76,9 @@ def test_cpu_breakdown_by_phase_with_exposed_communication():
     ]
     b = breakdown(events)
     assert b["steps"] == 1 and b["step_s"] == pytest.approx(100e-6) and b["gpu_idle_pct"] is None
-    assert b["shares_pct"] == pytest.approx({"data": 10, "copy": 2, "forward": 28, "backward": 30,
-                                             "optimizer": 15, "communication": 10, "other": 5})
+    assert b["shares_pct"] == pytest.approx(
+        {"data": 10, "copy": 2, "forward": 28, "backward": 30, "optimizer": 15, "communication": 10, "other": 5}
+    )
 
 
 def test_cuda_breakdown_by_what_the_gpu_was_doing():
@@ -103,8 +106,18 @@ def test_cuda_breakdown_by_what_the_gpu_was_doing():
     b = breakdown(events)
     # GPU idle from 0 to 11: the host fetched data (to 10), then copied; 12-15: the host was launching
     # forward's kernels; the NCCL kernel overlaps backward's until 80, exposed from 80 to 90.
-    assert b["shares_pct"] == pytest.approx({"data": 10, "copy": 2, "forward": 30, "backward": 35,
-                                             "optimizer": 5, "communication": 10, "gpu_idle": 7, "other": 1})
+    assert b["shares_pct"] == pytest.approx(
+        {
+            "data": 10,
+            "copy": 2,
+            "forward": 30,
+            "backward": 35,
+            "optimizer": 5,
+            "communication": 10,
+            "gpu_idle": 7,
+            "other": 1,
+        }
+    )
     assert b["gpu_idle_pct"] == pytest.approx(11 + 3 + 4)  # no GPU activity at all: 0-11, 12-15, 95-96, 97-100
 
 
@@ -159,9 +172,22 @@ def test_profiled_steps_come_after_the_timed_ones_and_never_change_them(char_dat
 
 
 def run_stage(stage, out, *args):
-    return subprocess.run([sys.executable, str(REPO / "stages" / f"{stage}.py"), "--profile", "smoke",
-                           "--wandb", "disabled", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages" / f"{stage}.py"),
+            "--profile",
+            "smoke",
+            "--wandb",
+            "disabled",
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_ddp_all_reduce_is_communication_and_rank_0_writes_the_trace(char_data, tmp_path):
@@ -199,8 +225,9 @@ def test_no_profiler_flag_skips_the_profiled_steps(char_data, tmp_path):
 def test_cuda_breakdown_sees_kernels_and_gpu_idle(char_data, tmp_path, compile_):
     """On the GPU the breakdown comes from kernels: they must be in the trace (with CUDA graphs too, whose
     kernels are replayed from one launch), attributed to the phases, and the copy timed with CUDA events."""
-    cfg = tiny_config(char_data, device="cuda", samples=32, repeats=2, compile=compile_, profile_steps=3,
-                      measure_memory=False)
+    cfg = tiny_config(
+        char_data, device="cuda", samples=32, repeats=2, compile=compile_, profile_steps=3, measure_memory=False
+    )
     m = protocol.run(cfg, trace_path=tmp_path / "t.trace.json.gz")["metrics"]
     shares = m["time_breakdown_pct"]
     assert sum(shares.values()) == pytest.approx(100) and "gpu_idle" in shares

@@ -1,6 +1,7 @@
 """Training to a loss (gpt/time_to_loss.py): the schedule, the held-out windows, evaluation that leaves training
 alone, the time-to-target rule, real learning on the smoke profile, the "changes convergence" mark with a negative
 control, W&B's curves, and one line for bad input. About a minute in all."""
+
 import json
 import math
 import shutil
@@ -11,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import REPO
+from test_ladder_equivalence import tiny_config
+
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
@@ -24,7 +26,6 @@ from gpt.records import record_problems
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.stage import parse_args, to_a_loss_overrides
 from gpt.train import learning_rate
-from test_ladder_equivalence import tiny_config
 
 
 def smoke_to_a_loss(char_data, stage="speed_0_baseline", **overrides) -> TrainConfig:
@@ -45,8 +46,9 @@ def learning_budget(stage: str, data_dir, device: str, steps: int = LEARNING_STE
     cfg = stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device)
     budget = steps * cfg.tokens_per_step
     evals = profile_settings("smoke", "time_to_loss")["train_tokens"] // cfg.eval_every_tokens  # the profile's 5
-    args = parse_args(stage, ["--time-to-loss", "--train-tokens", str(budget), "--eval-every-tokens",
-                              str(budget // evals)])
+    args = parse_args(
+        stage, ["--time-to-loss", "--train-tokens", str(budget), "--eval-every-tokens", str(budget // evals)]
+    )
     overrides = to_a_loss_overrides(args, profile_settings("smoke", "time_to_loss"))
     return stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device, **overrides, **settings)
 
@@ -125,9 +127,12 @@ def test_a_run_that_stops_at_its_target_is_the_full_runs_curve_up_to_the_crossin
     full = time_to_loss.run(cfg)["metrics"]
     target = full["curve"][3]["val_loss"] + 1e-6  # reached at the third evaluation after the start
     assert all(p["val_loss"] > target for p in full["curve"][:3])
-    runs = {stop: time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "target_loss": target,
-                                                           "stop_at_target": stop}))["metrics"]
-            for stop in (False, True)}
+    runs = {
+        stop: time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "target_loss": target, "stop_at_target": stop}))[
+            "metrics"
+        ]
+        for stop in (False, True)
+    }
     stopped, whole = runs[True], runs[False]
     assert stopped["stopped_at_target"] and not whole["stopped_at_target"]
     assert [p["val_loss"] for p in stopped["curve"]] == [p["val_loss"] for p in whole["curve"][:4]]
@@ -154,9 +159,17 @@ def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_da
     monkeypatch.setattr(train.Stepper, "__call__", timed_step)
     cfg = smoke_to_a_loss(char_data)
     per_step = cfg.tokens_per_step
-    m = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "train_tokens": 6 * per_step,
-                                                "lr_warmup_tokens": per_step, "lr_decay_tokens": 6 * per_step,
-                                                "eval_every_tokens": per_step}))["metrics"]
+    m = time_to_loss.run(
+        TrainConfig.from_dict(
+            {
+                **cfg.to_dict(),
+                "train_tokens": 6 * per_step,
+                "lr_warmup_tokens": per_step,
+                "lr_decay_tokens": 6 * per_step,
+                "eval_every_tokens": per_step,
+            }
+        )
+    )["metrics"]
     assert m["first_step_s"] == 10.0
     if cuda_graphs:
         assert (m["startup_s"], m["train_seconds"]) == pytest.approx((9.0 + 4.0, 6.0))
@@ -169,8 +182,9 @@ def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_da
 def test_the_speedrun_stages_stop_at_the_target_unless_told_to_train_the_whole_budget(char_data):
     assert stage_config("speedrun_1_systems", "smoke").stop_at_target
     assert not smoke_to_a_loss(char_data).stop_at_target  # speed_0: its final loss is the speedrun's target
-    overrides = to_a_loss_overrides(parse_args("speedrun_1_systems", ["--full-budget"]),
-                                    profile_settings("smoke", "time_to_loss"))
+    overrides = to_a_loss_overrides(
+        parse_args("speedrun_1_systems", ["--full-budget"]), profile_settings("smoke", "time_to_loss")
+    )
     assert not stage_config("speedrun_1_systems", "smoke", **overrides).stop_at_target
 
 
@@ -200,8 +214,10 @@ def test_the_crossing_weights_seconds_and_tokens_by_the_loss_fraction():
     """A quarter of the way from the evaluation before (tokens 100, 1 s, loss 3.0) to the one at the crossing
     (tokens 200, 5 s, loss 2.0): seconds not proportional to tokens (a slow stretch), so seconds and tokens each
     need the weight f = (3.0 - 2.75) / (3.0 - 2.0) = 1/4 from the evaluation before (1 - f would give 175, 4 s)."""
-    c = [{"step": 10 * i, "tokens": 100 * i, "seconds": s, "val_loss": v}
-         for i, (s, v) in enumerate([(0.0, 4.0), (1.0, 3.0), (5.0, 2.0)])]
+    c = [
+        {"step": 10 * i, "tokens": 100 * i, "seconds": s, "val_loss": v}
+        for i, (s, v) in enumerate([(0.0, 4.0), (1.0, 3.0), (5.0, 2.0)])
+    ]
     hit = crossing(c, 2.75)
     assert (hit["tokens"], hit["seconds"], hit["first_evaluation_step"]) == (125, 2.0, 20)
 
@@ -219,11 +235,17 @@ def test_seed_spread_is_the_range_in_any_order():
     assert seed_spread([1.9]) == 0.0  # one seed: no spread measured
 
 
-@pytest.mark.parametrize("final, changed", [
-    (2.5, True), (1.5, True),  # beyond the spread, worse and better: a better loss is another trajectory too
-    (2.25, False), (1.75, False),  # exactly the spread away (binary fractions, no rounding): not beyond it
-    (2.125, False), (2.0, False),
-])
+@pytest.mark.parametrize(
+    "final, changed",
+    [
+        (2.5, True),
+        (1.5, True),  # beyond the spread, worse and better: a better loss is another trajectory too
+        (2.25, False),
+        (1.75, False),  # exactly the spread away (binary fractions, no rounding): not beyond it
+        (2.125, False),
+        (2.0, False),
+    ],
+)
 def test_changes_convergence_beyond_the_seed_spread_either_way(final, changed):
     assert changes_convergence(final, 2.0, spread=0.25) == changed
 
@@ -239,8 +261,9 @@ def smoke_runs(char_data):
     runs = {"speed_0_baseline": time_to_loss.run(base)}
     target = target_from(runs["speed_0_baseline"])
     runs["seeds"] = [time_to_loss.run(smoke_to_a_loss(char_data, seed=base.seed + i)) for i in (1, 2)]
-    runs["same maths"] = time_to_loss.run(smoke_to_a_loss(char_data, "speed_3_non_blocking",
-                                                          batch_size=base.batch_size, target_loss=target))
+    runs["same maths"] = time_to_loss.run(
+        smoke_to_a_loss(char_data, "speed_3_non_blocking", batch_size=base.batch_size, target_loss=target)
+    )
     runs["lr x100"] = time_to_loss.run(smoke_to_a_loss(char_data, lr=base.lr * 100, min_lr=base.min_lr * 100))
     return runs
 
@@ -252,8 +275,14 @@ def test_a_smoke_run_learns(smoke_runs):
     assert m["curve"][0]["step"] == 0 and m["curve"][-1]["tokens"] == m["tokens"] > 0
     assert all(p["seconds"] <= q["seconds"] for p, q in zip(m["curve"], m["curve"][1:]))
     assert m["tokens_per_s"] > 0 and m["eval_seconds"] > 0 and m["train_loss_final"] is not None
-    record = {**smoke_runs["speed_0_baseline"], "stage": "speed_0_baseline", "ladder": "speed", "profile": "smoke",
-              "parent": None, "mode": "time_to_loss"}
+    record = {
+        **smoke_runs["speed_0_baseline"],
+        "stage": "speed_0_baseline",
+        "ladder": "speed",
+        "profile": "smoke",
+        "parent": None,
+        "mode": "time_to_loss",
+    }
     assert record_problems(record) == []
 
 
@@ -268,8 +297,12 @@ def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(sm
     assert smoke_runs["same maths"]["metrics"]["val_loss_final"] == base  # identical training on a CPU
     assert changes_convergence(smoke_runs["lr x100"]["metrics"]["val_loss_final"], base, spread)
     target = smoke_runs["same maths"]["metrics"]["target"]
-    assert target["tokens"] == crossing(smoke_runs["speed_0_baseline"]["metrics"]["curve"],
-                                        target_from(smoke_runs["speed_0_baseline"]))["tokens"]
+    assert (
+        target["tokens"]
+        == crossing(smoke_runs["speed_0_baseline"]["metrics"]["curve"], target_from(smoke_runs["speed_0_baseline"]))[
+            "tokens"
+        ]
+    )
 
 
 def test_the_report_reads_the_runs(smoke_runs, tmp_path):
@@ -281,7 +314,8 @@ def test_the_report_reads_the_runs(smoke_runs, tmp_path):
         (folder / f"{stage}.json").write_text(json.dumps({**smoke_runs[name], "stage": stage, "status": "ok"}))
     for r in smoke_runs["seeds"]:
         (folder / f"speed_0_baseline.seed{r['config']['seed']}.json").write_text(
-            json.dumps({**r, "stage": "speed_0_baseline", "status": "ok"}))
+            json.dumps({**r, "stage": "speed_0_baseline", "status": "ok"})
+        )
     runs = LossRuns(tmp_path)
     assert runs.target == pytest.approx(target_from(smoke_runs["speed_0_baseline"]))
     assert len(runs.seeds) == 2 and runs.spread > 0
@@ -296,9 +330,18 @@ def write_loss_records(tmp_path, *records):
     folder = tmp_path / "time_to_loss"
     folder.mkdir()
     for stage, rate, steps, points, *suffix in records:
-        r = {"stage": stage, "status": "ok", "config": {}, "metrics": {
-            "tokens_per_s": rate, "steps": steps, "val_loss_final": points[-1], "curve": curve(*points, rate=rate),
-            "startup_s": 0.0}}
+        r = {
+            "stage": stage,
+            "status": "ok",
+            "config": {},
+            "metrics": {
+                "tokens_per_s": rate,
+                "steps": steps,
+                "val_loss_final": points[-1],
+                "curve": curve(*points, rate=rate),
+                "startup_s": 0.0,
+            },
+        }
         (folder / f"{stage}{''.join(suffix)}.json").write_text(json.dumps(r))
     return LossRuns(tmp_path)
 
@@ -307,15 +350,23 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
     """No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how
     much sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
     from gpt.report.summary import loss_caveat, loss_sentence
-    runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
-                              ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.01), ".seed1"),
-                              ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
-                              ("speed_2_num_workers", 400.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
+
+    runs = write_loss_records(
+        tmp_path,
+        ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+        ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.01), ".seed1"),
+        ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+        ("speed_2_num_workers", 400.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+    )
     sentence = loss_sentence(runs)
-    assert sentence.startswith("no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
-                               "than it does (3.20 s): `speed_1_batch_size` trains another model")
-    assert "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`" \
+    assert sentence.startswith(
+        "no stage reaches `speed_0_baseline`'s target loss (2.160) sooner "
+        "than it does (3.20 s): `speed_1_batch_size` trains another model"
+    )
+    assert (
+        "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`"
         in sentence
+    )
     caveat = f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."
     assert loss_caveat("speed", runs) == [caveat]
     assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
@@ -325,27 +376,37 @@ def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_
     """fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
     characters): the section says so with both models' shapes; a stage with no effect in both gets no line."""
     from gpt.report.time_to_loss import no_effect_findings
-    runs = write_loss_records(tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)),
-                              ("fast_2_bf16", 100.0, 10, (4.0, 3.0)))
+
+    runs = write_loss_records(
+        tmp_path, ("fast_6_chunked_loss", 100.0, 10, (4.0, 3.0)), ("fast_2_bf16", 100.0, 10, (4.0, 3.0))
+    )
     small = {"n_layer": 4, "n_embd": 128, "vocab_size": 65, "block_size": 64}
     for stage in ("fast_6_chunked_loss", "fast_2_bf16"):
         runs.records[stage].update(no_effect="no effect on cpu: the logits are small", model=small)
-    timed = {"fast_6_chunked_loss": {"status": "ok", "no_effect": None, "model": {**small, "vocab_size": 50304}},
-             "fast_2_bf16": {"status": "ok", "no_effect": "no effect on cpu: bf16", "model": small}}
+    timed = {
+        "fast_6_chunked_loss": {"status": "ok", "no_effect": None, "model": {**small, "vocab_size": 50304}},
+        "fast_2_bf16": {"status": "ok", "no_effect": "no effect on cpu: bf16", "model": small},
+    }
     assert no_effect_findings(runs, timed) == [
         "`fast_6_chunked_loss` is marked (no effect) here but not in the fast ladder's table above: no effect on cpu: "
         "the logits are small. The model trained here has 4 layers x 128, vocabulary 65, block 64; the timed "
-        "ladder's has 4 x 128, vocabulary 50304, block 64."]
+        "ladder's has 4 x 128, vocabulary 50304, block 64."
+    ]
 
 
 def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
     """A stage 8x fewer steps per token, twice the rate, never at its parent's loss: one line, from the curves."""
-    runs = write_loss_records(tmp_path, ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
-                              ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)))
+    runs = write_loss_records(
+        tmp_path,
+        ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+        ("speed_1_batch_size", 200.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
+    )
     (line,) = loss_findings(runs)
-    assert line.startswith("`speed_1_batch_size` trains +100% faster per sample than `speed_0_baseline` but does "
-                           "not reach its parent's loss within the budget: 10 optimizer steps for the budget against "
-                           "80 (8x fewer per token)")
+    assert line.startswith(
+        "`speed_1_batch_size` trains +100% faster per sample than `speed_0_baseline` but does "
+        "not reach its parent's loss within the budget: 10 optimizer steps for the budget against "
+        "80 (8x fewer per token)"
+    )
 
 
 def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path):
@@ -353,14 +414,19 @@ def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path)
     at its parent's rate and loss (speed_5 after a same-loss speed_4) gets none."""
     base = (4.0, 3.0, 2.5, 2.2, 2.0)
     runs = write_loss_records(
-        tmp_path, ("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (2.01,), ".seed1"),
+        tmp_path,
+        ("speed_0_baseline", 100.0, 80, base),
+        ("speed_0_baseline", 100.0, 80, base[:-1] + (2.01,), ".seed1"),
         ("speed_4_compile", 300.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
         ("speed_5_amp", 300.0, 10, (4.0, 3.5, 3.2, 3.0, 2.9)),
-        ("speed_6_ddp", 298.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2)))
+        ("speed_6_ddp", 298.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2)),
+    )
     (line,) = [f for f in loss_findings(runs) if "speed_6" in f or "speed_5" in f]
-    assert line == ("`speed_6_ddp` (-0.7% tokens/s against `speed_5_amp`) does not reach its parent's loss within the "
-                    "budget: 5 optimizer steps for the budget against 10 (2x fewer per token); its final validation "
-                    "loss is 3.200 against 2.900, beyond the seeds' spread of 0.010.")
+    assert line == (
+        "`speed_6_ddp` (-0.7% tokens/s against `speed_5_amp`) does not reach its parent's loss within the "
+        "budget: 5 optimizer steps for the budget against 10 (2x fewer per token); its final validation "
+        "loss is 3.200 against 2.900, beyond the seeds' spread of 0.010."
+    )
 
 
 def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
@@ -369,12 +435,18 @@ def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
     and against speed_5_amp, where the fast ladder starts, and the baseline, whose curve passes that loss too);
     speed_6, which changes the model again, keeps none."""
     base, batch96 = (4.0, 3.0, 2.5, 2.2, 2.0, 1.9), (4.0, 3.5, 3.2, 3.0, 2.9, 2.8)
-    records = [("speed_0_baseline", 100.0, 80, base), ("speed_0_baseline", 100.0, 80, base[:-1] + (1.91,), ".seed1"),
-               ("speed_1_batch_size", 125.0, 10, batch96), ("speed_5_amp", 250.0, 10, batch96),
-               ("speed_6_ddp", 300.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2, 3.1)), ("fast_6_chunked_loss", 375.0, 10, batch96)]
+    records = [
+        ("speed_0_baseline", 100.0, 80, base),
+        ("speed_0_baseline", 100.0, 80, base[:-1] + (1.91,), ".seed1"),
+        ("speed_1_batch_size", 125.0, 10, batch96),
+        ("speed_5_amp", 250.0, 10, batch96),
+        ("speed_6_ddp", 300.0, 5, (4.0, 3.8, 3.5, 3.3, 3.2, 3.1)),
+        ("fast_6_chunked_loss", 375.0, 10, batch96),
+    ]
     runs = write_loss_records(tmp_path, *records)
-    assert [runs.kept_model(s) for s in ("speed_0_baseline", "speed_1_batch_size", "speed_5_amp", "fast_6_chunked_loss")
-            ] == [None, None, "speed_1_batch_size", "speed_1_batch_size"]
+    assert [
+        runs.kept_model(s) for s in ("speed_0_baseline", "speed_1_batch_size", "speed_5_amp", "fast_6_chunked_loss")
+    ] == [None, None, "speed_1_batch_size", "speed_1_batch_size"]
     # speed_1's loss at 80% of its 500 tokens (400: 2.9) after 400 / 125 = 3.2 s; fast_6 at 375 tokens/s: 3x sooner
     assert runs.loss_of("speed_1_batch_size") == pytest.approx(2.9)
     assert runs.vs("fast_6_chunked_loss", "speed_1_batch_size") == pytest.approx((3.2, 400 / 375))
@@ -382,36 +454,49 @@ def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
     assert rows["fast_6_chunked_loss"][9] == "3.00x vs `speed_1`" and rows["speed_5_amp"][9] == "2.00x vs `speed_1`"
     assert rows["speed_6_ddp"][9] == rows["speed_1_batch_size"][9] == rows["speed_0_baseline"][9] == ""
     (line,) = kept_model_findings(runs)
-    assert line == ("`speed_1_batch_size` trains another model than its parent (marked changes convergence), and the 2 "
-                    "stages after it keep that model: each is also timed to `speed_1_batch_size`'s loss at 80% of its "
-                    "budget, 2.900, which `speed_1_batch_size` reaches in 3.20 s; it is reached by "
-                    "`fast_6_chunked_loss` in 1.07 s (3.00x as fast) and by `speed_5_amp` in 1.60 s (2.00x as fast); "
-                    "`speed_0_baseline` reaches it in 1.20 s.")
+    assert line == (
+        "`speed_1_batch_size` trains another model than its parent (marked changes convergence), and the 2 "
+        "stages after it keep that model: each is also timed to `speed_1_batch_size`'s loss at 80% of its "
+        "budget, 2.900, which `speed_1_batch_size` reaches in 3.20 s; it is reached by "
+        "`fast_6_chunked_loss` in 1.07 s (3.00x as fast) and by `speed_5_amp` in 1.60 s (2.00x as fast); "
+        "`speed_0_baseline` reaches it in 1.20 s."
+    )
     # the baseline's curve passes 2.9 after 1.2 s (between 3.0 at 1 s and 2.5 at 2 s): with fast_6 no faster than
     # speed_5, the changed model costs time to loss, and the finding says so
     slower = tmp_path / "slower"
     slower.mkdir()
     runs = write_loss_records(slower, *records[:-1], ("fast_6_chunked_loss", 250.0, 10, batch96))
-    assert kept_model_findings(runs)[0].endswith("`speed_0_baseline` reaches it in 1.20 s, sooner than every stage "
-                                                 "that keeps it.")
+    assert kept_model_findings(runs)[0].endswith(
+        "`speed_0_baseline` reaches it in 1.20 s, sooner than every stage that keeps it."
+    )
 
 
 def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb)")
-    from gpt import wandb_log
     from test_wandb import read_offline_run
+
+    from gpt import wandb_log
 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("GPT_LADDER_GROUP", "test-group")
-    record = {**smoke_runs["speed_0_baseline"], "stage": "speed_0_baseline", "ladder": "speed", "profile": "smoke",
-              "mode": "time_to_loss", "seed": 3407}
+    record = {
+        **smoke_runs["speed_0_baseline"],
+        "stage": "speed_0_baseline",
+        "ladder": "speed",
+        "profile": "smoke",
+        "mode": "time_to_loss",
+        "seed": 3407,
+    }
     wandb_log.log_run(record, mode="offline")
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     records = read_offline_run(run_file)
     (run,) = [r.run for r in records if r.HasField("run")]
     assert (run.job_type, run.run_group, run.display_name) == ("time_to_loss", "test-group", "speed_0_baseline")
-    history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.HasField("history")]
+    history = [
+        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
     points = [h for h in history if "val/loss" in h]
     curve_ = record["metrics"]["curve"]
     assert [h["val/loss"] for h in points] == pytest.approx([p["val_loss"] for p in curve_])
@@ -422,24 +507,46 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
 # ---- bad input ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--train-tokens", "0"], "--train-tokens must be a positive number of tokens, got 0"),
-    (["--train-tokens", "-5"], "--train-tokens must be a positive number of tokens, got -5"),
-    (["--time-to-loss", "--eval-every-tokens", "0"], "--eval-every-tokens must be at least 1, got 0"),
-    (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
-    (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
-    (["--time-to-loss", "--target-loss", "-1"], "the target loss must be above 0 (a cross-entropy never reaches 0), "
-                                                "got -1.0"),
-    (["--target-loss", "2.0"], "add --time-to-loss"),
-    (["--time-to-loss", "--lr", "0"], "--lr must be a positive number, got 0.0"),
-    (["--time-to-loss", "--lr", "nan"], "--lr must be a positive number, got nan"),
-    (["--lr", "1e-3"], "add --time-to-loss"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-tokens", "0"], "--train-tokens must be a positive number of tokens, got 0"),
+        (["--train-tokens", "-5"], "--train-tokens must be a positive number of tokens, got -5"),
+        (["--time-to-loss", "--eval-every-tokens", "0"], "--eval-every-tokens must be at least 1, got 0"),
+        (["--time-to-loss", "--target-loss", "nan"], "the target loss must be a finite number, got nan"),
+        (["--time-to-loss", "--target-loss", "inf"], "the target loss must be a finite number, got inf"),
+        (
+            ["--time-to-loss", "--target-loss", "-1"],
+            "the target loss must be above 0 (a cross-entropy never reaches 0), got -1.0",
+        ),
+        (["--target-loss", "2.0"], "add --time-to-loss"),
+        (["--time-to-loss", "--lr", "0"], "--lr must be a positive number, got 0.0"),
+        (["--time-to-loss", "--lr", "nan"], "--lr must be a positive number, got nan"),
+        (["--lr", "1e-3"], "add --time-to-loss"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(REPO / "stages" / "speed_0_baseline.py"), "--profile", "smoke",
-                        "--device", "cpu", "--data-dir", str(char_data), "--out", str(out), "--wandb", "disabled",
-                        *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages" / "speed_0_baseline.py"),
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--data-dir",
+            str(char_data),
+            "--out",
+            str(out),
+            "--wandb",
+            "disabled",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {r.stderr.split('error: ')[1].strip()}"]
     assert message in r.stderr
     assert not list(out.rglob("*.json"))
@@ -457,9 +564,26 @@ def test_a_data_set_without_a_val_split_is_one_line(char_data, tmp_path):
     data = tmp_path / "no_val"
     shutil.copytree(char_data, data)
     (data / "val.bin").unlink()
-    r = subprocess.run([sys.executable, str(REPO / "stages" / "speed_0_baseline.py"), "--profile", "smoke",
-                        "--device", "cpu", "--data-dir", str(data), "--out", str(tmp_path / "out"), "--time-to-loss",
-                        "--wandb", "disabled"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "stages" / "speed_0_baseline.py"),
+            "--profile",
+            "smoke",
+            "--device",
+            "cpu",
+            "--data-dir",
+            str(data),
+            "--out",
+            str(tmp_path / "out"),
+            "--time-to-loss",
+            "--wandb",
+            "disabled",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "val.bin is missing" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list((tmp_path / "out").rglob("*.json"))
 
@@ -481,11 +605,26 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
     def fake_stage(cmd, log, show, deadline=None):
         commands.append(cmd)
         stage, seed = Path(cmd[1]).stem, (cmd[cmd.index("--seed") + 1] if "--seed" in cmd else None)
-        record = {"stage": stage, "ladder": "speed", "profile": "smoke", "parent": None, "status": "ok",
-                  "mode": "time_to_loss", "config": {}, "device": {"type": "cpu", "name": "Test CPU", "count": 1},
-                  "metrics": {"curve": curve(4.0, 3.0, 2.5, 2.2, 2.0, 1.9), "val_loss_initial": 4.0,
-                              "val_loss_final": 1.9, "tokens": 500, "steps": 50, "train_seconds": 10.0,
-                              "tokens_per_s": 50.0, "startup_s": 0.0}}
+        record = {
+            "stage": stage,
+            "ladder": "speed",
+            "profile": "smoke",
+            "parent": None,
+            "status": "ok",
+            "mode": "time_to_loss",
+            "config": {},
+            "device": {"type": "cpu", "name": "Test CPU", "count": 1},
+            "metrics": {
+                "curve": curve(4.0, 3.0, 2.5, 2.2, 2.0, 1.9),
+                "val_loss_initial": 4.0,
+                "val_loss_final": 1.9,
+                "tokens": 500,
+                "steps": 50,
+                "train_seconds": 10.0,
+                "tokens_per_s": 50.0,
+                "startup_s": 0.0,
+            },
+        }
         folder = tmp_path / "time_to_loss"
         (folder / (f"{stage}.json" if seed is None else f"{stage}.seed{seed}.json")).write_text(json.dumps(record))
         return 0
@@ -494,8 +633,23 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
     monkeypatch.setattr(run_all, "prepare_data", lambda profile, sections: None)
     monkeypatch.setattr(run_all, "calibrate_cpu_peaks", lambda threads, rounds: {"float32 x2 threads": 1e11})
     monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds: 1e11)
-    assert run_all.main(["--profile", "smoke", "--device", "cpu", "--only", "time_to_loss", "--out", str(tmp_path),
-                         "--wandb", "disabled"]) == 0
+    assert (
+        run_all.main(
+            [
+                "--profile",
+                "smoke",
+                "--device",
+                "cpu",
+                "--only",
+                "time_to_loss",
+                "--out",
+                str(tmp_path),
+                "--wandb",
+                "disabled",
+            ]
+        )
+        == 0
+    )
     stages = [Path(c[1]).stem for c in commands]
     others = [s for ladder in ("speed", "fast") for s in LADDERS[ladder]][1:]
     assert stages == ["speed_0_baseline"] * 3 + others
@@ -512,8 +666,14 @@ def test_the_process_age_is_read_from_the_os(tmp_path):
     from gpt import clocks
 
     code = "import time; time.sleep(0.5); from gpt.clocks import process_age_s; print(process_age_s())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    ).stdout
     if sys.platform.startswith("linux"):
         assert 0.5 <= float(out) < 60
     assert clocks.process_age_s(proc=tmp_path / "no-proc") is None
@@ -524,8 +684,11 @@ def test_a_run_to_a_loss_splits_its_wall_clock(char_data, monkeypatch):
     (data, model, run-time measurements, optimizer), the start-up, training and evaluations, and the whole, each
     within the next."""
     cfg = smoke_to_a_loss(char_data)
-    m = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "train_tokens": 4 * cfg.tokens_per_step,
-                                                "eval_every_tokens": 2 * cfg.tokens_per_step}))["metrics"]
+    m = time_to_loss.run(
+        TrainConfig.from_dict(
+            {**cfg.to_dict(), "train_tokens": 4 * cfg.tokens_per_step, "eval_every_tokens": 2 * cfg.tokens_per_step}
+        )
+    )["metrics"]
     assert m["setup_s"] > 0
     if sys.platform.startswith("linux"):
         assert 0 < m["import_setup_s"] < m["process_s"]

@@ -1,4 +1,5 @@
 """The trainer: it learns, it is deterministic, it writes a valid record, and bad input gets one line."""
+
 import json
 import subprocess
 import sys
@@ -6,16 +7,25 @@ import sys
 import numpy as np
 import pytest
 import torch
-
-from gpt import protocol, train
-from gpt.optimizations import compilation
-from gpt.config import TrainConfig
-from gpt.records import record_problems
-
 from conftest import REPO
 
-TINY = dict(preset="gpt-mini", n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, dataset="tokens",
-            batch_size=8, warmup_iters=1, device="cpu")
+from gpt import protocol, train
+from gpt.config import TrainConfig
+from gpt.optimizations import compilation
+from gpt.records import record_problems
+
+TINY = dict(
+    preset="gpt-mini",
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    block_size=32,
+    dropout=0.0,
+    dataset="tokens",
+    batch_size=8,
+    warmup_iters=1,
+    device="cpu",
+)
 
 
 def tiny_config(data_dir, **overrides) -> TrainConfig:
@@ -59,10 +69,20 @@ def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, 
 
 # What the allocator's history of speed_4_compile's memory step gave on an H100 (records/h100-2026-11-24): a CUDA
 # graph replay allocates nothing, so only the step's eager rest was traced, 42 of the 3,992 MiB the stage reserved.
-H100_GRAPH_REPLAY = {"breakdown_mib": {"parameters": 10.35, "buffers": 0.09, "gradients": 0.0,
-                                       "optimizer_state": 20.69, "activations": 0.0, "temporaries": 10.68,
-                                       "other": 0.02, "total": 41.84},
-                     "timeline_mib": [31.1, 41.84, 31.1], "snapshot": "speed_4_compile.memory.pickle"}
+H100_GRAPH_REPLAY = {
+    "breakdown_mib": {
+        "parameters": 10.35,
+        "buffers": 0.09,
+        "gradients": 0.0,
+        "optimizer_state": 20.69,
+        "activations": 0.0,
+        "temporaries": 10.68,
+        "other": 0.02,
+        "total": 41.84,
+    },
+    "timeline_mib": [31.1, 41.84, 31.1],
+    "snapshot": "speed_4_compile.memory.pickle",
+}
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False])
@@ -74,8 +94,15 @@ def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_n
     from types import SimpleNamespace
 
     monkeypatch.setattr(protocol, "cuda_step_memory", lambda *a: {**H100_GRAPH_REPLAY})
-    trainer = SimpleNamespace(cfg=TrainConfig(measure_memory=True), device=torch.device("cuda", 0), rank=0,
-                              step=SimpleNamespace(cuda_graphs=cuda_graphs), model=None, raw=None, optimizer=None)
+    trainer = SimpleNamespace(
+        cfg=TrainConfig(measure_memory=True),
+        device=torch.device("cuda", 0),
+        rank=0,
+        step=SimpleNamespace(cuda_graphs=cuda_graphs),
+        model=None,
+        raw=None,
+        optimizer=None,
+    )
     memory = protocol.memory_step(trainer, None)
     assert memory["snapshot"] == H100_GRAPH_REPLAY["snapshot"]
     if cuda_graphs:
@@ -126,8 +153,12 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
 
 
 def run_stage(*args, stage="speed_0_baseline"):
-    return subprocess.run([sys.executable, str(REPO / "stages" / f"{stage}.py"), "--wandb", "disabled", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "stages" / f"{stage}.py"), "--wandb", "disabled", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_stage_script_writes_a_valid_record_and_a_summary(tmp_path, char_data):

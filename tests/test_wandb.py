@@ -1,12 +1,13 @@
 """W&B logging of a stage record: an offline run holds the config, the per-step curves and the summary;
 a W&B failure is one warning line, never an exception. Offline, no network, a few seconds."""
+
 import json
 import struct
 
 import pytest
+from test_report import fake_record
 
 from gpt import wandb_log
-from test_report import fake_record
 
 
 def read_offline_run(run_file):
@@ -20,8 +21,8 @@ def read_offline_run(run_file):
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunks += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunks += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last chunk of one
             record = pb.Record()
@@ -52,7 +53,11 @@ def test_offline_run_has_config_curves_summary_and_trace(wandb_dir):
     records = read_offline_run(run_file)
     (run,) = [r.run for r in records if r.HasField("run")]
     assert (run.project, run.run_group, run.job_type, run.display_name) == (
-        "gpt-ladder", "test-group", "memory", "memory_1_grad_accum")
+        "gpt-ladder",
+        "test-group",
+        "memory",
+        "memory_1_grad_accum",
+    )
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["grad_accum_steps"] == 2 and config["model"]["params"] == 1000
     assert config["choices"]["amp_dtype"] == "float32" and config["device"]["name"] == "Test CPU"
@@ -70,15 +75,16 @@ def test_offline_run_has_config_curves_summary_and_trace(wandb_dir):
     (attached,) = wandb_dir.glob("wandb/offline-run-*/files/memory_1_grad_accum.trace.json.gz")
     assert attached.read_bytes() == b"\x1f\x8b a trace"
 
-    history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.HasField("history")]
+    history = [
+        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
     steps = [h for h in history if "train/loss" in h]
     assert [h["train/loss"] for h in steps] == pytest.approx(m["losses"])
     cfg = record["config"]
-    assert steps[0]["train/tokens_per_s"] == pytest.approx(
-        cfg["batch_size"] * cfg["block_size"] / m["step_times_s"][0])
-    assert [h["memory/live_mib"] for h in history if "memory/live_mib" in h] == pytest.approx(
-        m["memory_timeline_mib"])
+    assert steps[0]["train/tokens_per_s"] == pytest.approx(cfg["batch_size"] * cfg["block_size"] / m["step_times_s"][0])
+    assert [h["memory/live_mib"] for h in history if "memory/live_mib" in h] == pytest.approx(m["memory_timeline_mib"])
 
 
 def test_wandb_failure_is_one_warning_line(wandb_dir, monkeypatch, capsys):
@@ -90,8 +96,9 @@ def test_wandb_failure_is_one_warning_line(wandb_dir, monkeypatch, capsys):
     monkeypatch.setattr(wandb, "init", broken)
     wandb_log.log_run(fake_record("speed_0_baseline"), mode="offline")  # does not raise
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["warning: W&B logging of speed_0_baseline failed (OSError: disk full); "
-                   "the JSON record is unaffected"]
+    assert err == [
+        "warning: W&B logging of speed_0_baseline failed (OSError: disk full); the JSON record is unaffected"
+    ]
 
 
 def test_disabled_never_touches_wandb(wandb_dir, monkeypatch):
@@ -108,21 +115,29 @@ def test_missing_wandb_is_one_warning_line(monkeypatch, capsys):
     wandb_log.log_run(fake_record("speed_0_baseline"), mode="offline")
     assert capsys.readouterr().err.strip().splitlines() == [
         "warning: wandb is not installed, so speed_0_baseline is not logged to W&B (pip install wandb, or "
-        "--wandb disabled); the JSON record is unaffected"]
+        "--wandb disabled); the JSON record is unaffected"
+    ]
 
 
 def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
     """A curve point of a Muon stage holds AdamW's learning rate as `lr` and Muon's as `muon_lr`: W&B gets both, each
     under its own name (curve/lr the same in every stage), and no Muon rate where the point has none."""
-    points = [{"step": 0, "tokens": 0, "seconds": 0.0, "train_loss": None, "val_loss": 4.0, "lr": None,
-               "muon_lr": None},
-              {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3,
-               "muon_lr": 0.03}]
-    record = {**fake_record("speedrun_3_muon"), "mode": "time_to_loss", "seed": None,
-              "metrics": {"curve": points, "steps": 2, "tokens": 256}}
+    points = [
+        {"step": 0, "tokens": 0, "seconds": 0.0, "train_loss": None, "val_loss": 4.0, "lr": None, "muon_lr": None},
+        {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3, "muon_lr": 0.03},
+    ]
+    record = {
+        **fake_record("speedrun_3_muon"),
+        "mode": "time_to_loss",
+        "seed": None,
+        "metrics": {"curve": points, "steps": 2, "tokens": 256},
+    }
     wandb_log.log_run(record, mode="offline")
     (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-    history = [{i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
-               for r in read_offline_run(run_file) if r.HasField("history")]
+    history = [
+        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in read_offline_run(run_file)
+        if r.HasField("history")
+    ]
     rows = [h for h in history if "val/loss" in h]
     assert [(h.get("curve/lr"), h.get("curve/muon_lr")) for h in rows] == [(None, None), (1e-3, 0.03)]

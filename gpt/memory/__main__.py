@@ -1,11 +1,12 @@
 """python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/estimator.py).
 
-    estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
-    reference  the reference's five memory stages, estimated beside their documented peaks and its snapshots
-    fit        the largest model that fits a memory budget, before and after the memory ladder
-    compare    estimates against the peaks that real runs measured (a directory of stage records)
-    snapshot   a CUDA allocator snapshot (torch.cuda.memory._dump_snapshot): its step's peak and what made it
+estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
+reference  the reference's five memory stages, estimated beside their documented peaks and its snapshots
+fit        the largest model that fits a memory budget, before and after the memory ladder
+compare    estimates against the peaks that real runs measured (a directory of stage records)
+snapshot   a CUDA allocator snapshot (torch.cuda.memory._dump_snapshot): its step's peak and what made it
 """
+
 import argparse
 import hashlib
 import json
@@ -32,8 +33,8 @@ from gpt.memory.planner import (
     documented_shapes,
     fit_settings,
     largest_fit,
-    reference_ladder,
     reference_figures,
+    reference_ladder,
     reference_snapshots,
     snapshot_breakdown,
     vocabulary_of,
@@ -55,8 +56,9 @@ def _main(argv: list[str]) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gpt.memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpt.memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(required=True, metavar="{estimate,reference,fit,compare,snapshot}")
 
     e = sub.add_parser("estimate", help="predicted peak memory of one stage")
@@ -67,46 +69,79 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         e.add_argument(f"--{name}", type=int, help=f"override the preset's {name.replace('-', '_')}")
     e.add_argument("--batch-size", type=int, help="samples per optimizer step and process")
     e.add_argument("--block-size", type=int, help="sequence length")
-    e.add_argument("--vocab-size", type=int, help="vocabulary size (default: 65 for the reference profile, "
-                   "else the profile's prepared data)")
+    e.add_argument(
+        "--vocab-size",
+        type=int,
+        help="vocabulary size (default: 65 for the reference profile, else the profile's prepared data)",
+    )
     e.add_argument("--world-size", type=int, help="processes of a DDP/FSDP stage (default: the stage's)")
     _common(e, json_help="also write the estimate as JSON")
-    e.add_argument("--reference-code", action="store_true",
-                   help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals")
-    e.add_argument("--snapshot-out", metavar="FILE",
-                   help="also write the simulated step as a CUDA memory snapshot (the pickle format of "
-                        "torch.cuda.memory._dump_snapshot), to open at https://pytorch.org/memory_viz; target cuda")
+    e.add_argument(
+        "--reference-code",
+        action="store_true",
+        help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals",
+    )
+    e.add_argument(
+        "--snapshot-out",
+        metavar="FILE",
+        help="also write the simulated step as a CUDA memory snapshot (the pickle format of "
+        "torch.cuda.memory._dump_snapshot), to open at https://pytorch.org/memory_viz; target cuda",
+    )
     e.set_defaults(command=cmd_estimate)
 
     r = sub.add_parser("reference", help="the reference's memory stages vs their documented peaks")
-    r.add_argument("--vocab-size", type=int, default=REFERENCE_VOCAB,
-                   help=f"vocabulary of the reference setup (default {REFERENCE_VOCAB}, its characters)")
-    r.add_argument("--snapshots", metavar="DIR", default=SNAPSHOT_DIR,
-                   help="directory with the reference's allocator snapshots (0_VRAM_Original.pickle, "
-                        "1_VRAM_Gradient_Accumulation.pickle; from ailzhang/EfficientPyTorch, "
-                        "chapter_10_mingpt/memory_profiles/); default: shared/reference/snapshots beside the "
-                        "checkout or a directory above it, if present")
+    r.add_argument(
+        "--vocab-size",
+        type=int,
+        default=REFERENCE_VOCAB,
+        help=f"vocabulary of the reference setup (default {REFERENCE_VOCAB}, its characters)",
+    )
+    r.add_argument(
+        "--snapshots",
+        metavar="DIR",
+        default=SNAPSHOT_DIR,
+        help="directory with the reference's allocator snapshots (0_VRAM_Original.pickle, "
+        "1_VRAM_Gradient_Accumulation.pickle; from ailzhang/EfficientPyTorch, "
+        "chapter_10_mingpt/memory_profiles/); default: shared/reference/snapshots beside the "
+        "checkout or a directory above it, if present",
+    )
     _common(r, json_help="write memory_reference.json-style output here", jobs=True)
     r.set_defaults(command=cmd_reference)
 
     f = sub.add_parser("fit", help="the largest model that fits a budget, before and after the ladder")
     f.add_argument("--budget-gib", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
-    f.add_argument("--world-sizes", type=int, nargs="*", default=[2, 8],
-                   help="FSDP process counts for the 'after' rows (default: 2 8)")
-    f.add_argument("--reference-code", action="store_true",
-                   help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals")
-    f.add_argument("--verify-max-layers", type=int, default=VERIFY_MAX_LAYERS,
-                   help=f"deepest answer checked with full-depth estimates; deeper ones are extrapolated "
-                        f"(default {VERIFY_MAX_LAYERS}; a sharded layer costs ~0.5 s of estimate, so checking the "
-                        f"8-GPU answer, ~1700 layers, takes about 15 minutes)")
+    f.add_argument(
+        "--world-sizes",
+        type=int,
+        nargs="*",
+        default=[2, 8],
+        help="FSDP process counts for the 'after' rows (default: 2 8)",
+    )
+    f.add_argument(
+        "--reference-code",
+        action="store_true",
+        help="emulate the reference's code: NewGELU, minGPT's gradient lifetime and embedding locals",
+    )
+    f.add_argument(
+        "--verify-max-layers",
+        type=int,
+        default=VERIFY_MAX_LAYERS,
+        help=f"deepest answer checked with full-depth estimates; deeper ones are extrapolated "
+        f"(default {VERIFY_MAX_LAYERS}; a sharded layer costs ~0.5 s of estimate, so checking the "
+        f"8-GPU answer, ~1700 layers, takes about 15 minutes)",
+    )
     _common(f, json_help="write memory_fit.json-style output here", jobs=True)
     f.set_defaults(command=cmd_fit)
 
     c = sub.add_parser("compare", help="estimates vs the peaks measured by real runs")
     c.add_argument("--runs", required=True, help="directory of stage records (<stage>.json)")
     c.add_argument("--json", help="write memory_compare.json-style output here")
-    c.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
-                   help="estimates run at once, one process each (default: the cores, at most 4)")
+    c.add_argument(
+        "--jobs",
+        type=int,
+        default=min(os.cpu_count() or 1, 4),
+        help="estimates run at once, one process each (default: the cores, at most 4)",
+    )
     c.set_defaults(command=cmd_compare)
 
     s = sub.add_parser("snapshot", help="a CUDA allocator snapshot: its step's peak and what made it")
@@ -119,15 +154,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _common(parser, json_help: str, jobs: bool = False):
     if jobs:
-        parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4),
-                            help="estimates run at once, one process each (default: the cores, at most 4)")
-    parser.add_argument("--target", default="cuda", choices=TARGET_DEVICES,
-                        help="device whose memory is predicted (default cuda); the simulation always runs "
-                             "on fake CPU tensors")
+        parser.add_argument(
+            "--jobs",
+            type=int,
+            default=min(os.cpu_count() or 1, 4),
+            help="estimates run at once, one process each (default: the cores, at most 4)",
+        )
+    parser.add_argument(
+        "--target",
+        default="cuda",
+        choices=TARGET_DEVICES,
+        help="device whose memory is predicted (default cuda); the simulation always runs on fake CPU tensors",
+    )
     parser.add_argument("--json", help=json_help)
     if jobs:  # the machine-independent reports (gpt/reuse.py)
-        parser.add_argument("--reuse", metavar="JSON", help="an earlier --json output of this command: copied to "
-                            "--json instead of computing, if it was computed from the same code, torch and arguments")
+        parser.add_argument(
+            "--reuse",
+            metavar="JSON",
+            help="an earlier --json output of this command: copied to "
+            "--json instead of computing, if it was computed from the same code, torch and arguments",
+        )
 
 
 def _jobs(args) -> int:
@@ -160,9 +206,17 @@ def estimate_config(args):
         raise UserError(f"--world-size must be at least 2 for {args.stage}, got {world}")
     world = world or base.world_size
     batch = args.batch_size or base.batch_size
-    cfg = stage_config(args.stage, args.profile, preset=args.preset, n_layer=args.n_layer, n_head=args.n_head,
-                       n_embd=args.n_embd, batch_size=args.batch_size, block_size=args.block_size,
-                       samples=max(batch, 1) * world * base.world_size)  # divisible before and after
+    cfg = stage_config(
+        args.stage,
+        args.profile,
+        preset=args.preset,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        batch_size=args.batch_size,
+        block_size=args.block_size,
+        samples=max(batch, 1) * world * base.world_size,
+    )  # divisible before and after
     cfg = with_processes(cfg, world)
     cfg.samples = cfg.batch_size * cfg.world_size
     optimizations.validate(cfg)
@@ -174,8 +228,9 @@ def estimate_config(args):
             try:
                 vocab = load_prepared(cfg.data_dir).vocab_size
             except UserError:
-                raise UserError(f"no prepared data in {cfg.data_dir} to read the vocabulary size from: "
-                                "pass --vocab-size") from None
+                raise UserError(
+                    f"no prepared data in {cfg.data_dir} to read the vocabulary size from: pass --vocab-size"
+                ) from None
     return cfg, vocab
 
 
@@ -183,16 +238,25 @@ def cmd_estimate(args) -> int:
     cfg, vocab = estimate_config(args)
     if args.snapshot_out and args.target != "cuda":
         raise UserError("--snapshot-out writes the CUDA caching allocator's format: use it with --target cuda")
-    est = estimate(cfg, vocab, args.target, adapt=VARIANTS["reference"][1] if args.reference_code else None,
-                   record=bool(args.snapshot_out))
+    est = estimate(
+        cfg,
+        vocab,
+        args.target,
+        adapt=VARIANTS["reference"][1] if args.reference_code else None,
+        record=bool(args.snapshot_out),
+    )
     micro = f" (micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps})" if cfg.grad_accum_steps > 1 else ""
-    print(f"{args.stage} ({args.profile} profile), target {args.target}, "
-          f"{'per process of ' + str(est.world_size) if est.world_size > 1 else '1 process'}")
+    print(
+        f"{args.stage} ({args.profile} profile), target {args.target}, "
+        f"{'per process of ' + str(est.world_size) if est.world_size > 1 else '1 process'}"
+    )
     m = est.model
-    print(f"  model: {cfg.preset} shape, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads: "
-          f"{est.params:,} parameters, vocab {vocab}, block {cfg.block_size}, "
-          f"batch {cfg.batch_size}{micro}, dropout {cfg.dropout}"
-          f"{', reference code emulated' if args.reference_code else ''}")
+    print(
+        f"  model: {cfg.preset} shape, {m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads: "
+        f"{est.params:,} parameters, vocab {vocab}, block {cfg.block_size}, "
+        f"batch {cfg.batch_size}{micro}, dropout {cfg.dropout}"
+        f"{', reference code emulated' if args.reference_code else ''}"
+    )
     print(f"  changes: {'; '.join(load_stage(name).CHANGE for name in lineage(args.stage))}")
     print(f"predicted peak: {_mib(est.peak_mib)} MiB")
     for key in MEMORY_PARTS:
@@ -204,14 +268,28 @@ def cmd_estimate(args) -> int:
     print(f"(estimated in {est.seconds:.1f} s on fake tensors: no memory was allocated)")
     if args.snapshot_out:
         path = allocator_snapshot.write(args.snapshot_out, est.snapshot)
-        print(f"wrote the simulated step to {path}: open it at https://pytorch.org/memory_viz, or read it with "
-              f"`python -m gpt.memory snapshot {path}`")
+        print(
+            f"wrote the simulated step to {path}: open it at https://pytorch.org/memory_viz, or read it with "
+            f"`python -m gpt.memory snapshot {path}`"
+        )
     if args.json:
-        write_record(Path(args.json), {"kind": "estimate", "stage": args.stage, "profile": args.profile,
-                                       "target": args.target, "vocab_size": vocab, "config": cfg.to_dict(),
-                                       "params": est.params, "world_size": est.world_size,
-                                       "peak_mib": est.peak_mib, "breakdown_mib": est.breakdown_mib,
-                                       "host_mib": est.host_mib, "notes": est.notes})
+        write_record(
+            Path(args.json),
+            {
+                "kind": "estimate",
+                "stage": args.stage,
+                "profile": args.profile,
+                "target": args.target,
+                "vocab_size": vocab,
+                "config": cfg.to_dict(),
+                "params": est.params,
+                "world_size": est.world_size,
+                "peak_mib": est.peak_mib,
+                "breakdown_mib": est.breakdown_mib,
+                "host_mib": est.host_mib,
+                "notes": est.notes,
+            },
+        )
     return 0
 
 
@@ -226,8 +304,10 @@ def cmd_reference(args) -> int:
     if args.json and reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
         return 0
     snapshots = reference_snapshots(args.snapshots)
-    print(f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}); "
-          f"snapshots: {', '.join(p.name for p, _ in snapshots.values()) or 'none'}")
+    print(
+        f"Estimating the reference's memory stages (target {args.target}, vocab {args.vocab_size}); "
+        f"snapshots: {', '.join(p.name for p, _ in snapshots.values()) or 'none'}"
+    )
     with Runner(_jobs(args)) as runner:
         rows = reference_ladder(args.target, vocab_size=args.vocab_size, runner=runner, snapshots=snapshots)
     names = list(VARIANTS)
@@ -248,8 +328,10 @@ def cmd_reference(args) -> int:
     for row in rows:
         est = snapshot_breakdown(row["reference"].breakdown_mib)
         traced = row["snapshot"].peak_mib_by_category if row.get("snapshot") else None
-        print(f"  {row['stage']:<24}" + "".join(
-            f"{(f'{est[k]:,.0f} / {traced[k]:,.0f}' if traced else f'{est[k]:,.0f}'):>18}" for k in keys))
+        print(
+            f"  {row['stage']:<24}"
+            + "".join(f"{(f'{est[k]:,.0f} / {traced[k]:,.0f}' if traced else f'{est[k]:,.0f}'):>18}" for k in keys)
+        )
     figures = reference_figures(rows)
     print(f"\nWhat the estimates and snapshots say about the documented peaks (explained in {NOTES}):")
     print("\n".join(f"- {label}: {value}" for label, value in figures))
@@ -257,22 +339,40 @@ def cmd_reference(args) -> int:
         stages = []
         for row in rows:
             est, doc = row["reference"], row["documented_mib"]
-            stages.append({"stage": row["stage"], "change": row["change"], "estimate_mib": est.peak_mib,
-                           "documented_mib": doc, "error_pct": round(100 * (est.peak_mib / doc - 1), 2),
-                           "breakdown_mib": est.breakdown_mib,
-                           **{f"{n}_estimate_mib": row[n].peak_mib for n in names if n != "reference"}})
+            stages.append(
+                {
+                    "stage": row["stage"],
+                    "change": row["change"],
+                    "estimate_mib": est.peak_mib,
+                    "documented_mib": doc,
+                    "error_pct": round(100 * (est.peak_mib / doc - 1), 2),
+                    "breakdown_mib": est.breakdown_mib,
+                    **{f"{n}_estimate_mib": row[n].peak_mib for n in names if n != "reference"},
+                }
+            )
             if row.get("snapshot"):
                 traced = row["snapshot"]
                 stages[-1].update(
-                    snapshot_file=row["snapshot_file"], snapshot_mib=round(traced.peak_mib, 2),
+                    snapshot_file=row["snapshot_file"],
+                    snapshot_mib=round(traced.peak_mib, 2),
                     snapshot_error_pct=round(100 * (est.peak_mib / traced.peak_mib - 1), 2),
                     snapshot_breakdown_mib={k: round(v, 2) for k, v in traced.peak_mib_by_category.items()},
                     estimate_snapshot_categories_mib=snapshot_breakdown(est.breakdown_mib),
-                    snapshot_start_mib=round(traced.start_mib, 2), snapshot_params=traced.params)
-        write_record(Path(args.json), {"kind": "reference", "target": args.target, "vocab_size": args.vocab_size,
-                                       "variant": VARIANTS["reference"][0], "stages": stages,
-                                       "figures": [{"figure": label, "value": value} for label, value in figures],
-                                       "provenance": reuse.provenance(_reuse_key(args))})
+                    snapshot_start_mib=round(traced.start_mib, 2),
+                    snapshot_params=traced.params,
+                )
+        write_record(
+            Path(args.json),
+            {
+                "kind": "reference",
+                "target": args.target,
+                "vocab_size": args.vocab_size,
+                "variant": VARIANTS["reference"][0],
+                "stages": stages,
+                "figures": [{"figure": label, "value": value} for label, value in figures],
+                "provenance": reuse.provenance(_reuse_key(args)),
+            },
+        )
     return 0
 
 
@@ -303,36 +403,59 @@ def cmd_fit(args) -> int:
         for label, stage, world, documented in fit_settings(args.world_sizes, args.budget_gib):
             print(f"  {label}:")
             try:
-                found = largest_fit(stage, world, budget, args.target, code, runner,
-                                    verify_max_layers=args.verify_max_layers)
+                found = largest_fit(
+                    stage, world, budget, args.target, code, runner, verify_max_layers=args.verify_max_layers
+                )
             except CannotSimulate as e:  # the chunked loss without PyTorch's op to simulate it with
                 print(f"    not estimated: {e}")
                 unestimated.append(f"{label}: not estimated: {e}")
                 continue
-            rows.append({"setting": label, "stage": stage, "world_size": world, **found,
-                         "documented_params": documented})
-    print(f"\n  {'setting':<66}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}"
-          f"{'host GiB/GPU':>14}")
+            rows.append(
+                {"setting": label, "stage": stage, "world_size": world, **found, "documented_params": documented}
+            )
+    print(
+        f"\n  {'setting':<66}{'layers':>7}{'parameters':>12}{'peak MiB':>11}{'+1 layer':>11}{'documented':>12}"
+        f"{'host GiB/GPU':>14}"
+    )
     for r in rows:
         doc = f"{r['documented_params'] / 1e6:,.0f}M" if r["documented_params"] else ""
         host = f"{r['host_mib'] / 1024:,.0f}" if r.get("host_mib") is not None else ""
         mark = " *" if r["extrapolated"] else ""
-        print(f"  {r['setting']:<66}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
-              f"{r['next_peak_mib']:>11,.0f}{doc:>12}{host:>14}{mark}")
+        print(
+            f"  {r['setting']:<66}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
+            f"{r['next_peak_mib']:>11,.0f}{doc:>12}{host:>14}{mark}"
+        )
     notes = documented_shapes(rows) + unestimated
-    notes += [f"{r['setting']}: the GPU holds the activations and one unit's gathered parameters; the sharded "
-              f"parameters, their gradients and AdamW's state take {r['host_mib'] / 1024:,.0f} GiB of host memory "
-              f"per GPU ({r['world_size'] * r['host_mib'] / 1024:,.0f} GiB for all {r['world_size']}): host RAM, "
-              "not the GPU, bounds this setting." for r in rows if r.get("host_mib") is not None]
-    notes += [f"* {r['setting']}: extrapolated along the estimates at 8 and 16 layers (full-depth fake runs "
-              f"of that many sharded layers take minutes); the peak at 16 layers was "
-              f"{r['affine_residual_mib']:+,.1f} MiB off the line through 4 and 8 layers."
-              for r in rows if r["extrapolated"]]
+    notes += [
+        f"{r['setting']}: the GPU holds the activations and one unit's gathered parameters; the sharded "
+        f"parameters, their gradients and AdamW's state take {r['host_mib'] / 1024:,.0f} GiB of host memory "
+        f"per GPU ({r['world_size'] * r['host_mib'] / 1024:,.0f} GiB for all {r['world_size']}): host RAM, "
+        "not the GPU, bounds this setting."
+        for r in rows
+        if r.get("host_mib") is not None
+    ]
+    notes += [
+        f"* {r['setting']}: extrapolated along the estimates at 8 and 16 layers (full-depth fake runs "
+        f"of that many sharded layers take minutes); the peak at 16 layers was "
+        f"{r['affine_residual_mib']:+,.1f} MiB off the line through 4 and 8 layers."
+        for r in rows
+        if r["extrapolated"]
+    ]
     print("\n" + "\n".join(f"- {n}" for n in notes))
     if args.json:
-        write_record(Path(args.json), {"kind": "fit", "budget_gib": args.budget_gib, "target": args.target,
-                                       "shape_rule": SHAPE_RULE, "code": VARIANTS[code][0], "rows": rows,
-                                       "notes": notes, "provenance": reuse.provenance(_reuse_key(args))})
+        write_record(
+            Path(args.json),
+            {
+                "kind": "fit",
+                "budget_gib": args.budget_gib,
+                "target": args.target,
+                "shape_rule": SHAPE_RULE,
+                "code": VARIANTS[code][0],
+                "rows": rows,
+                "notes": notes,
+                "provenance": reuse.provenance(_reuse_key(args)),
+            },
+        )
     return 0
 
 
@@ -374,8 +497,10 @@ def cmd_compare(args) -> int:
 def cmd_snapshot(args) -> int:
     path = Path(args.pickle)
     r = allocator_snapshot.analyse(allocator_snapshot.load(path), args.device)
-    print(f"{path.name}: device {r.device}, {r.allocations:,} allocations in {r.trace_ms:,.1f} ms of trace "
-          f"({r.events:,} events)")
+    print(
+        f"{path.name}: device {r.device}, {r.allocations:,} allocations in {r.trace_ms:,.1f} ms of trace "
+        f"({r.events:,} events)"
+    )
     print(f"At the start of the trace: {r.start_mib:,.1f} MiB allocated")
     _categories(r.start_mib_by_category)
     tied, untied = vocabulary_of(r.params)
@@ -384,25 +509,41 @@ def cmd_snapshot(args) -> int:
     elif untied < 1:
         print(f"  the gradients hold {r.params:,} fp32 values: fewer than a GPT-2-large-shaped model has")
     else:
-        print(f"  the gradients hold {r.params:,} fp32 values (parameters); at GPT-2-large's shape (36 x 1280, "
-              f"block 128) that is a vocabulary of {untied:g} with an untied output head (minGPT), {tied:g} with a "
-              f"tied one")
-    print(f"Peak: {r.peak_mib:,.1f} MiB allocated, {r.peak_ms:,.1f} ms after the first event (event "
-          f"{r.peak_event:,} of {r.events:,}), {r.peak_where}")
+        print(
+            f"  the gradients hold {r.params:,} fp32 values (parameters); at GPT-2-large's shape (36 x 1280, "
+            f"block 128) that is a vocabulary of {untied:g} with an untied output head (minGPT), {tied:g} with a "
+            f"tied one"
+        )
+    print(
+        f"Peak: {r.peak_mib:,.1f} MiB allocated, {r.peak_ms:,.1f} ms after the first event (event "
+        f"{r.peak_event:,} of {r.events:,}), {r.peak_where}"
+    )
     _categories(r.peak_mib_by_category)
     print(f"  {r.reallocated_large_blocks:,} blocks over 1 MiB that the step allocates anew are alive at the peak")
-    print("(block sizes replayed with the caching allocator's rules and checked against the snapshot's blocks)"
-          if r.blocks_replayed else
-          "(block sizes not replayed: requests rounded up to 512 bytes stand in for the allocator's blocks)")
+    print(
+        "(block sizes replayed with the caching allocator's rules and checked against the snapshot's blocks)"
+        if r.blocks_replayed
+        else "(block sizes not replayed: requests rounded up to 512 bytes stand in for the allocator's blocks)"
+    )
     if args.json:
-        write_record(Path(args.json), {"kind": "snapshot", "file": str(path), **r.as_dict(),
-                                       "vocabulary_untied_gpt2_large": untied, "vocabulary_tied_gpt2_large": tied})
+        write_record(
+            Path(args.json),
+            {
+                "kind": "snapshot",
+                "file": str(path),
+                **r.as_dict(),
+                "vocabulary_untied_gpt2_large": untied,
+                "vocabulary_tied_gpt2_large": tied,
+            },
+        )
     return 0
 
 
 def _categories(mib: dict) -> None:
-    why = {"other": "allocated before recording, no gradient of that size: buffers, workspaces",
-           "rounding": "allocator blocks beyond the requests rounded to 512 bytes"}
+    why = {
+        "other": "allocated before recording, no gradient of that size: buffers, workspaces",
+        "rounding": "allocator blocks beyond the requests rounded to 512 bytes",
+    }
     for key, value in mib.items():
         if value or key in ("parameters", "gradients", "optimizer_state", "activations"):
             note = f"   ({why[key]})" if key in why else ""

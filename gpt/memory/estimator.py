@@ -18,7 +18,8 @@ Two targets:
   memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights, and
   autocast casts by CUDA's op lists (softmax in float32: the explicit attention's probabilities take 4 bytes an
   element, where CPU autocast keeps bf16). The other ops of this model (matmuls, layer norm, GELU,
-  cross-entropy, AdamW) keep the same tensors on both devices. cuBLAS's workspaces are added (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
+  cross-entropy, AdamW) keep the same tensors on both devices. cuBLAS's workspaces are added
+  (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
   blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
   the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
 
@@ -37,6 +38,7 @@ simulated step is written in their format by gpt/memory/recorder.py.
 
 Usage: `python -m gpt.memory estimate|reference|fit|compare|snapshot --help` (gpt/memory/__main__.py).
 """
+
 import contextlib
 import dataclasses
 import time
@@ -127,9 +129,18 @@ def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None
         if recorder:
             recorder.hold(("unseen", i), int(mib * MiB))
     host = round(tracker.host_peak / MiB, 2) if plan.state_on_host else None
-    return Estimate(peak_mib=breakdown["total"], breakdown_mib=breakdown, params=raw.num_params(), model=raw.config,
-                    world_size=cfg.world_size, target=target, seconds=time.perf_counter() - t0, notes=notes,
-                    snapshot=recorder.snapshot() if recorder else None, host_mib=host)
+    return Estimate(
+        peak_mib=breakdown["total"],
+        breakdown_mib=breakdown,
+        params=raw.num_params(),
+        model=raw.config,
+        world_size=cfg.world_size,
+        target=target,
+        seconds=time.perf_counter() - t0,
+        notes=notes,
+        snapshot=recorder.snapshot() if recorder else None,
+        host_mib=host,
+    )
 
 
 def _add_other(breakdown: dict, notes: list[str], mib: float, what: str, where: str = "") -> None:
@@ -188,8 +199,11 @@ class _PeakTracker(TimelineMemTracker):
         labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the CPU)."""
         if not self.offload:
             return {}
-        return {_PARAM: min(snap.get(_PARAM, 0), self._sharded_params.get(dev, 0)), _GRAD: snap.get(_GRAD, 0),
-                _OPT: snap.get(_OPT, 0)}
+        return {
+            _PARAM: min(snap.get(_PARAM, 0), self._sharded_params.get(dev, 0)),
+            _GRAD: snap.get(_GRAD, 0),
+            _OPT: snap.get(_OPT, 0),
+        }
 
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
@@ -198,8 +212,11 @@ class _PeakTracker(TimelineMemTracker):
             on_device = snap[mem_tracker._TOTAL_KEY] - sum(host.values())
             if on_device > self._peak_mem.get(dev, 0):
                 self._peak_mem[dev] = on_device
-                self._peak_mem_snap[dev] = {**snap, **{k: snap.get(k, 0) - v for k, v in host.items()},
-                                            mem_tracker._TOTAL_KEY: on_device}
+                self._peak_mem_snap[dev] = {
+                    **snap,
+                    **{k: snap.get(k, 0) - v for k, v in host.items()},
+                    mem_tracker._TOTAL_KEY: on_device,
+                }
 
 
 # ---- CUDA's rules, applied to the simulation on fake CPU tensors ------------------------------------------
@@ -234,20 +251,50 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     if attn_mask is not None or kwargs.get("enable_gqa") or query.size(-1) > 256:
         return _cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
     if query.dtype in (torch.float16, torch.bfloat16):
-        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
-                                                                   False, scale=scale)[0]
-    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, query.requires_grad,
-                                                                  dropout_p, is_causal, scale=scale)[0]
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, None, query.requires_grad, dropout_p, is_causal, scale=scale
+    )[0]
 
 
 # Where CUDA's autocast op lists (aten/src/ATen/autocast_mode.cpp; torch.amp's docs: "CUDA Ops that can autocast
 # to float32" / "to float16") differ from the CPU's, which the simulation runs under: these ops get float32 inputs
 # on CUDA and keep 16-bit ones on the CPU (softmax is the explicit attention's T x T probabilities: 4 bytes an
 # element on CUDA), and these get 16-bit inputs on CUDA only. The other ops of both lists agree or are not used.
-CUDA_AUTOCAST_FP32_ONLY = ("softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "normalize", "pow",
-                           "exp", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sum", "cumsum",
-                           "cumprod", "norm", "softplus", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "renorm",
-                           "cosine_similarity", "dist", "pdist")
+CUDA_AUTOCAST_FP32_ONLY = (
+    "softmax",
+    "log_softmax",
+    "softmin",
+    "layer_norm",
+    "group_norm",
+    "normalize",
+    "pow",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log1p",
+    "log2",
+    "reciprocal",
+    "rsqrt",
+    "sum",
+    "cumsum",
+    "cumprod",
+    "norm",
+    "softplus",
+    "acos",
+    "asin",
+    "cosh",
+    "sinh",
+    "tan",
+    "erfinv",
+    "renorm",
+    "cosine_similarity",
+    "dist",
+    "pdist",
+)
 CUDA_AUTOCAST_16BIT_ONLY = ("addmv", "addr", "mv", "einsum", "chain_matmul")
 
 
@@ -269,6 +316,7 @@ class _CudaAutocastLists(torch.overrides.TorchFunctionMode):
 
             def cast(a):
                 return a.to(to) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != to else a
+
             args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
         return func(*args, **kwargs)
 
@@ -278,13 +326,15 @@ def _cuda_rules():
     # Patched for the estimate's duration (nn.Dropout looks F.dropout up at every call, also when activation
     # checkpointing recomputes a block during backward). The simulation runs on the CPU, whose measured rules
     # must not decide what a GPU computes with: FSDP's mixed precision is bf16 on CUDA, and attention is SDPA.
-    with (mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
-          mock.patch.object(F, "dropout", _cuda_dropout),
-          mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
-          mock.patch.object(parallel, "bf16_is_fast", return_value=(True, "a CUDA GPU")),
-          mock.patch.object(fused_attention, "measured_attention_choice", return_value=("sdpa", None)),
-          mock.patch.object(chunked_loss, "measured_loss_choice", return_value=("chunked", None)),
-          _CudaAutocastLists()):
+    with (
+        mock.patch.object(mem_tracker._WeakRefInfo, "_calculate_mem_consumed", _cuda_allocation),
+        mock.patch.object(F, "dropout", _cuda_dropout),
+        mock.patch.object(F, "scaled_dot_product_attention", _cuda_sdpa),
+        mock.patch.object(parallel, "bf16_is_fast", return_value=(True, "a CUDA GPU")),
+        mock.patch.object(fused_attention, "measured_attention_choice", return_value=("sdpa", None)),
+        mock.patch.object(chunked_loss, "measured_loss_choice", return_value=("chunked", None)),
+        _CudaAutocastLists(),
+    ):
         yield
 
 

@@ -22,6 +22,7 @@ blocks larger than their requests (cuBLAS's workspaces are added to every CUDA e
 What the figures of `reference_figures` mean, and what they rule in and out about the documented peaks, is
 gpt/memory/README.md.
 """
+
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -44,10 +45,13 @@ REFERENCE_VOCAB = 65  # character-level tiny Shakespeare
 # The reference's own allocator snapshots of one training step after its warm-up (H100), committed in its repo
 # (ailzhang/EfficientPyTorch, chapter_10_mingpt/memory_profiles/). This project keeps them in
 # shared/reference/snapshots beside the checkout (or beside a directory above it: git worktrees), not in it.
-SNAPSHOTS = {"memory_0_baseline": "0_VRAM_Original.pickle",
-             "memory_1_grad_accum": "1_VRAM_Gradient_Accumulation.pickle"}
-SNAPSHOT_DIR = next((d for d in (p / "shared" / "reference" / "snapshots" for p in REPO_ROOT.parents) if d.is_dir()),
-                    None)
+SNAPSHOTS = {
+    "memory_0_baseline": "0_VRAM_Original.pickle",
+    "memory_1_grad_accum": "1_VRAM_Gradient_Accumulation.pickle",
+}
+SNAPSHOT_DIR = next(
+    (d for d in (p / "shared" / "reference" / "snapshots" for p in REPO_ROOT.parents) if d.is_dir()), None
+)
 NOTES = "gpt/memory/README.md"  # what reference_figures mean, figure by figure
 # The documented claim for an 80 GB H100: largest model before and after the memory ladder.
 DOCUMENTED_FIT = {"before": 1_795_000_000, "after": 9_183_000_000}
@@ -153,8 +157,14 @@ def reference_snapshots(directory=None) -> dict:
     return found
 
 
-def reference_ladder(target: str = "cuda", variants=tuple(VARIANTS), vocab_size: int = REFERENCE_VOCAB,
-                     runner: Runner | None = None, progress=print, snapshots: dict | None = None) -> list[dict]:
+def reference_ladder(
+    target: str = "cuda",
+    variants=tuple(VARIANTS),
+    vocab_size: int = REFERENCE_VOCAB,
+    runner: Runner | None = None,
+    progress=print,
+    snapshots: dict | None = None,
+) -> list[dict]:
     """Estimates of the reference's five memory stages, in each variant, beside its documented peaks and, where
     `snapshots` (from reference_snapshots) has one, what its traced step allocated."""
     runner = runner or Runner()
@@ -188,32 +198,46 @@ def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
     n_embd = s0["reference"].model.n_embd
     embed = _cuda_mib(cfg.batch_size * cfg.block_size * n_embd * 4) + _cuda_mib(cfg.block_size * n_embd * 4)
     figures = [
-        ("NewGELU: its extra saved tensors at memory_0's peak",
-         f"+{s0['newgelu'].peak_mib - s0['project'].peak_mib:,.0f} MiB"),
-        ("Gradient lifetime: the previous step's gradients at memory_0's peak",
-         f"+{s0['reference'].breakdown_mib['gradients']:,.0f} MiB"),
+        (
+            "NewGELU: its extra saved tensors at memory_0's peak",
+            f"+{s0['newgelu'].peak_mib - s0['project'].peak_mib:,.0f} MiB",
+        ),
+        (
+            "Gradient lifetime: the previous step's gradients at memory_0's peak",
+            f"+{s0['reference'].breakdown_mib['gradients']:,.0f} MiB",
+        ),
         ("Embedding locals: tok_emb and pos_emb at every forward-pass peak", f"+{embed:,.1f} MiB"),
-        ("AdamW's foreach temporaries at memory_2's peak (MemTracker: optimizer state)",
-         f"{s2['optimizer_state'] - 2 * s2['parameters']:,.0f} MiB"),
+        (
+            "AdamW's foreach temporaries at memory_2's peak (MemTracker: optimizer state)",
+            f"{s2['optimizer_state'] - 2 * s2['parameters']:,.0f} MiB",
+        ),
     ]
     traced = [r for r in rows if r.get("snapshot")]
     if traced:
         figures += _snapshot_figures(rows, traced)
     else:
         single = [r["documented_mib"] - r["reference"].peak_mib for r in rows if r["stage"] != "memory_4_fsdp"]
-        figures.append(("Documented peaks above the 'reference' estimates, memory_0..3 (no snapshots given)",
-                        f"{min(single):,.0f} to {max(single):,.0f} MiB"))
+        figures.append(
+            (
+                "Documented peaks above the 'reference' estimates, memory_0..3 (no snapshots given)",
+                f"{min(single):,.0f} to {max(single):,.0f} MiB",
+            )
+        )
     return figures + _fsdp_unit_figures(by["memory_4_fsdp"])
 
 
 def _snapshot_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, str]]:
     """The reference's snapshots against the estimates (category by category), the vocabulary, the warm-up."""
+
     def pct(a, b):
         return 100 * (a / b - 1)
 
     def worst(keys):
-        return max(abs(pct(snapshot_breakdown(r["reference"].breakdown_mib)[k], r["snapshot"].peak_mib_by_category[k]))
-                   for r in traced for k in keys)
+        return max(
+            abs(pct(snapshot_breakdown(r["reference"].breakdown_mib)[k], r["snapshot"].peak_mib_by_category[k]))
+            for r in traced
+            for k in keys
+        )
 
     def each(fmt):
         return "; ".join(f"{r['stage'][:8]}: {fmt(r)}" for r in traced)
@@ -225,36 +249,67 @@ def _snapshot_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, s
     blocks = [r["snapshot"].reallocated_large_blocks for r in traced]
     cfg = reference_config("memory_0_baseline")
     figures = [
-        ("Snapshots: the traced step's peak, and the 'reference' estimate's error",
-         each(lambda r: f"{r['snapshot'].peak_mib:,.0f} MiB ({r['snapshot_file']}), estimate "
-                        f"{pct(r['reference'].peak_mib, r['snapshot'].peak_mib):+.1f}%")),
-        ("Snapshots: the largest error by category, parameters / gradients / optimizer state",
-         f"{worst(STACK_CATEGORIES[:3]):.2f}%"),
+        (
+            "Snapshots: the traced step's peak, and the 'reference' estimate's error",
+            each(
+                lambda r: (
+                    f"{r['snapshot'].peak_mib:,.0f} MiB ({r['snapshot_file']}), estimate "
+                    f"{pct(r['reference'].peak_mib, r['snapshot'].peak_mib):+.1f}%"
+                )
+            ),
+        ),
+        (
+            "Snapshots: the largest error by category, parameters / gradients / optimizer state",
+            f"{worst(STACK_CATEGORIES[:3]):.2f}%",
+        ),
         ("Snapshots: the largest error by category, activations", f"{worst(['activations']):.2f}%"),
-        ("Not modelled at memory_0's traced peak: 'other' beyond the cuBLAS workspaces, and 'rounding'",
-         f"{by_category['other'] - snapshot_breakdown(traced[0]['reference'].breakdown_mib)['other']:,.1f} and "
-         f"{by_category['rounding']:,.0f} MiB"),
-        ("Start of the traced step: allocated; the previous step's gradients; neither state nor gradients",
-         f"{first.start_mib:,.0f}; {start['gradients']:,.1f}; {start['other'] + start['rounding']:,.0f} MiB"),
-        ("Vocabulary: fp32 values in the traced gradients, and the vocabulary they make at GPT-2-large's shape",
-         f"{first.params:,}: {untied:g} tokens with an untied head ({tied:g} tied)"),
-        ("Documented minus traced peak", each(lambda r: f"{r['documented_mib'] - r['snapshot'].peak_mib:,.0f} MiB "
-                                                        f"({pct(r['documented_mib'], r['snapshot'].peak_mib):+.1f}%)")),
-        ("Blocks over 1 MiB allocated anew every step, alive at the traced peak (at most 1 MiB of remainder each)",
-         " and ".join(f"{b:,}" for b in blocks) + (" (fewer MiB than the gaps)" if all(b < g for b, g in
-                                                                                     zip(blocks, gaps)) else "")),
-        ("The warm-up's first step: memory_0's traced peak without AdamW's moments and earlier gradients",
-         f"{by_category['gradients'] + by_category['optimizer_state']:,.0f} MiB less"),
-        ("minGPT's loop keeping the previous step's logits",
-         f"{cfg.batch_size * cfg.block_size * REFERENCE_VOCAB * 4 / MiB:.1f} MiB"),
+        (
+            "Not modelled at memory_0's traced peak: 'other' beyond the cuBLAS workspaces, and 'rounding'",
+            f"{by_category['other'] - snapshot_breakdown(traced[0]['reference'].breakdown_mib)['other']:,.1f} and "
+            f"{by_category['rounding']:,.0f} MiB",
+        ),
+        (
+            "Start of the traced step: allocated; the previous step's gradients; neither state nor gradients",
+            f"{first.start_mib:,.0f}; {start['gradients']:,.1f}; {start['other'] + start['rounding']:,.0f} MiB",
+        ),
+        (
+            "Vocabulary: fp32 values in the traced gradients, and the vocabulary they make at GPT-2-large's shape",
+            f"{first.params:,}: {untied:g} tokens with an untied head ({tied:g} tied)",
+        ),
+        (
+            "Documented minus traced peak",
+            each(
+                lambda r: (
+                    f"{r['documented_mib'] - r['snapshot'].peak_mib:,.0f} MiB "
+                    f"({pct(r['documented_mib'], r['snapshot'].peak_mib):+.1f}%)"
+                )
+            ),
+        ),
+        (
+            "Blocks over 1 MiB allocated anew every step, alive at the traced peak (at most 1 MiB of remainder each)",
+            " and ".join(f"{b:,}" for b in blocks)
+            + (" (fewer MiB than the gaps)" if all(b < g for b, g in zip(blocks, gaps)) else ""),
+        ),
+        (
+            "The warm-up's first step: memory_0's traced peak without AdamW's moments and earlier gradients",
+            f"{by_category['gradients'] + by_category['optimizer_state']:,.0f} MiB less",
+        ),
+        (
+            "minGPT's loop keeping the previous step's logits",
+            f"{cfg.batch_size * cfg.block_size * REFERENCE_VOCAB * 4 / MiB:.1f} MiB",
+        ),
     ]
     untraced = [r for r in rows if not r.get("snapshot") and r["stage"] != "memory_4_fsdp"]
     if untraced:
         over = [pct(r["documented_mib"], r["snapshot"].peak_mib) for r in traced]
         short = [-pct(r["reference"].peak_mib, r["documented_mib"]) for r in untraced]
-        figures.append((f"Without a snapshot ({', '.join(r['stage'][:8] for r in untraced)}): documented above a "
-                        f"traced step for the traced stages; the estimates below the documented figures",
-                        f"{min(over):+.1f}% to {max(over):+.1f}%; {min(short):.1f}% to {max(short):.1f}% short"))
+        figures.append(
+            (
+                f"Without a snapshot ({', '.join(r['stage'][:8] for r in untraced)}): documented above a "
+                f"traced step for the traced stages; the estimates below the documented figures",
+                f"{min(over):+.1f}% to {max(over):+.1f}%; {min(short):.1f}% to {max(short):.1f}% short",
+            )
+        )
     return figures
 
 
@@ -264,10 +319,14 @@ def _fsdp_unit_figures(row: dict) -> list[tuple[str, str]]:
     full = 4 * row["reference"].params / MiB
     doc, est = row["documented_mib"], row["reference"].peak_mib
     return [
-        ("memory_4: parameters gathered at a time, one block (FSDP2 per block, here) / the whole model (one unit)",
-         f"{one:,.0f} / {full:,.0f} MiB"),
-        ("memory_4 if FSDP wrapped the model as one unit (a hypothesis, not a simulation)",
-         f"{est + full - one:,.0f} MiB ({100 * ((est + full - one) / doc - 1):+.1f}% vs the documented {doc:,})"),
+        (
+            "memory_4: parameters gathered at a time, one block (FSDP2 per block, here) / the whole model (one unit)",
+            f"{one:,.0f} / {full:,.0f} MiB",
+        ),
+        (
+            "memory_4 if FSDP wrapped the model as one unit (a hypothesis, not a simulation)",
+            f"{est + full - one:,.0f} MiB ({100 * ((est + full - one) / doc - 1):+.1f}% vs the documented {doc:,})",
+        ),
     ]
 
 
@@ -292,8 +351,10 @@ def _params_at(**overrides) -> int:
 
 # ---- the largest model that fits ----------------------------------------------------------------------------
 
-SHAPE_RULE = ("GPT-2-large width (n_embd 1280, 20 heads) with more or fewer layers; the reference setup "
-              "otherwise (vocab 65, block 128, batch 32, fp32, naive attention, dropout 0.1)")
+SHAPE_RULE = (
+    "GPT-2-large width (n_embd 1280, 20 heads) with more or fewer layers; the reference setup "
+    "otherwise (vocab 65, block 128, batch 32, fp32, naive attention, dropout 0.1)"
+)
 
 
 def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, str, int, int | None]]:
@@ -303,19 +364,34 @@ def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, 
     documented = DOCUMENTED_FIT if budget_gib == 80 else {}
     rows = [("before: memory_0 settings (1 GPU)", "memory_0_baseline", 1, documented.get("before"))]
     for w in world_sizes:
-        rows.append((f"after: memory_3 settings + FSDP ({w} GPUs)", "memory_4_fsdp", w,
-                     documented.get("after") if w == 2 else None))
+        rows.append(
+            (
+                f"after: memory_3 settings + FSDP ({w} GPUs)",
+                "memory_4_fsdp",
+                w,
+                documented.get("after") if w == 2 else None,
+            )
+        )
     for w in world_sizes:
-        rows.append((f"beyond: lean_3, FSDP bf16 + chunked loss + CPU offload ({w} GPUs)", "lean_3_cpu_offload", w,
-                     None))
+        rows.append(
+            (f"beyond: lean_3, FSDP bf16 + chunked loss + CPU offload ({w} GPUs)", "lean_3_cpu_offload", w, None)
+        )
     return rows
 
 
 VERIFY_MAX_LAYERS = 200  # full-depth fake runs cost ~0.1 s per layer on 1 process, ~0.5 s under FSDP
 
 
-def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "cuda", variant: str = "project",
-                runner: Runner | None = None, progress=print, verify_max_layers: int = VERIFY_MAX_LAYERS) -> dict:
+def largest_fit(
+    stage: str,
+    world_size: int,
+    budget_mib: float,
+    target: str = "cuda",
+    variant: str = "project",
+    runner: Runner | None = None,
+    progress=print,
+    verify_max_layers: int = VERIFY_MAX_LAYERS,
+) -> dict:
     """The most layers (at the shape rule's width) whose estimated peak fits `budget_mib`.
 
     For a fixed width the peak is affine in n_layer: every layer adds the same parameters, gradients,
@@ -331,8 +407,7 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
 
     def peaks(*depths: int) -> list[float]:
         todo = [n for n in dict.fromkeys(depths) if n not in known]
-        specs = [(reference_config(stage, world_size, n_layer=n),
-                  REFERENCE_VOCAB, target, variant) for n in todo]
+        specs = [(reference_config(stage, world_size, n_layer=n), REFERENCE_VOCAB, target, variant) for n in todo]
         for n, est in zip(todo, runner.map(specs)):
             known[n] = est
             progress(f"    {n} layers: {est.peak_mib:,.0f} MiB ({est.seconds:.1f} s)")
@@ -349,10 +424,16 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
         slope = (p_check - p_hi) / (check - hi)
         n = check + math.floor((budget_mib - p_check) / slope)
         per_layer = (known[check].params - known[hi].params) // (check - hi)
-        return {"n_layer": n, "params": known[check].params + per_layer * (n - check),
-                "peak_mib": p_check + slope * (n - check), "next_peak_mib": p_check + slope * (n + 1 - check),
-                "host_mib": _along(known, hi, check, n), "estimates": len(known), "extrapolated": True,
-                "affine_residual_mib": residual}
+        return {
+            "n_layer": n,
+            "params": known[check].params + per_layer * (n - check),
+            "peak_mib": p_check + slope * (n - check),
+            "next_peak_mib": p_check + slope * (n + 1 - check),
+            "host_mib": _along(known, hi, check, n),
+            "estimates": len(known),
+            "extrapolated": True,
+            "affine_residual_mib": residual,
+        }
     for _ in range(5):
         p_n, p_next = peaks(n, n + 1)
         if p_n > budget_mib:
@@ -362,13 +443,21 @@ def largest_fit(stage: str, world_size: int, budget_mib: float, target: str = "c
                 raise UserError(
                     f"a budget of {budget_mib / 1024:g} GiB is below what even a 1-layer model needs on {stage} "
                     f"({p_n / 1024:.2f} GiB, of which {state / 1024:.2f} GiB parameters, gradients and "
-                    f"optimizer state)")
+                    f"optimizer state)"
+                )
             n = max(1, n - math.ceil((p_n - budget_mib) / slope))
         elif p_next <= budget_mib:
             n = n + 1 + math.floor((budget_mib - p_next) / slope)
         else:
-            return {"n_layer": n, "params": known[n].params, "peak_mib": p_n, "next_peak_mib": p_next,
-                    "host_mib": known[n].host_mib, "estimates": len(known), "extrapolated": False}
+            return {
+                "n_layer": n,
+                "params": known[n].params,
+                "peak_mib": p_n,
+                "next_peak_mib": p_next,
+                "host_mib": known[n].host_mib,
+                "estimates": len(known),
+                "extrapolated": False,
+            }
     raise RuntimeError(f"{stage}: no fit after {len(known)} estimates; the peak is not affine in depth here")
 
 
@@ -388,8 +477,10 @@ def documented_shapes(rows: list[dict]) -> list[str]:
         line = f"{r['setting']}: {r['n_layer']} layers, {r['params'] / 1e6:,.0f}M parameters"
         if r["documented_params"]:
             layers = (r["documented_params"] - rest) / per_layer
-            line += (f"; documented {r['documented_params'] / 1e6:,.0f}M = {layers:.1f} layers at this width "
-                     f"({100 * (r['params'] / r['documented_params'] - 1):+.0f}% here)")
+            line += (
+                f"; documented {r['documented_params'] / 1e6:,.0f}M = {layers:.1f} layers at this width "
+                f"({100 * (r['params'] / r['documented_params'] - 1):+.0f}% here)"
+            )
         notes.append(line)
     before = next((r for r in rows if r["world_size"] == 1), None)
     after = next((r for r in rows if r["world_size"] == 2), None)
@@ -397,7 +488,8 @@ def documented_shapes(rows: list[dict]) -> list[str]:
         notes.append(
             f"Ratio after/before here: {after['params'] / before['params']:.1f}x (documented "
             f"{DOCUMENTED_FIT['after'] / DOCUMENTED_FIT['before']:.1f}x; the settings the documented figures most "
-            f"likely used: gpt/memory/README.md).")
+            f"likely used: gpt/memory/README.md)."
+        )
     return notes
 
 
@@ -435,8 +527,15 @@ def compare_records(records: list[dict], runner: Runner | None = None, progress=
     """Estimate every measured stage record (status ok) with its own configuration and device type, and compare
     each with the figure of it that holds what the estimate predicts (compared_peak)."""
     measured = [r for r in records if r.get("status") == "ok" and (r.get("metrics") or {}).get("peak_memory_mib")]
-    specs = [(TrainConfig.from_dict(r["config"]), r["model"]["vocab_size"],
-              "cuda" if r["device"]["type"] == "cuda" else "cpu", "project") for r in measured]
+    specs = [
+        (
+            TrainConfig.from_dict(r["config"]),
+            r["model"]["vocab_size"],
+            "cuda" if r["device"]["type"] == "cuda" else "cpu",
+            "project",
+        )
+        for r in measured
+    ]
     rows = []
     for rec, spec, est in zip(measured, specs, (runner or Runner()).map(specs, or_reason=True)):
         peak, what = compared_peak(rec)
@@ -447,6 +546,5 @@ def compare_records(records: list[dict], runner: Runner | None = None, progress=
             continue
         err = 100 * (est.peak_mib / peak - 1)
         rows.append({**row, "estimate_mib": est.peak_mib, "error_pct": round(err, 2), "notes": est.notes})
-        progress(f"  {rec['stage']}: measured {peak:,.2f} MiB ({what}), estimate {est.peak_mib:,.2f} MiB "
-                 f"({err:+.1f}%)")
+        progress(f"  {rec['stage']}: measured {peak:,.2f} MiB ({what}), estimate {est.peak_mib:,.2f} MiB ({err:+.1f}%)")
     return rows

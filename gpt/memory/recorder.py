@@ -5,6 +5,7 @@ The planner's tracker (gpt/memory/estimator.py) reports every storage that appea
 `StepRecorder` places each in a simulated segment as the caching allocator would and logs it with the Python stack
 of the code that made it.
 """
+
 import bisect
 import sys
 
@@ -23,7 +24,7 @@ def python_stack(depth: int = 2) -> list[dict]:
         frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})
         f = f.f_back
     inside = [i for i, fr in enumerate(frames) if any(m in fr["filename"] for m in _MACHINERY)]
-    return frames[inside[-1] + 1:] if inside else frames
+    return frames[inside[-1] + 1 :] if inside else frames
 
 
 class StepRecorder:
@@ -77,8 +78,9 @@ class StepRecorder:
         self._release(addr, cuda_block_bytes(nbytes))
 
     def _event(self, action, addr, nbytes, frames):
-        self.events.append({"action": action, "addr": addr, "size": nbytes, "stream": 0, "time_us": self.clock,
-                            "frames": frames})
+        self.events.append(
+            {"action": action, "addr": addr, "size": nbytes, "stream": 0, "time_us": self.clock, "frames": frames}
+        )
 
     def _place(self, size: int) -> int:
         i = bisect.bisect_left(self.gaps, (size, 0))
@@ -128,13 +130,22 @@ class StepRecorder:
             cursor = addr + cuda_block_bytes(nbytes)
         blocks.append(_block(cursor, end - cursor, 0, "inactive", []))
         active = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
-        segment = {"device": 0, "address": _BASE, "total_size": end - _BASE, "allocated_size": active,
-                   "active_size": active, "requested_size": sum(b["requested_size"] for b in blocks), "stream": 0,
-                   "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
-                   "blocks": blocks}
+        segment = {
+            "device": 0,
+            "address": _BASE,
+            "total_size": end - _BASE,
+            "allocated_size": active,
+            "active_size": active,
+            "requested_size": sum(b["requested_size"] for b in blocks),
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": blocks,
+        }
         return {"segments": [segment], "device_traces": [self.events]}
 
 
 def _block(addr, size, requested, state, frames) -> dict:
     return {"address": addr, "size": size, "requested_size": requested, "state": state, "frames": frames}
-

@@ -22,10 +22,24 @@ A stage script changes TrainConfig fields; each field belongs to exactly one opt
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
 memory planner read from here. None of them names a field.
 """
+
 from gpt.config import TrainConfig
-from gpt.optimizations import (accumulation, adamw, architecture, checkpointing, chunked_loss, compilation, feeding,
-                               fused_attention, padded_vocab, parallel, precision)
-from gpt.optimizations import muon, ngram_embedding, schedule  # the speedrun ladder
+from gpt.optimizations import (  # the speedrun ladder
+    accumulation,
+    adamw,
+    architecture,
+    checkpointing,
+    chunked_loss,
+    compilation,
+    feeding,
+    fused_attention,
+    muon,
+    ngram_embedding,
+    padded_vocab,
+    parallel,
+    precision,
+    schedule,
+)
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 
 # In ladder order: speed, fast, memory, lean, speedrun.

@@ -3,6 +3,7 @@ so the summed gradients are the whole batch's, with one micro-batch's activation
 
 The code is the micro-batch loop of gpt/train.py:train_step (with DDP, only the last micro-batch all-reduces).
 """
+
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
@@ -22,11 +23,16 @@ def split_further(cfg: TrainConfig, factor: int) -> TrainConfig:
     """`cfg` with every micro-batch split into `factor` (the same update up to rounding: gpt/noise_scale.py reads the
     halves' gradients this way, and validates it); a UserError where the batch does not divide."""
     if cfg.batch_size % (factor * cfg.grad_accum_steps):
-        raise UserError(f"batch size {cfg.batch_size} does not split into {factor} x {cfg.grad_accum_steps} "
-                        "micro-batches")
+        raise UserError(
+            f"batch size {cfg.batch_size} does not split into {factor} x {cfg.grad_accum_steps} micro-batches"
+        )
     return type(cfg).from_dict({**cfg.to_dict(), "grad_accum_steps": factor * cfg.grad_accum_steps})
 
 
 GRADIENT_ACCUMULATION = Optimization(
-    name="gradient accumulation", fields=("grad_accum_steps",), code="gpt/train.py:train_step",
-    memory_targets=("activations",), checks=_check)
+    name="gradient accumulation",
+    fields=("grad_accum_steps",),
+    code="gpt/train.py:train_step",
+    memory_targets=("activations",),
+    checks=_check,
+)

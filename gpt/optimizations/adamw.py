@@ -2,6 +2,7 @@
 
 `make_optimizer` builds the stage's AdamW; the reference's multi-tensor (foreach) path is the default.
 """
+
 import torch
 import torch.nn as nn
 
@@ -30,10 +31,16 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, skip=()) -> torch.optim.A
 
 
 FOREACH_OFF = Optimization(
-    name="AdamW foreach=False", fields=("optimizer_foreach",), code="gpt/optimizations/adamw.py:make_optimizer",
+    name="AdamW foreach=False",
+    fields=("optimizer_foreach",),
+    code="gpt/optimizations/adamw.py:make_optimizer",
     time_targets=("optimizer",),
-    memory_targets=("optimizer_state",))  # MemTracker counts what optimizer.step allocates as optimizer state
+    memory_targets=("optimizer_state",),
+)  # MemTracker counts what optimizer.step allocates as optimizer state
 
 FUSED_ADAMW = Optimization(
-    name="fused AdamW", fields=("optimizer_fused",), code="gpt/optimizations/adamw.py:make_optimizer",
-    time_targets=("optimizer",))
+    name="fused AdamW",
+    fields=("optimizer_fused",),
+    code="gpt/optimizations/adamw.py:make_optimizer",
+    time_targets=("optimizer",),
+)

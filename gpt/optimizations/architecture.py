@@ -32,6 +32,7 @@ Together these are the architecture of modded-nanogpt's later records and of nan
 and add other changes not made here). What each one gave on this project's data, alone and together, is measured
 by time to the baseline's loss (the speedrun ladder's log).
 """
+
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
@@ -55,5 +56,7 @@ MODERN_ARCHITECTURE = Optimization(
     name="today's small-GPT architecture (ReLU², RMSNorm, QK-norm, zero-init projections, rotary)",
     fields=("architecture",),
     code="gpt/model.py: GPTConfig's mlp, norm, qk_norm, zero_init_proj, positions (MLP, RMSNorm, rotary, "
-         "CausalSelfAttention, GPT.init_weights)",
-    checks=_check, model=_model_settings)
+    "CausalSelfAttention, GPT.init_weights)",
+    checks=_check,
+    model=_model_settings,
+)

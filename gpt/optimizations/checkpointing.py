@@ -1,6 +1,7 @@
 """Activation checkpointing (memory_2): each transformer block keeps only its input in the forward pass and
 recomputes the rest during backward.
 """
+
 import torch.nn as nn
 
 from gpt.config import TrainConfig
@@ -32,6 +33,9 @@ def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
 
 
 ACTIVATION_CHECKPOINTING = Optimization(
-    name="activation checkpointing", fields=("activation_checkpointing",),
-    code="gpt/optimizations/checkpointing.py:checkpoint_blocks", time_targets=("backward",),
-    memory_targets=("activations",))
+    name="activation checkpointing",
+    fields=("activation_checkpointing",),
+    code="gpt/optimizations/checkpointing.py:checkpoint_blocks",
+    time_targets=("backward",),
+    memory_targets=("activations",),
+)

@@ -31,6 +31,7 @@ Which CUDA implementation is fastest has not been measured yet on a GPU in this 
 keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
 available at a stage's shape; its figures decide the order.
 """
+
 import dataclasses
 import importlib.util
 import inspect
@@ -55,7 +56,11 @@ TRITON_ONLY = ("liger", "cce")  # their kernels are Triton: CUDA (or Triton's in
 
 LOSS_CACHE = "chunked_loss"  # gpt/machine_cache.py's file of measured head-and-loss times
 LOSS_CHUNK_ROWS = 256  # rows of logits per chunk on a CPU: 256 x 50304 bf16 = 25 MiB, instead of B*T x 50304
-OPTIONS_SET = {"batch_chunk_size", "chunking_method", "acc_policy"}  # LinearCrossEntropyOptions' fields loss_chunking sets
+OPTIONS_SET = {
+    "batch_chunk_size",
+    "chunking_method",
+    "acc_policy",
+}  # LinearCrossEntropyOptions' fields loss_chunking sets
 
 
 def installed(name: str) -> bool:
@@ -84,7 +89,9 @@ def torch_op_takes_our_call() -> bool:
 
 def torch_op_needed() -> str:
     """What PyTorch's implementation needs, said of this torch (a reason to skip, or a one-line error)."""
-    older = ", whose F.linear_cross_entropy lacks linear_bias= or options=" if hasattr(F, "linear_cross_entropy") else ""
+    older = (
+        ", whose F.linear_cross_entropy lacks linear_bias= or options=" if hasattr(F, "linear_cross_entropy") else ""
+    )
     return f"PyTorch 2.12 or newer (this is {torch.__version__}{older})"
 
 
@@ -99,17 +106,23 @@ def resolve(choice: str, device_type: str) -> str:
     if choice != "auto":
         check_impl(choice)
         if not installed(choice):
-            raise UserError(f"the chunked loss {choice!r} needs " + (f"`pip install {PACKAGES[choice]}`"
-                            if choice in PACKAGES else torch_op_needed()))
+            raise UserError(
+                f"the chunked loss {choice!r} needs "
+                + (f"`pip install {PACKAGES[choice]}`" if choice in PACKAGES else torch_op_needed())
+            )
         return choice
     for name in IMPLEMENTATIONS:
         if available(name, device_type):
             return name
     if device_type == "cuda":
-        raise UserError(f"the chunked loss needs {torch_op_needed()} for F.linear_cross_entropy, or liger-kernel or "
-                        "cut-cross-entropy: pip install liger-kernel")
-    raise UserError(f"the chunked loss on a {device_type} needs {torch_op_needed()} for F.linear_cross_entropy; "
-                    "liger-kernel and cut-cross-entropy run on CUDA only")
+        raise UserError(
+            f"the chunked loss needs {torch_op_needed()} for F.linear_cross_entropy, or liger-kernel or "
+            "cut-cross-entropy: pip install liger-kernel"
+        )
+    raise UserError(
+        f"the chunked loss on a {device_type} needs {torch_op_needed()} for F.linear_cross_entropy; "
+        "liger-kernel and cut-cross-entropy run on CUDA only"
+    )
 
 
 def why_unavailable(choice: str, device_type: str) -> str | None:
@@ -126,12 +139,19 @@ def why_unavailable(choice: str, device_type: str) -> str | None:
 def check_impl(name: str) -> None:
     """A UserError unless `name` is one of IMPLEMENTATIONS ("auto" is resolved before it gets here)."""
     if name not in IMPLEMENTATIONS:
-        raise UserError(f"unknown chunked-loss implementation {name!r}; choose auto or one of "
-                        f"{', '.join(IMPLEMENTATIONS)}")
+        raise UserError(
+            f"unknown chunked-loss implementation {name!r}; choose auto or one of {', '.join(IMPLEMENTATIONS)}"
+        )
 
 
-def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                          padding_bias: torch.Tensor | None = None, impl: str = "auto") -> torch.Tensor:
+def chunked_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    padding_bias: torch.Tensor | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
     """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`, -inf on the rows past `vocab_size`) against
     `targets`, without the full logits, computed by implementation `impl` (resolved if "auto")."""
     device_type = x.device.type
@@ -146,8 +166,9 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
 
 
 @torch.compiler.disable
-def triton_library_loss(impl: str, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                        bias: torch.Tensor | None) -> torch.Tensor:
+def triton_library_loss(
+    impl: str, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, bias: torch.Tensor | None
+) -> torch.Tensor:
     """liger's or Cut Cross-Entropy's kernels, run as the library ships them, outside torch.compile (a compiled
     model's graph breaks here): on torch 2.11 Dynamo could not trace liger's autograd function (fake tensors fail
     on its torch.addmm(out_dtype=..., out=...); fast_6 died before its first step on an H100), and Inductor has
@@ -174,18 +195,33 @@ def loss_chunking(device_type: str):
     was 4.9e-3 with bf16 accumulation, 4.7e-3 with fp32, 2.4e-3 unchunked (bf16's own rounding is 2e-3)."""
     if device_type == "cuda":
         return torch.nn.LinearCrossEntropyOptions()
-    return torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
-                                              acc_policy="accurate")
+    return torch.nn.LinearCrossEntropyOptions(
+        batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None, acc_policy="accurate"
+    )
 
 
-def full_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                       padding_bias: torch.Tensor | None = None) -> torch.Tensor:
+def full_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    padding_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The full loss the chunked one replaces, as gpt/model.py computes it: every logit, then fp32 cross-entropy."""
     return F.cross_entropy(F.linear(x, weight, padding_bias).float(), targets)
 
 
-def time_head_and_loss(loss_fn, rows: int, dim: int, vocab: int, padded_vocab: int, dtype: torch.dtype,
-                       device: torch.device, warmup: int = 3, repeats: int = 20) -> dict:
+def time_head_and_loss(
+    loss_fn,
+    rows: int,
+    dim: int,
+    vocab: int,
+    padded_vocab: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    warmup: int = 3,
+    repeats: int = 20,
+) -> dict:
     """Milliseconds of one forward and backward of the output head and the loss, `loss_fn(x, weight, targets,
     vocab, bias)`, at a shape (median, min, max over `repeats` calls after `warmup`; CUDA: the peak MiB too), on
     real tensors with the random state put back as it was (a stage measures this while it builds its model)."""
@@ -256,24 +292,30 @@ def measured_loss_choice(cfg: TrainConfig, vocab_size: int, device_type: str) ->
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
     padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
     dtype = mixed_precision(cfg, device).dtype
-    what = (f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
-            + (f" (padded to {padded})" if padded != vocab_size else "") + f", {str(dtype).removeprefix('torch.')}"
-            + (", compiled" if cfg.compile else ""))
+    what = (
+        f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
+        + (f" (padded to {padded})" if padded != vocab_size else "")
+        + f", {str(dtype).removeprefix('torch.')}"
+        + (", compiled" if cfg.compile else "")
+    )
 
     def measure():
         # As a compiled model runs them: Inductor fuses the full loss; the chunked op stays eager (the profiled
         # fast_6 step shows it outside the compiled regions; liger and cce run outside compile by design).
         full = torch.compile(full_cross_entropy) if cfg.compile else full_cross_entropy
         chunked = lambda *a: chunked_cross_entropy(*a, impl=impl)  # noqa: E731
-        return [time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, device)["median_ms"]
-                for fn in (full, chunked)]
+        return [
+            time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, device)["median_ms"] for fn in (full, chunked)
+        ]
 
     here = device_label(device)
     full_ms, chunked_ms = machine_cache.remembered(LOSS_CACHE, f"{impl}|{here}|{what}", measure)
     if chunked_ms <= full_ms:
         return "chunked", None
-    return "full", (f"kept the full loss: the chunked loss ({impl}) is slower on this {here} at this shape ({what}: "
-                    f"full {full_ms:.2f} ms, chunked {chunked_ms:.2f} ms)")
+    return "full", (
+        f"kept the full loss: the chunked loss ({impl}) is slower on this {here} at this shape ({what}: "
+        f"full {full_ms:.2f} ms, chunked {chunked_ms:.2f} ms)"
+    )
 
 
 def implementation_of(model_config) -> str | None:
@@ -320,13 +362,21 @@ def _simulated_with_torch(plan: SimulationPlan) -> None:
         plan.cfg.loss = "full"
         return
     if not installed("torch"):
-        raise CannotSimulate(f"the planner simulates the chunked loss with F.linear_cross_entropy, which needs "
-                             f"{torch_op_needed()}")
+        raise CannotSimulate(
+            f"the planner simulates the chunked loss with F.linear_cross_entropy, which needs {torch_op_needed()}"
+        )
     plan.cfg.loss_impl = "torch"
 
 
 CHUNKED_LOSS = Optimization(
-    name="chunked linear + cross-entropy", fields=("loss", "loss_impl"),
+    name="chunked linear + cross-entropy",
+    fields=("loss", "loss_impl"),
     code="gpt/optimizations/chunked_loss.py:chunked_cross_entropy (called by gpt/model.py:GPT.forward)",
-    time_targets=("forward", "backward"), memory_targets=("activations", "temporaries"), checks=_check,
-    cannot_run=_cannot_run, model=_model_settings, no_effect=_no_effect, simulate=_simulated_with_torch)
+    time_targets=("forward", "backward"),
+    memory_targets=("activations", "temporaries"),
+    checks=_check,
+    cannot_run=_cannot_run,
+    model=_model_settings,
+    no_effect=_no_effect,
+    simulate=_simulated_with_torch,
+)

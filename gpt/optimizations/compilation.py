@@ -1,6 +1,7 @@
 """torch.compile (speed_4): the model traced into graphs whose element-wise ops are fused into fewer kernels; on
 CUDA in "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels).
 """
+
 import torch
 import torch.nn as nn
 
@@ -37,10 +38,17 @@ def _simulated_eager(plan: SimulationPlan) -> None:
 
 
 def _no_speedup(record: dict, parent: dict) -> str:
-    return (f"the compiled steps were not faster at this size ({steady_steps(record, parent)}); compilation "
-            f"itself took {fmt_time(record['metrics']['compile_s'])}, outside the timed repeats")
+    return (
+        f"the compiled steps were not faster at this size ({steady_steps(record, parent)}); compilation "
+        f"itself took {fmt_time(record['metrics']['compile_s'])}, outside the timed repeats"
+    )
 
 
 COMPILE = Optimization(
-    name="torch.compile", fields=("compile",), code="gpt/optimizations/compilation.py:compile_model",
-    time_targets=("gpu_idle", "forward", "backward"), simulate=_simulated_eager, no_speedup=_no_speedup)
+    name="torch.compile",
+    fields=("compile",),
+    code="gpt/optimizations/compilation.py:compile_model",
+    time_targets=("gpu_idle", "forward", "backward"),
+    simulate=_simulated_eager,
+    no_speedup=_no_speedup,
+)

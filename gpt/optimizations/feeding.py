@@ -4,6 +4,7 @@
 `make_loader` builds the stage's batches and `to_device` copies each one; `training_data` is the data set they
 come from. Every setting left as the baseline has it gives the baseline's plain DataLoader.
 """
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -66,8 +67,11 @@ def _bigger_batch_no_speedup(record: dict, parent: dict) -> str:
 
 
 BIGGER_BATCH = Optimization(
-    name="bigger batch", fields=("batch_size",), code="gpt/optimizations/feeding.py:make_loader",
-    no_speedup=_bigger_batch_no_speedup)
+    name="bigger batch",
+    fields=("batch_size",),
+    code="gpt/optimizations/feeding.py:make_loader",
+    no_speedup=_bigger_batch_no_speedup,
+)
 
 
 # ---- speed_2: DataLoader workers ---------------------------------------------------------------------------
@@ -87,16 +91,25 @@ def _workers_no_speedup(record: dict, parent: dict) -> str | None:
     if not workers:
         return None  # the workers were taken away (fast_1): their removal is not this change's gain
     waits = f"data wait {p['data_wait_pct']:.0f}% of the time before, {m['data_wait_pct']:.0f}% now"
-    why = (f"the previous stage hardly waited for data, so workers had little to win ({waits})"
-           if p["data_wait_pct"] < 20 else waits)
+    why = (
+        f"the previous stage hardly waited for data, so workers had little to win ({waits})"
+        if p["data_wait_pct"] < 20
+        else waits
+    )
     if record["device"]["type"] == "cpu":
         why += f"; on a CPU the {workers} workers compete with training for the same cores"
     return why
 
 
 WORKERS = Optimization(
-    name="DataLoader workers", fields=("num_workers",), code="gpt/optimizations/feeding.py:make_loader",
-    time_targets=("data",), checks=_check_workers, simulate=_no_simulated_workers, no_speedup=_workers_no_speedup)
+    name="DataLoader workers",
+    fields=("num_workers",),
+    code="gpt/optimizations/feeding.py:make_loader",
+    time_targets=("data",),
+    checks=_check_workers,
+    simulate=_no_simulated_workers,
+    no_speedup=_workers_no_speedup,
+)
 
 
 # ---- speed_3: pinned memory and non-blocking copies --------------------------------------------------------
@@ -116,19 +129,25 @@ def _pinned_no_speedup(record: dict, parent: dict) -> str | None:
     p = parent["metrics"]
     copy = f"the copy took {fmt_share(p['copy_pct'])} of the time before" if p.get("copy_pct") is not None else ""
     if not record["choices"]["pinned_memory_non_blocking"]:
-        return ("on a CPU there is no host-to-device copy to overlap (choices.pinned_memory_non_blocking is "
-                "false), so this change does nothing here and the difference is run-to-run variation"
-                + (f" ({copy})" if copy else ""))
+        return (
+            "on a CPU there is no host-to-device copy to overlap (choices.pinned_memory_non_blocking is "
+            "false), so this change does nothing here and the difference is run-to-run variation"
+            + (f" ({copy})" if copy else "")
+        )
     if copy:  # CUDA events around the copy: the copy, not the wait before it
         return f"{copy}, so an asynchronous copy had little to hide"
     return None
 
 
 PINNED_MEMORY = Optimization(
-    name="pinned memory + non_blocking copies", fields=("pin_memory",),
+    name="pinned memory + non_blocking copies",
+    fields=("pin_memory",),
     code="gpt/optimizations/feeding.py:make_loader, to_device",
     time_targets=("copy", "data"),  # a blocking copy drains the GPU queue, which then idles while the next batch loads
-    no_effect=_pinned_no_effect, simulate=_no_simulated_pinning, no_speedup=_pinned_no_speedup)
+    no_effect=_pinned_no_effect,
+    simulate=_no_simulated_pinning,
+    no_speedup=_pinned_no_speedup,
+)
 
 
 # ---- fast_1: pre-tokenised batches made on the device ------------------------------------------------------
@@ -138,8 +157,10 @@ def _check_on_device_batches(cfg: TrainConfig) -> None:
     if cfg.dataset not in DATASETS:
         raise UserError(f"unknown dataset kind {cfg.dataset!r} (choose raw_text or tokens)")
     if cfg.batch_gather and (cfg.dataset != "tokens" or cfg.num_workers):
-        raise UserError("batch_gather indexes the pre-tokenised token array in the training process: it "
-                        "needs dataset='tokens' and num_workers=0")
+        raise UserError(
+            "batch_gather indexes the pre-tokenised token array in the training process: it "
+            "needs dataset='tokens' and num_workers=0"
+        )
 
 
 def _no_simulated_gather(plan: SimulationPlan) -> None:
@@ -156,12 +177,19 @@ def _token_array(cfg: TrainConfig, raw, target: str):
 
 def _on_device_no_speedup(record: dict, parent: dict) -> str:
     m, p = record["metrics"], parent["metrics"]
-    return (f"data wait {p['data_wait_pct']:.0f}% and copy {fmt_share(p['copy_pct'])} of the time before, "
-            f"{m['data_wait_pct']:.0f}% and {fmt_share(m['copy_pct'])} now ({steady_steps(record, parent)})")
+    return (
+        f"data wait {p['data_wait_pct']:.0f}% and copy {fmt_share(p['copy_pct'])} of the time before, "
+        f"{m['data_wait_pct']:.0f}% and {fmt_share(m['copy_pct'])} now ({steady_steps(record, parent)})"
+    )
 
 
 ON_DEVICE_BATCHES = Optimization(
-    name="pre-tokenised batches gathered on the device", fields=("dataset", "batch_gather"),
+    name="pre-tokenised batches gathered on the device",
+    fields=("dataset", "batch_gather"),
     code="gpt/data.py:GatheredBatches (switched on in gpt/optimizations/feeding.py:make_loader)",
-    time_targets=("data", "copy"), checks=_check_on_device_batches, simulate=_no_simulated_gather,
-    unseen_memory=_token_array, no_speedup=_on_device_no_speedup)
+    time_targets=("data", "copy"),
+    checks=_check_on_device_batches,
+    simulate=_no_simulated_gather,
+    unseen_memory=_token_array,
+    no_speedup=_on_device_no_speedup,
+)

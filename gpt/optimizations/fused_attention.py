@@ -3,15 +3,16 @@
 Both attentions are here, and gpt/model.py:CausalSelfAttention.forward calls the one its config names. The
 explicit one writes the score matrix, masks it, softmaxes it, applies dropout and reads it again for the product
 with v; the fused kernel (FlashAttention on recent GPUs, a fused CPU kernel) computes the softmax block by block
-and never stores it. The fused kernel is not faster at every shape: on a CPU, at the character-level shape of training to a loss
-(head size 32, 64 positions), its bf16 backward took 5x the explicit attention's time on the machines this was built
-on, and on a GPU at small head sizes compiled explicit attention can win too. So a run for time computes with SDPA
-only where it was measured faster on its device at the stage's own shape and precision
-(`measured_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps the explicit attention, with both
-times as the record's `no_effect`: the rule speed_5 follows for bf16.
+and never stores it. The fused kernel is not faster at every shape: on a CPU, at the character-level shape of
+training to a loss (head size 32, 64 positions), its bf16 backward took 5x the explicit attention's time on the
+machines this was built on. So a run for time computes with SDPA only where it was measured faster on its device
+(a GPU too) at the stage's own shape and precision (`measured_attention_choice`, kept in gpt/machine_cache.py), and
+otherwise keeps the explicit attention, with both times as the record's `no_effect`: the rule speed_5 follows for
+bf16.
 gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
 gpt/memory/estimator.py:_cuda_sdpa.
 """
+
 import math
 import statistics
 import time
@@ -20,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
-from gpt.devices import device_label, synchronize
 from gpt.config import TrainConfig
+from gpt.devices import device_label, synchronize
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -59,24 +60,38 @@ def measured_attention_choice(cfg: TrainConfig, device_type: str) -> tuple[str, 
     batch, heads, positions = cfg.micro_batch_size, shape["n_head"], cfg.block_size
     head_size = shape["n_embd"] // heads
     dtype = mixed_precision(cfg, device).dtype
-    what = (f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}"
-            + (", compiled" if cfg.compile else ""))
+    what = f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}" + (
+        ", compiled" if cfg.compile else ""
+    )
     here = device_label(device)
     explicit_ms, fused_ms = machine_cache.remembered(
-        ATTENTION_CACHE, f"{what}|dropout={cfg.dropout}" + ("" if device_type == "cpu" else f"|{here}"),
-        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile, device))
+        ATTENTION_CACHE,
+        f"{what}|dropout={cfg.dropout}" + ("" if device_type == "cpu" else f"|{here}"),
+        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile, device),
+    )
     if fused_ms <= explicit_ms:
         return "sdpa", None
-    return "naive", (f"kept the explicit attention: SDPA is slower on this {here} at this shape (forward and "
-                     f"backward of one layer's attention, {what}: explicit {explicit_ms:.2f} ms, SDPA "
-                     f"{fused_ms:.2f} ms)")
+    return "naive", (
+        f"kept the explicit attention: SDPA is slower on this {here} at this shape (forward and "
+        f"backward of one layer's attention, {what}: explicit {explicit_ms:.2f} ms, SDPA "
+        f"{fused_ms:.2f} ms)"
+    )
 
 
-def time_attentions(batch: int, heads: int, positions: int, head_size: int, dtype: torch.dtype, dropout: float,
-                    compiled: bool, device: torch.device = torch.device("cpu")) -> list[float]:
+def time_attentions(
+    batch: int,
+    heads: int,
+    positions: int,
+    head_size: int,
+    dtype: torch.dtype,
+    dropout: float,
+    compiled: bool,
+    device: torch.device | None = None,
+) -> list[float]:
     """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`: the median of
     ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under FakeTensorMode),
     with the random state put back as it was (a stage measures this while it builds its model, after seeding it)."""
+    device = device or torch.device("cpu")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -84,8 +99,10 @@ def time_attentions(batch: int, heads: int, positions: int, head_size: int, dtyp
         drop = torch.nn.Dropout(dropout)
         explicit = lambda q, k, v: explicit_attention(q, k, v, mask, drop)  # noqa: E731
         fused = lambda q, k, v: fused_attention(q, k, v, dropout)  # noqa: E731
-        return [_time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype, device)
-                for fn in (explicit, fused)]
+        return [
+            _time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype, device)
+            for fn in (explicit, fused)
+        ]
 
 
 def _time_one(fn, shape: tuple, dtype: torch.dtype, device: torch.device, seconds: float = 0.3) -> float:
@@ -124,7 +141,12 @@ def _simulated_as_run(plan: SimulationPlan) -> None:
 
 
 FUSED_ATTENTION = Optimization(
-    name="fused attention (SDPA)", fields=("attention",),
+    name="fused attention (SDPA)",
+    fields=("attention",),
     code="gpt/optimizations/fused_attention.py:fused_attention (called by gpt/model.py:CausalSelfAttention.forward)",
-    time_targets=("forward", "backward"), memory_targets=("activations",), model=_model_settings,
-    no_effect=_no_effect, simulate=_simulated_as_run)
+    time_targets=("forward", "backward"),
+    memory_targets=("activations",),
+    model=_model_settings,
+    no_effect=_no_effect,
+    simulate=_simulated_as_run,
+)

@@ -10,6 +10,7 @@ biases keep AdamW, as in the modded-nanogpt speedruns.
 `build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with matrix_optimizer="muon", one
 `MuonWithAdamW` holding both.
 """
+
 import contextlib
 import math
 from collections import ChainMap
@@ -38,8 +39,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
     any other. Its param_groups are the two optimizers' own group dicts (a learning rate set on one of them is the one
     that steps); its state is a view of theirs; step() steps both."""
 
-    def __init__(self, muon: torch.optim.Optimizer, adamw_: torch.optim.Optimizer,
-                 newton_schulz_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self,
+        muon: torch.optim.Optimizer,
+        adamw_: torch.optim.Optimizer,
+        newton_schulz_dtype: torch.dtype = torch.bfloat16,
+    ):
         self.muon, self.adamw = muon, adamw_
         self.newton_schulz_dtype = newton_schulz_dtype
         super().__init__([*muon.param_groups, *adamw_.param_groups], defaults={})  # shares the dicts, adds nothing
@@ -69,8 +74,9 @@ def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return {"lr": optimizer.param_groups[0]["lr"]}
 
 
-def newton_schulz_fp32(grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
-                       eps: float) -> torch.Tensor:
+def newton_schulz_fp32(
+    grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
+) -> torch.Tensor:
     """torch's Newton-Schulz iteration (torch/optim/_muon.py: _zeropower_via_newtonschulz, the same quintic with the
     same coefficients and steps), in float32 instead of its hard-coded bfloat16."""
     a, b, c = ns_coefficients
@@ -145,6 +151,11 @@ def _cannot_run(cfg: TrainConfig, device_type: str) -> str | None:
 
 
 MUON = Optimization(
-    name="Muon", fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
-    code="gpt/optimizations/muon.py:make_muon", time_targets=("optimizer",), memory_targets=("optimizer_state",),
-    checks=_check_optimizer, cannot_run=_cannot_run)
+    name="Muon",
+    fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
+    code="gpt/optimizations/muon.py:make_muon",
+    time_targets=("optimizer",),
+    memory_targets=("optimizer_state",),
+    checks=_check_optimizer,
+    cannot_run=_cannot_run,
+)

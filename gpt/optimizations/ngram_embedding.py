@@ -12,11 +12,12 @@ without weight decay, gpt/optimizations/adamw.py), never Muon (gpt/optimizations
 
 `bigram_embedding=True` sets GPTConfig's bigram_rows; the code is the model's (gpt/model.py: bigram_index, GPT).
 """
+
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
 
-BIGRAM_MAX_ROWS = 2 ** 16  # an exact table up to a vocabulary of 255; a larger one (GPT-2's) is hashed into this
+BIGRAM_MAX_ROWS = 2**16  # an exact table up to a vocabulary of 255; a larger one (GPT-2's) is hashed into this
 
 
 def bigram_rows(vocab_size: int) -> int:
@@ -35,6 +36,9 @@ def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict
 
 
 BIGRAM_EMBEDDING = Optimization(
-    name="bigram embedding", fields=("bigram_embedding",),
+    name="bigram embedding",
+    fields=("bigram_embedding",),
     code="gpt/model.py:bigram_index, GPT.forward (GPTConfig.bigram_rows)",
-    checks=_check, model=_model_settings)
+    checks=_check,
+    model=_model_settings,
+)

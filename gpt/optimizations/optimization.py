@@ -14,6 +14,7 @@ switch on, and its facts, as small functions the rest of the project calls inste
 
 The registry of every optimization, and the questions asked of all of them at once, is gpt/optimizations/__init__.py.
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from gpt.config import TrainConfig
 class SimulationPlan:
     """What the memory planner (gpt/memory) runs for a stage, as the optimizations rewrite it: the settings that
     run on fake CPU tensors, the notes the estimate prints, and whether the training state lives in host memory."""
+
     cfg: TrainConfig  # the simulated settings; a simulate hook may change them
     target: str  # "cuda" or "cpu": whose memory is predicted
     source: TrainConfig  # the stage's own settings, as it runs them
@@ -35,6 +37,7 @@ class SimulationPlan:
 @dataclass(frozen=True)
 class Optimization:
     """One optimization of the ladders (see the module docstring); every hook is optional."""
+
     name: str  # as the report says it
     fields: tuple[str, ...]  # the TrainConfig fields that switch it on
     code: str  # where the code it switches on lives, for readers ("gpt/optimizations/compilation.py:compile_model")

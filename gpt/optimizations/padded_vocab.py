@@ -5,6 +5,7 @@ The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the 
 GPT.vocab_mask gives the padding rows a -inf logit bias, so they have probability 0: the loss and the real rows'
 gradients are unchanged, and the padding rows stay 0 (MFU counts the real vocabulary only).
 """
+
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
@@ -20,6 +21,10 @@ def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict
 
 
 PADDED_VOCAB = Optimization(
-    name="padded vocabulary", fields=("vocab_multiple",),
+    name="padded vocabulary",
+    fields=("vocab_multiple",),
     code="gpt/model.py:GPTConfig.padded_vocab_size, GPT.__init__ (its vocab_mask buffer)",
-    time_targets=("forward", "backward"), checks=_check, model=_model_settings)
+    time_targets=("forward", "backward"),
+    checks=_check,
+    model=_model_settings,
+)

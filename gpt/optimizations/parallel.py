@@ -3,6 +3,7 @@ bf16 compute with fp32 reduction, lean_3: CPU offload).
 
 `parallelize` wraps the model; gpt/distributed.py launches the processes (torchrun), joins and leaves their group.
 """
+
 import torch
 import torch.nn as nn
 
@@ -129,17 +130,25 @@ def _no_speedup(record: dict, parent: dict) -> str | None:
     dev, pdev = record["device"], parent["device"]
     if dev["type"] != "cpu":
         return None
-    return (f"on a CPU the {dev['count']} processes share the cores one process used before "
-            f"({dev['threads_per_process']} thread(s) each vs {pdev['threads_per_process']}), so there "
-            "is no extra compute to gain, and gradients must still be all-reduced")
+    return (
+        f"on a CPU the {dev['count']} processes share the cores one process used before "
+        f"({dev['threads_per_process']} thread(s) each vs {pdev['threads_per_process']}), so there "
+        "is no extra compute to gain, and gradients must still be all-reduced"
+    )
 
 
 DATA_PARALLEL = Optimization(
-    name="DDP / FSDP", fields=("distributed", "nproc"), code="gpt/optimizations/parallel.py:parallelize",
+    name="DDP / FSDP",
+    fields=("distributed", "nproc"),
+    code="gpt/optimizations/parallel.py:parallelize",
     time_targets=("forward", "backward", "communication"),
     memory_targets=("parameters", "gradients", "optimizer_state"),  # FSDP shards them; DDP keeps every one whole
-    checks=_check_mode, cannot_run=_cannot_launch, simulate=_one_ddp_rank, unseen_memory=_ddp_buckets,
-    no_speedup=_no_speedup)
+    checks=_check_mode,
+    cannot_run=_cannot_launch,
+    simulate=_one_ddp_rank,
+    unseen_memory=_ddp_buckets,
+    no_speedup=_no_speedup,
+)
 
 
 # ---- lean_1: FSDP mixed precision ---------------------------------------------------------------------------
@@ -157,10 +166,14 @@ def _bf16_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 FSDP_MIXED_PRECISION = Optimization(
-    name="FSDP mixed precision (bf16 compute, fp32 reduction)", fields=("fsdp_mixed_precision",),
-    code="gpt/optimizations/parallel.py:fsdp_policies", time_targets=("forward", "backward", "communication"),
+    name="FSDP mixed precision (bf16 compute, fp32 reduction)",
+    fields=("fsdp_mixed_precision",),
+    code="gpt/optimizations/parallel.py:fsdp_policies",
+    time_targets=("forward", "backward", "communication"),
     memory_targets=("parameters", "activations"),  # bf16 gathered parameters, bf16 saved activations
-    checks=_check_fsdp_setting, no_effect=_bf16_no_effect)
+    checks=_check_fsdp_setting,
+    no_effect=_bf16_no_effect,
+)
 
 
 def compute_dtype(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.dtype) -> torch.dtype:
@@ -175,8 +188,10 @@ def compute_dtype(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.
 
 def _cannot_offload(cfg: TrainConfig, device_type: str) -> str | None:
     if cfg.fsdp_cpu_offload and device_type != "cuda":
-        return ("nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
-                "in host memory")
+        return (
+            "nothing to offload to: without a GPU, parameters, gradients and optimizer state already live "
+            "in host memory"
+        )
     return None
 
 
@@ -188,8 +203,10 @@ def _offload_simulated(plan: SimulationPlan) -> None:
     if plan.target != "cuda":
         raise UserError("FSDP CPU offload moves state from a GPU to host memory: estimate it with --target cuda")
     plan.cfg.fsdp_cpu_offload, plan.state_on_host = False, True
-    plan.notes.append("CPU offload: sharded parameters, their gradients and the optimizer state are counted in "
-                      "host memory (host_mib), not in the GPU's peak")
+    plan.notes.append(
+        "CPU offload: sharded parameters, their gradients and the optimizer state are counted in "
+        "host memory (host_mib), not in the GPU's peak"
+    )
 
 
 def _shards_in_transit(cfg: TrainConfig, raw, target: str):
@@ -204,7 +221,13 @@ def _shards_in_transit(cfg: TrainConfig, raw, target: str):
 
 
 CPU_OFFLOAD = Optimization(
-    name="FSDP CPU offload", fields=("fsdp_cpu_offload",), code="gpt/optimizations/parallel.py:fsdp_policies",
-    time_targets=("optimizer", "copy", "communication"), memory_targets=("parameters", "gradients", "optimizer_state"),
-    checks=_check_fsdp_setting, cannot_run=_cannot_offload, simulate=_offload_simulated,
-    unseen_memory=_shards_in_transit)
+    name="FSDP CPU offload",
+    fields=("fsdp_cpu_offload",),
+    code="gpt/optimizations/parallel.py:fsdp_policies",
+    time_targets=("optimizer", "copy", "communication"),
+    memory_targets=("parameters", "gradients", "optimizer_state"),
+    checks=_check_fsdp_setting,
+    cannot_run=_cannot_offload,
+    simulate=_offload_simulated,
+    unseen_memory=_shards_in_transit,
+)

@@ -5,6 +5,7 @@ without a GradScaler (fast_2), and TF32 tensor cores for the fp32 matmuls autoca
 for computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
 (gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
 """
+
 import contextlib
 from dataclasses import dataclass
 
@@ -108,19 +109,28 @@ def _amp_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 def _amp_simulated(plan: SimulationPlan) -> None:
     if plan.cfg.amp and plan.target == "cuda":
-        plan.notes.append("autocast simulated in bf16 with CUDA's op lists (softmax, layer norm, ... in fp32); "
-                          "CUDA's fp16 has the same sizes")
+        plan.notes.append(
+            "autocast simulated in bf16 with CUDA's op lists (softmax, layer norm, ... in fp32); "
+            "CUDA's fp16 has the same sizes"
+        )
 
 
 def _amp_no_speedup(record: dict, parent: dict) -> str:
-    return (f"autocast to {record['choices']['amp_dtype']} on {record['device']['name']} did not pay for its casts "
-            f"at this size ({steady_steps(record, parent)})")
+    return (
+        f"autocast to {record['choices']['amp_dtype']} on {record['device']['name']} did not pay for its casts "
+        f"at this size ({steady_steps(record, parent)})"
+    )
 
 
 AMP = Optimization(
-    name="mixed precision (autocast)", fields=("amp",), code="gpt/optimizations/precision.py:mixed_precision",
-    time_targets=("forward", "backward"), no_effect=_amp_no_effect, simulate=_amp_simulated,
-    no_speedup=_amp_no_speedup)
+    name="mixed precision (autocast)",
+    fields=("amp",),
+    code="gpt/optimizations/precision.py:mixed_precision",
+    time_targets=("forward", "backward"),
+    no_effect=_amp_no_effect,
+    simulate=_amp_simulated,
+    no_speedup=_amp_no_speedup,
+)
 
 
 # ---- fast_2: bf16 without a GradScaler, and TF32 -----------------------------------------------------------
@@ -139,10 +149,13 @@ def _bf16_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 BF16 = Optimization(
-    name="bf16 autocast without a GradScaler", fields=("amp_bf16",),
+    name="bf16 autocast without a GradScaler",
+    fields=("amp_bf16",),
     code="gpt/optimizations/precision.py:mixed_precision",
     time_targets=("forward", "backward", "optimizer"),  # the scaler's unscale, inf check and host sync
-    checks=_check_bf16, no_effect=_bf16_no_effect)
+    checks=_check_bf16,
+    no_effect=_bf16_no_effect,
+)
 
 
 def _tf32_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
@@ -152,5 +165,9 @@ def _tf32_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 TF32 = Optimization(
-    name="TF32 matmuls", fields=("tf32",), code="gpt/optimizations/precision.py:matmul_precision",
-    time_targets=("forward", "backward"), no_effect=_tf32_no_effect)
+    name="TF32 matmuls",
+    fields=("tf32",),
+    code="gpt/optimizations/precision.py:matmul_precision",
+    time_targets=("forward", "backward"),
+    no_effect=_tf32_no_effect,
+)

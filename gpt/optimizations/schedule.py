@@ -5,6 +5,7 @@ wsd keeps the peak learning rate until the last lr_cooldown share of the schedul
 floor: most of the run learns at the peak, and the decay at the end brings the loss down (Hu et al. 2024, MiniCPM;
 the modded-nanogpt speedruns). The timed protocol (lr_decay_tokens 0) keeps the learning rate constant.
 """
+
 import math
 
 import torch
@@ -56,13 +57,19 @@ def _check_schedule(cfg: TrainConfig) -> None:
             raise UserError(f"lr_cooldown ({cfg.lr_cooldown}) is wsd's setting: the cosine schedule has none")
         return
     if not 0 < cfg.lr_cooldown <= 1:
-        raise UserError(f"wsd needs 0 < lr_cooldown <= 1 (the share of the schedule spent decaying), "
-                        f"got {cfg.lr_cooldown}")
+        raise UserError(
+            f"wsd needs 0 < lr_cooldown <= 1 (the share of the schedule spent decaying), got {cfg.lr_cooldown}"
+        )
     if cfg.lr_decay_tokens and cooldown_start(cfg) < cfg.lr_warmup_tokens:
-        raise UserError(f"wsd's decay would start at {cooldown_start(cfg):g} tokens, before the warm-up ends at "
-                        f"{cfg.lr_warmup_tokens} tokens: lower lr_cooldown")
+        raise UserError(
+            f"wsd's decay would start at {cooldown_start(cfg):g} tokens, before the warm-up ends at "
+            f"{cfg.lr_warmup_tokens} tokens: lower lr_cooldown"
+        )
 
 
 SCHEDULE = Optimization(
-    name="wsd learning-rate schedule", fields=("lr_schedule", "lr_cooldown"),
-    code="gpt/optimizations/schedule.py:learning_rate", checks=_check_schedule)
+    name="wsd learning-rate schedule",
+    fields=("lr_schedule", "lr_cooldown"),
+    code="gpt/optimizations/schedule.py:learning_rate",
+    checks=_check_schedule,
+)

@@ -8,6 +8,7 @@ The report in rooms: rows.py (records -> rows), tables.py, findings.py, summary.
 time_to_loss.py, speedrun.py, memory_planner.py (the memory planner's section), and document.py, which puts them
 together; the numbers' formatting is below the report, in gpt/formatting.py.
 """
+
 import argparse
 from pathlib import Path
 
@@ -29,16 +30,26 @@ def default_runs_dir() -> Path:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Regenerate results.md and its plots from a ladder's JSON records.")
-    p.add_argument("--runs", type=Path, help="records directory (default: records/<default profile>-<device>, the "
-                   "committed records of a default ./run_all.sh)")
-    p.add_argument("--out", type=Path, help="the Markdown file to write (default: results.md at the top of the repo "
-                   "without --runs, else <runs>/results.md); plots go to plots/ beside it")
+    p.add_argument(
+        "--runs",
+        type=Path,
+        help="records directory (default: records/<default profile>-<device>, the "
+        "committed records of a default ./run_all.sh)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="the Markdown file to write (default: results.md at the top of the repo "
+        "without --runs, else <runs>/results.md); plots go to plots/ beside it",
+    )
     args = p.parse_args(argv)
     runs = args.runs or default_runs_dir()
     if not runs.is_dir():
         committed = ", ".join(sorted(p.name for p in PUBLISHED.glob("*/") if p.is_dir())) or "none"
-        raise UserError(f"records directory {display(runs)} does not exist"
-                        + ("" if args.runs else f": run ./run_all.sh, or give --runs records/<one of: {committed}>"))
+        raise UserError(
+            f"records directory {display(runs)} does not exist"
+            + ("" if args.runs else f": run ./run_all.sh, or give --runs records/<one of: {committed}>")
+        )
     out = args.out or (None if args.runs else REPO_ROOT / "results.md")
     print(f"wrote {write_report(runs, out)}")
 

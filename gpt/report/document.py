@@ -6,6 +6,7 @@ Everything here is derived from the records (and the stage scripts' CHANGE / REF
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
 PNGs in `plots/` beside results.md.
 """
+
 from pathlib import Path
 
 from gpt.errors import UserError
@@ -17,9 +18,9 @@ from gpt.report.findings import memory_findings, method_notes, noise_line, speed
 from gpt.report.memory_planner import planner_section
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
-from gpt.report.tables import header, ladder_intro, memory_table, speed_table
 from gpt.report.speedrun import Speedrun, speedrun_section
 from gpt.report.summary import loss_caveat, summary
+from gpt.report.tables import header, ladder_intro, memory_table, speed_table
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
 
@@ -35,11 +36,19 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
         raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
     plots = out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    lines = header(runs, {**{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()},
-                          **{f"{s} (speedrun)": runs_[0] for s, runs_ in speedrun.stages.items() if runs_}, **records})
+    lines = header(
+        runs,
+        {
+            **{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()},
+            **{f"{s} (speedrun)": runs_[0] for s, runs_ in speedrun.stages.items() if runs_},
+            **records,
+        },
+    )
     lines += provenance(runs)
-    lines += quick_note(runs, [*records.values(), *to_a_loss.records.values(),
-                               *(r for runs_ in speedrun.stages.values() for r in runs_)])
+    lines += quick_note(
+        runs,
+        [*records.values(), *to_a_loss.records.values(), *(r for runs_ in speedrun.stages.values() for r in runs_)],
+    )
     ladders = ladders_of(records)
     lines += summary(ladders, to_a_loss, speedrun)
     for name, rungs in ladders.items():
@@ -69,10 +78,12 @@ def quick_note(runs: Path, records: list[dict]) -> list[str]:
     timed = [r["config"] for r in quick if r.get("mode") != "time_to_loss" and r.get("status") == "ok"]
     repeats = "/".join(sorted({str(c["repeats"]) for c in timed}))
     warmup = "/".join(sorted({str(c["warmup_iters"]) for c in timed}))
-    note = ("**A quick run** (`./run_all.sh --quick`): a first look, within a time limit"
-            + (f"; each timed stage ran {repeats} repeats after {warmup} warm-up steps" if timed else "")
-            + "; speed_0 and each speedrun stage train one seed, and the noise scale is not measured. Stages the "
-            "limit left no room for say so below. A full `./run_all.sh` gives the steadier figures.")
+    note = (
+        "**A quick run** (`./run_all.sh --quick`): a first look, within a time limit"
+        + (f"; each timed stage ran {repeats} repeats after {warmup} warm-up steps" if timed else "")
+        + "; speed_0 and each speedrun stage train one seed, and the noise scale is not measured. Stages the "
+        "limit left no room for say so below. A full `./run_all.sh` gives the steadier figures."
+    )
     tests = read_record(runs / "gpu_tests.json")
     if tests:
         note += f" The one-GPU tests (`{tests['command']}`, {tests['seconds']:.0f} s): {tests['summary']}."

@@ -1,6 +1,7 @@
 """The report's findings under each ladder's table, all read from the records: the largest gain, the overall
 change, why a stage did not help (its optimization's own measured reason: gpt/optimizations), noisy timings,
 compilation's cost, and how the figures were measured."""
+
 import math
 from pathlib import Path
 
@@ -37,13 +38,23 @@ def why_no_memory_saving(r: Rung) -> str:
     share = f"the peak is {parts[top] / b['total']:.0%} {top.replace('_', ' ')} ({fmt_mib(parts[top])} MiB)"
     moved = [k for k in SHOWN_MEMORY_PARTS if abs(b.get(k, 0) - pb.get(k, 0)) > 0.01 * b["total"]]
     targets = [k for opt in changed(r) for k in opt.memory_targets if k in SHOWN_MEMORY_PARTS]
-    aimed = ("; it acts on " + ", ".join(f"{k.replace('_', ' ')} ({fmt_mib(pb.get(k, 0))} MiB at the previous "
-                                          "peak)" for k in dict.fromkeys(targets))) if targets else ""
+    aimed = (
+        (
+            "; it acts on "
+            + ", ".join(
+                f"{k.replace('_', ' ')} ({fmt_mib(pb.get(k, 0))} MiB at the previous peak)"
+                for k in dict.fromkeys(targets)
+            )
+        )
+        if targets
+        else ""
+    )
     if not moved:
-        return (f"what was alive at the peak is unchanged, so the memory this change saves is not held at the "
-                f"peak moment ({share}){aimed}")
-    changes = ", ".join(f"{k.replace('_', ' ')} {fmt_mib(pb.get(k, 0))} -> {fmt_mib(b.get(k, 0))} MiB"
-                        for k in moved)
+        return (
+            f"what was alive at the peak is unchanged, so the memory this change saves is not held at the "
+            f"peak moment ({share}){aimed}"
+        )
+    changes = ", ".join(f"{k.replace('_', ' ')} {fmt_mib(pb.get(k, 0))} -> {fmt_mib(b.get(k, 0))} MiB" for k in moved)
     return f"{share}; at the peak: {changes}{aimed}"
 
 
@@ -57,31 +68,49 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
     lines = []
     if steps:
         best, d = min(steps, key=lambda x: x[1])
-        lines.append(f"Largest gain: `{best.stage}` ({best.change}), {fmt_pct(d)} time per "
-                     f"{best.m('samples_per_repeat'):,} samples{reference_change(best, 'seconds')}.")
+        lines.append(
+            f"Largest gain: `{best.stage}` ({best.change}), {fmt_pct(d)} time per "
+            f"{best.m('samples_per_repeat'):,} samples{reference_change(best, 'seconds')}."
+        )
     last = next((r for r in reversed(rungs) if r.vs(r.baseline, "seconds_mean") is not None), None)
     if last:
         ours = last.baseline["metrics"]["seconds_mean"] / last.m("seconds_mean")
         documented = last.baseline_reference.get("seconds") and last.reference.get("seconds")
-        theirs = f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the documented run" \
-            if documented else ""
+        theirs = (
+            f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the documented run"
+            if documented
+            else ""
+        )
         lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
-    best_mfu = max((r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"),
-                   default=None)
+    best_mfu = max(
+        (r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"), default=None
+    )
     if best_mfu:
-        lines.append(f"Highest MFU: `{best_mfu.stage}`, {best_mfu.m('mfu_pct'):.1f}% of the peak of the dtype it "
-                     f"computes in ({best_mfu.m('peak_flops_source')}), {best_mfu.m('mfu_fastest_pct'):.1f}% of "
-                     f"the device's fastest ({best_mfu.m('peak_flops_fastest_source')}).")
+        lines.append(
+            f"Highest MFU: `{best_mfu.stage}`, {best_mfu.m('mfu_pct'):.1f}% of the peak of the dtype it "
+            f"computes in ({best_mfu.m('peak_flops_source')}), {best_mfu.m('mfu_fastest_pct'):.1f}% of "
+            f"the device's fastest ({best_mfu.m('peak_flops_fastest_source')})."
+        )
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect") and not time_line(r, time_goal=True):
             lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")
     # the stage that switched compilation on (later stages pay it again in their warm-up)
-    compiled = next((r for r in rungs if r.ok and r.m("compile_s") is not None
-                     and not (ok(r.parent) and r.parent["choices"].get("compile_mode"))), None)
+    compiled = next(
+        (
+            r
+            for r in rungs
+            if r.ok and r.m("compile_s") is not None and not (ok(r.parent) and r.parent["choices"].get("compile_mode"))
+        ),
+        None,
+    )
     if compiled:
         lines.append(compile_line(compiled))
-    lines += [f"Warning: `{r.stage}` had torch.compile on, but its profiled step ran no compiled graph: its "
-              "timed steps probably ran eager." for r in rungs if ran_eager(r.record)]
+    lines += [
+        f"Warning: `{r.stage}` had torch.compile on, but its profiled step ran no compiled graph: its "
+        "timed steps probably ran eager."
+        for r in rungs
+        if ran_eager(r.record)
+    ]
     return lines + no_effect_lines(rungs)
 
 
@@ -92,27 +121,40 @@ def no_effect_lines(rungs: list[Rung]) -> list[str]:
     for r in (r for r in rungs if r.ok and r.record.get("no_effect")):
         d = r.vs(r.parent, "seconds_mean")
         change = "" if d is None else f" ({fmt_pct(d)})"
-        beyond = "" if d is None or abs(d) <= noise_pct(r) else (
-            f", though larger than the ±{noise_pct(r):.0f}% spread of the two stages' repeats: each stage's repeats "
-            "run back to back, while the load of the machine and the processes before it change from stage to stage")
+        beyond = (
+            ""
+            if d is None or abs(d) <= noise_pct(r)
+            else (
+                f", though larger than the ±{noise_pct(r):.0f}% spread of the two stages' repeats: "
+                "each stage's repeats run back to back, while the load of the machine and the processes before it "
+                "change from stage to stage"
+            )
+        )
         lines.append(f"`{r.stage}`: {r.record['no_effect']}; its time change{change} is run-to-run variation{beyond}.")
     return lines
 
 
 def compile_line(r: Rung) -> str:
     """torch.compile's one-time cost, apart from the steady state, and when it pays for itself."""
-    cache = {"warm": "graphs loaded from the on-disk compile cache an earlier run filled; a first compile "
-                     "on a new machine takes longer",
-             "partly warm": "some graphs loaded from the on-disk compile cache an earlier run filled",
-             "cold": "compiled from scratch: the compile cache was empty"}.get(r.m("compile_cache"))
-    text = (f"Compilation (`{r.stage}`): the first step took {fmt_time(r.m('first_step_s'))}, "
-            f"{fmt_time(r.m('compile_s'))} more than a steady step" + (f" ({cache})" if cache else "")
-            + "; it is not in the timed repeats.")
+    cache = {
+        "warm": "graphs loaded from the on-disk compile cache an earlier run filled; a first compile "
+        "on a new machine takes longer",
+        "partly warm": "some graphs loaded from the on-disk compile cache an earlier run filled",
+        "cold": "compiled from scratch: the compile cache was empty",
+    }.get(r.m("compile_cache"))
+    text = (
+        f"Compilation (`{r.stage}`): the first step took {fmt_time(r.m('first_step_s'))}, "
+        f"{fmt_time(r.m('compile_s'))} more than a steady step"
+        + (f" ({cache})" if cache else "")
+        + "; it is not in the timed repeats."
+    )
     if comparable(r.record, r.parent):  # speed_findings passes the stage whose parent ran uncompiled
         saved = r.parent["metrics"]["seconds_mean"] - r.m("seconds_mean")
         if saved > 0:
-            text += (f" At {fmt_time(saved)} saved per {r.m('samples_per_repeat'):,} samples it pays for "
-                     f"itself after {math.ceil(r.m('compile_s') / saved):,} such repeats.")
+            text += (
+                f" At {fmt_time(saved)} saved per {r.m('samples_per_repeat'):,} samples it pays for "
+                f"itself after {math.ceil(r.m('compile_s') / saved):,} such repeats."
+            )
         else:
             text += " The steady state was not faster, so here it never pays for itself."
     return text
@@ -123,15 +165,19 @@ def memory_findings(rungs: list[Rung]) -> list[str]:
     lines = []
     if steps:
         best, d = min(steps, key=lambda x: x[1])
-        lines.append(f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory"
-                     f"{reference_change(best, 'peak_mib')}, at {fmt_pct(best.vs(best.parent, 'seconds_mean'))} time.")
+        lines.append(
+            f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory"
+            f"{reference_change(best, 'peak_mib')}, at {fmt_pct(best.vs(best.parent, 'seconds_mean'))} time."
+        )
     last = next((r for r in reversed(rungs) if r.vs(r.baseline, "peak_memory_mib") is not None), None)
     if last:
         documented = last.ref_vs("peak_mib", last.baseline_reference)
-        lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: peak memory "
-                     f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here"
-                     + (f", {fmt_pct(documented)} in the documented run" if documented is not None else "")
-                     + (" (per process)." if last.record["device"]["count"] > 1 else "."))
+        lines.append(
+            f"Overall, `{last.baseline_stage}` to `{last.stage}`: peak memory "
+            f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here"
+            + (f", {fmt_pct(documented)} in the documented run" if documented is not None else "")
+            + (" (per process)." if last.record["device"]["count"] > 1 else ".")
+        )
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect"):
             lines.append(f"`{r.stage}` did not lower the peak here ({fmt_pct(d)}): {why_no_memory_saving(r)}.")
@@ -144,9 +190,11 @@ def noise_line(rungs: list[Rung]) -> list[str]:
     noisy = [f"`{r.stage}` (±{cv:.0f}%)" for r, cv in noisy if cv > NOISY_PCT]
     if not noisy:
         return []
-    return [f"Noisy timing: the repeats of {', '.join(noisy)} differ by more than {NOISY_PCT:.0f}% of their "
-            "mean (a busy machine, or repeats too short); rerun those stages before trusting their time "
-            "changes."]
+    return [
+        f"Noisy timing: the repeats of {', '.join(noisy)} differ by more than {NOISY_PCT:.0f}% of their "
+        "mean (a busy machine, or repeats too short); rerun those stages before trusting their time "
+        "changes."
+    ]
 
 
 def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None = None) -> list[str]:
@@ -163,18 +211,27 @@ def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None 
             if basis:
                 methods = r.record["choices"]["memory_method"], other["choices"]["memory_method"]
             if basis == "reserved":
-                notes.append(f"† `{r.stage}` measures peak memory as {methods[0]}, `{other['stage']}` as "
-                             f"{methods[1]}: their change compares the max_memory_reserved of both.")
+                notes.append(
+                    f"† `{r.stage}` measures peak memory as {methods[0]}, `{other['stage']}` as "
+                    f"{methods[1]}: their change compares the max_memory_reserved of both."
+                )
             elif basis == "none":
-                notes.append(f"`{r.stage}` ({methods[0]}) and `{other['stage']}` ({methods[1]}) measure peak "
-                             "memory differently and share no figure, so no memory change is given between them.")
+                notes.append(
+                    f"`{r.stage}` ({methods[0]}) and `{other['stage']}` ({methods[1]}) measure peak "
+                    "memory differently and share no figure, so no memory change is given between them."
+                )
     flops = sorted({r.m("peak_flops_source") for r in done if r.m("peak_flops_per_device")})
     unknown = sorted({r.m("peak_flops_source") for r in done if not r.m("peak_flops_per_device")} - {None})
     notes += [f"MFU is against the device's peak FLOPS, {'; '.join(flops)}."] if flops else []
     notes += [f"No MFU: {u}." for u in unknown]
-    snapshots = [f"`{r.m('memory_snapshot')}`" for r in done if r.m("memory_snapshot")
-                 and (runs is None or (runs / r.m("memory_snapshot")).is_file())]
+    snapshots = [
+        f"`{r.m('memory_snapshot')}`"
+        for r in done
+        if r.m("memory_snapshot") and (runs is None or (runs / r.m("memory_snapshot")).is_file())
+    ]
     if snapshots:
-        notes.append(f"The CUDA allocator's record of one training step, beside the records (open at "
-                     f"https://pytorch.org/memory_viz): {', '.join(snapshots)}.")
+        notes.append(
+            f"The CUDA allocator's record of one training step, beside the records (open at "
+            f"https://pytorch.org/memory_viz): {', '.join(snapshots)}."
+        )
     return notes

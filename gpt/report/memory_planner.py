@@ -1,13 +1,14 @@
 """The memory planner's section of results.md: its three reports (memory_reference.json, memory_fit.json,
 memory_compare.json, written by `python -m gpt.memory ... --json` in the run directory) as tables and a figure."""
+
 import math
 from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
 from gpt.records import read_record
-from gpt.reuse import reused_note
 from gpt.report.plots import pyplot, short, stacked_memory_bars
+from gpt.reuse import reused_note
 
 
 def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
@@ -15,8 +16,11 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
     files = {k: read_record(runs / f"memory_{k}.json") for k in ("reference", "fit", "compare")}
     if not any(files.values()):
         return []
-    lines = ["## Memory planner", "",
-             "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used)."]
+    lines = [
+        "## Memory planner",
+        "",
+        "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used).",
+    ]
     notes = {name: reused_note(files[name]) for name in ("reference", "fit") if (files[name] or {}).get("reused_from")}
     if len(notes) == 2 and len(set(notes.values())) == 1:  # computed together: one sentence
         lines += [f"The reference and fit reports were {reused_note(files['fit'], plural=True)}."]
@@ -34,26 +38,52 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
 def reference_part(ref: dict, plots: Path, rel: str) -> list[str]:
     """The reference's memory ladder: estimates beside the documented peaks and the traced steps, the breakdown
     at the traced peaks, the figures gpt/memory/README.md explains, and the estimated breakdown's plot."""
-    lines = ["", f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})", "",
-             "Documented: `max_memory_allocated` over the reference's warm-up. Traced step: the peak of one "
-             "later step in the reference's own allocator snapshot, where there is one.", ""]
-    lines += table(["stage", "change", "documented MiB", "traced step MiB", "estimate MiB", "vs documented",
-                    "vs traced step"], [
-        [s["stage"], s.get("change", ""), fmt_mib(s.get("documented_mib")), fmt_mib(s.get("snapshot_mib")),
-         fmt_mib(s["estimate_mib"]), fmt_pct(s.get("error_pct")), fmt_pct(s.get("snapshot_error_pct"))]
-        for s in ref.get("stages", [])])
+    lines = [
+        "",
+        f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})",
+        "",
+        "Documented: `max_memory_allocated` over the reference's warm-up. Traced step: the peak of one "
+        "later step in the reference's own allocator snapshot, where there is one.",
+        "",
+    ]
+    lines += table(
+        ["stage", "change", "documented MiB", "traced step MiB", "estimate MiB", "vs documented", "vs traced step"],
+        [
+            [
+                s["stage"],
+                s.get("change", ""),
+                fmt_mib(s.get("documented_mib")),
+                fmt_mib(s.get("snapshot_mib")),
+                fmt_mib(s["estimate_mib"]),
+                fmt_pct(s.get("error_pct")),
+                fmt_pct(s.get("snapshot_error_pct")),
+            ]
+            for s in ref.get("stages", [])
+        ],
+    )
     traced = [s for s in ref.get("stages", []) if s.get("snapshot_breakdown_mib")]
     if traced:
         lines += ["", "At the peak, category by category (MiB, estimate / traced step):", ""]
         keys = list(traced[0]["snapshot_breakdown_mib"])
-        lines += table(["category"] + [s["stage"] for s in traced], [
-            [key.replace("_", " ")] + [f"{fmt_mib(s['estimate_snapshot_categories_mib'].get(key))} / "
-                                       f"{fmt_mib(s['snapshot_breakdown_mib'][key])}" for s in traced]
-            for key in keys])
+        lines += table(
+            ["category"] + [s["stage"] for s in traced],
+            [
+                [key.replace("_", " ")]
+                + [
+                    f"{fmt_mib(s['estimate_snapshot_categories_mib'].get(key))} / "
+                    f"{fmt_mib(s['snapshot_breakdown_mib'][key])}"
+                    for s in traced
+                ]
+                for key in keys
+            ],
+        )
     figures = [[f["figure"], f["value"]] for f in ref.get("figures", [])]
     if figures:
-        lines += ["", f"What the estimates and snapshots say about the documented peaks ({NOTES} explains each "
-                      "figure):", ""]
+        lines += [
+            "",
+            f"What the estimates and snapshots say about the documented peaks ({NOTES} explains each figure):",
+            "",
+        ]
         lines += table(["figure", "value"], figures)
     if plot_reference(ref, plots / "memory_planner.png"):
         lines += ["", f"![estimated breakdown]({rel}/memory_planner.png)"]
@@ -69,10 +99,14 @@ def plot_reference(ref: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(9, 5.2))
     breakdowns = [{**s["breakdown_mib"], "total": s["estimate_mib"]} for s in stages]
     cfg = reference_config(stages[0]["stage"])
-    stacked_memory_bars(ax, [short(s["stage"]) for s in stages], breakdowns,
-                        f"The reference's memory ladder on {ref.get('target', '?')}: {cfg.preset}, vocabulary "
-                        f"{ref.get('vocab_size', '?')}, block {cfg.block_size}, batch {cfg.batch_size}, fp32\n"
-                        "estimated peak by category (MiB), documented and traced peaks marked")
+    stacked_memory_bars(
+        ax,
+        [short(s["stage"]) for s in stages],
+        breakdowns,
+        f"The reference's memory ladder on {ref.get('target', '?')}: {cfg.preset}, vocabulary "
+        f"{ref.get('vocab_size', '?')}, block {cfg.block_size}, batch {cfg.batch_size}, fp32\n"
+        "estimated peak by category (MiB), documented and traced peaks marked",
+    )
     for key, style, legend in (("documented_mib", "k_", "documented"), ("snapshot_mib", "r_", "traced step")):
         marks = [(i, s[key]) for i, s in enumerate(stages) if s.get(key)]
         if marks:
@@ -98,13 +132,30 @@ def fit_part(fit: dict) -> list[str]:
     lines = ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB of GPU memory", ""]
     if fit.get("shape_rule"):
         lines += [f"Shapes: {fit['shape_rule']}. Host memory assumed for CPU offload: {HOST_ASSUMED}.", ""]
-    lines += table(["setting", "processes", "layers", "parameters", "peak MiB (GPU)", "documented parameters",
-                    "host memory per GPU"], [
-        [row["setting"] + (" *" if row.get("extrapolated") else ""), str(row["world_size"]), str(row["n_layer"]),
-         f"{row['params'] / 1e6:,.0f}M", fmt_mib(row["peak_mib"]),
-         f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else "",
-         f"{row['host_mib'] / 1024:,.0f} GiB" if row.get("host_mib") is not None else ""]
-        for row in rows if row not in too_big])
+    lines += table(
+        [
+            "setting",
+            "processes",
+            "layers",
+            "parameters",
+            "peak MiB (GPU)",
+            "documented parameters",
+            "host memory per GPU",
+        ],
+        [
+            [
+                row["setting"] + (" *" if row.get("extrapolated") else ""),
+                str(row["world_size"]),
+                str(row["n_layer"]),
+                f"{row['params'] / 1e6:,.0f}M",
+                fmt_mib(row["peak_mib"]),
+                f"{row['documented_params'] / 1e6:,.0f}M" if row.get("documented_params") else "",
+                f"{row['host_mib'] / 1024:,.0f} GiB" if row.get("host_mib") is not None else "",
+            ]
+            for row in rows
+            if row not in too_big
+        ],
+    )
     dropped = {r["setting"] for r in too_big}
     notes = [n for n in fit.get("notes", []) if not any(n.lstrip("* ").startswith(d) for d in dropped)]
     notes += [host_bound(r) for r in too_big]
@@ -116,12 +167,14 @@ def host_bound(row: dict) -> str:
     affine in depth with a small constant part, so scaling by host memory per layer errs low, by under a layer."""
     per_layer = row["host_mib"] / row["n_layer"]
     layers = math.floor(HOST_GIB_PER_GPU * 1024 / per_layer)
-    return (f"Not in the table: {row['setting']}. Its GPU memory would fit {row['n_layer']:,} layers "
-            f"({row['params'] / 1e6:,.0f}M parameters), but their sharded parameters, gradients and AdamW state "
-            f"would take {row['host_mib'] / 1024:,.0f} GiB of host memory per GPU; with {HOST_GIB_PER_GPU} GiB per "
-            f"GPU, host memory bounds it at about {layers:,} layers (about "
-            f"{row['params'] * layers / row['n_layer'] / 1e6:,.0f}M parameters, scaled along the host memory per "
-            "layer).")
+    return (
+        f"Not in the table: {row['setting']}. Its GPU memory would fit {row['n_layer']:,} layers "
+        f"({row['params'] / 1e6:,.0f}M parameters), but their sharded parameters, gradients and AdamW state "
+        f"would take {row['host_mib'] / 1024:,.0f} GiB of host memory per GPU; with {HOST_GIB_PER_GPU} GiB per "
+        f"GPU, host memory bounds it at about {layers:,} layers (about "
+        f"{row['params'] * layers / row['n_layer'] / 1e6:,.0f}M parameters, scaled along the host memory per "
+        "layer)."
+    )
 
 
 def compare_part(compare: dict) -> list[str]:
@@ -133,23 +186,39 @@ def compare_part(compare: dict) -> list[str]:
     same_tracker = bool(stages) and all(s.get("target") == "cpu" for s in stages)
     shown = [s for s in stages if not same_tracker or s.get("error_pct") is None or abs(s["error_pct"]) >= 0.5]
     if same_tracker:
-        lines += [f"On a CPU the estimate and the measurement come from the same tracker (MemTracker) running the same "
-                  f"training code, the one on fake tensors, the other on real ones: {len(stages) - len(shown)} of "
-                  f"{len(stages)} stages agree within 0.5%, which checks that the planner runs each stage's code, not "
-                  "that it predicts a GPU. The informative comparisons are against a GPU's allocator: the reference's "
-                  "H100 figures (`python -m gpt.memory reference`), and `python -m gpt.memory compare --runs "
-                  "records/h100-2026-11-24`, the project's own H100 records." + (" The stages that differ:" if shown else ""), ""]
+        lines += [
+            f"On a CPU the estimate and the measurement come from the same tracker (MemTracker) running the same "
+            f"training code, the one on fake tensors, the other on real ones: {len(stages) - len(shown)} of "
+            f"{len(stages)} stages agree within 0.5%, which checks that the planner runs each stage's code, not "
+            "that it predicts a GPU. The informative comparisons are against a GPU's allocator: the reference's "
+            "H100 figures (`python -m gpt.memory reference`), and `python -m gpt.memory compare --runs "
+            "records/h100-2026-11-24`, the project's own H100 records." + (" The stages that differ:" if shown else ""),
+            "",
+        ]
     if shown:
-        lines += table(["stage", "measured MiB", "measured as", "estimate MiB", "error"], [
-            [s["stage"], fmt_mib(s["measured_mib"]), s.get("measured", ""), fmt_mib(s["estimate_mib"]),
-             "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%"]
-            for s in shown])
-    unestimated = [f"- `{s['stage']}`: {note}" for s in stages
-                   if s.get("estimate_mib") is None for note in s.get("notes", [])]
+        lines += table(
+            ["stage", "measured MiB", "measured as", "estimate MiB", "error"],
+            [
+                [
+                    s["stage"],
+                    fmt_mib(s["measured_mib"]),
+                    s.get("measured", ""),
+                    fmt_mib(s["estimate_mib"]),
+                    "" if s.get("error_pct") is None else f"{s['error_pct']:+.1f}%",
+                ]
+                for s in shown
+            ],
+        )
+    unestimated = [
+        f"- `{s['stage']}`: {note}" for s in stages if s.get("estimate_mib") is None for note in s.get("notes", [])
+    ]
     lines += [""] + unestimated if unestimated else []
     if any(s.get("target") == "cuda" for s in stages):
-        lines += ["", "On CUDA each estimate is held against what it predicts, max_memory_allocated; for a stage with "
-                  "CUDA graphs, whose pool is allocated while warm-up records them, the allocated peak over warm-up "
-                  "(records older than that figure: the reservation, an upper bound). A compiled stage is "
-                  "estimated eager."]
+        lines += [
+            "",
+            "On CUDA each estimate is held against what it predicts, max_memory_allocated; for a stage with "
+            "CUDA graphs, whose pool is allocated while warm-up records them, the allocated peak over warm-up "
+            "(records older than that figure: the reservation, an upper bound). A compiled stage is "
+            "estimated eager.",
+        ]
     return lines

@@ -1,5 +1,6 @@
 """Every figure of the report (matplotlib, Agg: no display needed): each ladder's bars, its memory breakdown and
 memory over one step, and where the time goes."""
+
 from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_num
@@ -33,8 +34,15 @@ def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, c
     top = max(tops) or 1
     for i, (r, v) in enumerate(zip(rungs, values)):
         text = fmt(v) if v is not None else (r.record or {}).get("status", "not run")
-        ax.text(i, tops[i] + top * 0.02, text, ha="center", va="bottom", fontsize=8,
-                color="black" if v is not None else "tab:red")
+        ax.text(
+            i,
+            tops[i] + top * 0.02,
+            text,
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="black" if v is not None else "tab:red",
+        )
     ax.set_xticks(list(x), [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, top * 1.18)
 
@@ -51,8 +59,13 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     theirs = [v / first[ref_key] for v in documented] if first.get(ref_key) and None not in documented else []
     if theirs:
         ax.plot(x, theirs, "s--", color="tab:gray", label="documented (H100)")
-    ax.plot([i for i, v in zip(x, ours) if v is not None], [v for v in ours if v is not None], "o-",
-            color="tab:orange", label="this run")
+    ax.plot(
+        [i for i, v in zip(x, ours) if v is not None],
+        [v for v in ours if v is not None],
+        "o-",
+        color="tab:orange",
+        label="this run",
+    )
     ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, max([1.05] + [v * 1.1 for v in ours + theirs if v is not None]))
     ax.set_title(f"{what} relative to {lineage(rungs[0].stage)[0]}")
@@ -71,8 +84,9 @@ def plot_speed(rungs: list[Rung], path: Path, title: str = "Speed ladder") -> No
     rungs, title = finished(rungs, title)
     n = samples_label(rungs)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    _bars(axes[0], rungs, [r.m("seconds_mean") for r in rungs], fmt_num,
-          errors=[r.m("seconds_std") or 0 for r in rungs])
+    _bars(
+        axes[0], rungs, [r.m("seconds_mean") for r in rungs], fmt_num, errors=[r.m("seconds_std") or 0 for r in rungs]
+    )
     axes[0].set_title(f"seconds per {n} samples (mean ± std)")
     _bars(axes[1], rungs, [r.m("tokens_per_s") for r in rungs], lambda v: f"{v:,.0f}", color="tab:green")
     axes[1].set_title("tokens / s")
@@ -112,8 +126,12 @@ def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _bars(axes[0], rungs, [r.m("peak_memory_mib") for r in rungs], fmt_mib, color="tab:purple")
     axes[0].set_title("peak memory, MiB (per process)")
-    stacked_memory_bars(axes[1], [short(r.stage) for r in rungs], [r.m("memory_breakdown_mib") for r in rungs],
-             "at the peak: what the memory holds (MiB)")
+    stacked_memory_bars(
+        axes[1],
+        [short(r.stage) for r in rungs],
+        [r.m("memory_breakdown_mib") for r in rungs],
+        "at the peak: what the memory holds (MiB)",
+    )
     _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
     fig.suptitle(title)
     fig.tight_layout()
@@ -129,8 +147,13 @@ def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
         return False
     plt = pyplot()
     sizes = [sum(1 for r in rungs if shares(r.record)) for rungs in shown.values()]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.0 + 0.4 * sum(sizes) + 0.9 * len(shown)),
-                             gridspec_kw={"height_ratios": sizes}, squeeze=False)
+    fig, axes = plt.subplots(
+        len(shown),
+        1,
+        figsize=(11, 1.0 + 0.4 * sum(sizes) + 0.9 * len(shown)),
+        gridspec_kw={"height_ratios": sizes},
+        squeeze=False,
+    )
     colors = dict(zip(TIME_CATEGORIES, plt.get_cmap("tab10").colors))
     for ax, (name, rungs) in zip(axes[:, 0], shown.items()):
         rungs = [r for r in rungs if shares(r.record)]  # a stage without a breakdown gets no empty bar

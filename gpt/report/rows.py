@@ -1,13 +1,14 @@
 """The report's rows: the records of a run directory, each stage as a `Rung` of its ladder beside its parent,
 its baseline and what its stage script documents."""
+
 import functools
 from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.formatting import fmt_pct
 from gpt.ladder import LADDERS, lineage, load_stage, parent_of
-from gpt.records import peak_memory_pair, read_record, record_path
 from gpt.peak_memory import MEMORY_PARTS
+from gpt.records import peak_memory_pair, read_record, record_path
 
 MACHINE_FILE = "machine.json"  # written by run_all (gpt/run_all.py): the machine the ladder ran on
 # The parts of a memory breakdown the report shows one by one; 'other' then holds buffers and the rest.

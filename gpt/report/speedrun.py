@@ -3,6 +3,7 @@
 final validation loss of its seeds: loss_curve.baseline_model_loss); the baseline's seeds are timed to it the
 same way, the worst seed at the end of its budget.
 A stage's claim holds only where every seed it trained with reached the target."""
+
 import statistics
 from pathlib import Path
 
@@ -49,8 +50,9 @@ class Speedrun:
 
     def _crossings(self, stage: str) -> list[dict | None]:
         records = self.baseline if stage == BASELINE else self.stages[stage]
-        return [crossing(r["metrics"]["curve"], self.target) if ok(r) and self.target is not None else None
-                for r in records]
+        return [
+            crossing(r["metrics"]["curve"], self.target) if ok(r) and self.target is not None else None for r in records
+        ]
 
     def holds(self, stage: str) -> bool:
         """Every seed reached the target."""
@@ -67,8 +69,10 @@ class Speedrun:
         records = self.baseline if stage == BASELINE else self.stages[stage]
         if not records or not all(ok(r) for r in records):
             return [], None
-        for clock, read in (("run.wall_s", lambda r: (r.get("run") or {}).get("wall_s")),
-                            ("process_s", lambda r: r["metrics"].get("process_s"))):
+        for clock, read in (
+            ("run.wall_s", lambda r: (r.get("run") or {}).get("wall_s")),
+            ("process_s", lambda r: r["metrics"].get("process_s")),
+        ):
             values = [read(r) for r in records]
             if None not in values and min(values) > 0:  # a stand-in's zero is no measurement
                 return values, clock
@@ -100,23 +104,43 @@ def wall_cell(sr: Speedrun, stage: str) -> str:
     return f"{_spread(walls)}" + (" (the process's own)" if clock == "process_s" else "")
 
 
-TABLE_KEY = ("**training s**: the training clock only, to the target (start-up, compilation and evaluations "
-             "excluded), with the seeds that reach it; **wall s**: the stage process's whole wall clock, launch to "
-             "exit as run_all.py measured it (the record's `run.wall_s`), or where a record lacks it the process's "
-             "own, from its start to its record (`process_s`): imports, set-up, run-time measurements, compilation, "
-             f"training and evaluations; `{BASELINE}`'s is its whole budget. Each ratio is `{BASELINE}`'s over the "
-             "stage's, measured by the same clock in the same run (a wall ratio only where both used the same one).")
+TABLE_KEY = (
+    "**training s**: the training clock only, to the target (start-up, compilation and evaluations "
+    "excluded), with the seeds that reach it; **wall s**: the stage process's whole wall clock, launch to "
+    "exit as run_all.py measured it (the record's `run.wall_s`), or where a record lacks it the process's "
+    "own, from its start to its record (`process_s`): imports, set-up, run-time measurements, compilation, "
+    f"training and evaluations; `{BASELINE}`'s is its whole budget. Each ratio is `{BASELINE}`'s over the "
+    "stage's, measured by the same clock in the same run (a wall ratio only where both used the same one)."
+)
 
 
 def speedrun_table(sr: Speedrun) -> list[str]:
     base = sr.seconds(BASELINE)
     if sr.holds(BASELINE):
-        rows = [[BASELINE, "baseline: its time-to-loss settings", _spread([t for t in sr.tokens(BASELINE)]),
-                 f"{_spread(base)}; {len(base)}/{len(base)} seeds", "", "1.00x", wall_cell(sr, BASELINE)]]
+        rows = [
+            [
+                BASELINE,
+                "baseline: its time-to-loss settings",
+                _spread([t for t in sr.tokens(BASELINE)]),
+                f"{_spread(base)}; {len(base)}/{len(base)} seeds",
+                "",
+                "1.00x",
+                wall_cell(sr, BASELINE),
+            ]
+        ]
     else:  # no target without every seed of it: the stages' rows say whether they ran
         unfinished = next((r for r in sr.baseline if not ok(r)), None)
-        rows = [[BASELINE, "baseline: its time-to-loss settings", "not run" if unfinished is None else
-                 f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}", "", "", "", ""]]
+        rows = [
+            [
+                BASELINE,
+                "baseline: its time-to-loss settings",
+                "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}",
+                "",
+                "",
+                "",
+                "",
+            ]
+        ]
     for stage, records in sr.stages.items():
         module = load_stage(stage)
         change = f"{module.CHANGE} ({KINDS[module.KIND]})"
@@ -125,24 +149,44 @@ def speedrun_table(sr: Speedrun) -> list[str]:
             continue
         failed = [r for r in records if not ok(r)]
         if failed:
-            rows.append([stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}",
-                         "", "", "", ""])
+            rows.append(
+                [stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}", "", "", "", ""]
+            )
             continue
         seconds, tokens = sr.seconds(stage), sr.tokens(stage)
         reached = [s for s in seconds if s is not None]
         seeds = f"{len(reached)}/{len(seconds)} seeds"
         if not sr.holds(stage):
             finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
-            rows.append([stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "",
-                         wall_cell(sr, stage)])
+            rows.append(
+                [stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "", wall_cell(sr, stage)]
+            )
             continue
         parent = parent_of(stage)
         parent_s = [s for s in sr.seconds(parent) if s is not None]
-        rows.append([stage, change, _spread(tokens), f"{_spread(seconds)}; {seeds}",
-                     speedup_range(parent_s, seconds) if sr.holds(parent) else "",
-                     speedup_range(base, seconds) if None not in base else "", wall_cell(sr, stage)])
-    return table(["stage", "change (kind)", "tokens to target", "training s to target (range); seeds reaching it",
-                  "training vs parent", f"training vs {BASELINE[:7]}", f"wall s; vs {BASELINE[:7]}"], rows)
+        rows.append(
+            [
+                stage,
+                change,
+                _spread(tokens),
+                f"{_spread(seconds)}; {seeds}",
+                speedup_range(parent_s, seconds) if sr.holds(parent) else "",
+                speedup_range(base, seconds) if None not in base else "",
+                wall_cell(sr, stage),
+            ]
+        )
+    return table(
+        [
+            "stage",
+            "change (kind)",
+            "tokens to target",
+            "training s to target (range); seeds reaching it",
+            "training vs parent",
+            f"training vs {BASELINE[:7]}",
+            f"wall s; vs {BASELINE[:7]}",
+        ],
+        rows,
+    )
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
@@ -152,8 +196,11 @@ def plot_speedrun(sr: Speedrun, path: Path) -> bool:
     plt = pyplot()
     colors = plt.get_cmap("tab10").colors
     for i, (stage, records) in enumerate(sr.stages.items()):
-        lines += [(f"{stage.replace('speedrun_', 'sr')} seed {r.get('seed')}", r, colors[i % len(colors)])
-                  for r in records if ok(r)]
+        lines += [
+            (f"{stage.replace('speedrun_', 'sr')} seed {r.get('seed')}", r, colors[i % len(colors)])
+            for r in records
+            if ok(r)
+        ]
     if not any(label.startswith("sr") for label, _, _ in lines):
         return False
     fig, ax = plt.subplots(figsize=(10, 5.2))
@@ -185,30 +232,43 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
     seconds = sr.seconds(last)
     walls, clock = sr.walls(last)
     base_walls, base_clock = sr.walls(BASELINE)
-    whole = (f" Its whole process, as a user runs it, took {_spread(walls)} s of wall clock against "
-             f"{_spread(base_walls)} s for `{BASELINE}`'s whole budget: {speedup_range(base_walls, walls)}."
-             if walls and clock == base_clock else "")
-    return [f"`{last}` reaches `{BASELINE}`'s model (validation loss {sr.target:.3f}) in {_spread(seconds)} s of "
-            f"training on each of its {len(seconds)} seed(s), against {_spread(base)} s for `{BASELINE}`'s "
-            f"{len(base)} seeds: {speedup_range(base, seconds)} sooner.{whole}"]
+    whole = (
+        f" Its whole process, as a user runs it, took {_spread(walls)} s of wall clock against "
+        f"{_spread(base_walls)} s for `{BASELINE}`'s whole budget: {speedup_range(base_walls, walls)}."
+        if walls and clock == base_clock
+        else ""
+    )
+    return [
+        f"`{last}` reaches `{BASELINE}`'s model (validation loss {sr.target:.3f}) in {_spread(seconds)} s of "
+        f"training on each of its {len(seconds)} seed(s), against {_spread(base)} s for `{BASELINE}`'s "
+        f"{len(base)} seeds: {speedup_range(base, seconds)} sooner.{whole}"
+    ]
 
 
 def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     """The whole section; [] when the run has no speedrun record."""
     if not sr.ran:
         return []
-    target = (f"{sr.target:.3f}, the highest final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"
-              if sr.target is not None else "none: a seed of the baseline did not finish")
-    lines = ["", "## Speedrun", "",
-             f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings, "
-             "each with one change more than its parent, and is judged by its training seconds to the target, "
-             f"{target} (a loss each of them reaches: the mean would fail a stage that keeps the model on about half "
-             f"its seeds, as it fails half of `{BASELINE}`'s). `{BASELINE}`'s seeds are timed to it the same way, "
-             "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
-             "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
-             "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
-             "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried "
-             "and dropped, with their figures, are in docs/speedrun.md's log.", ""]
+    target = (
+        f"{sr.target:.3f}, the highest final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"
+        if sr.target is not None
+        else "none: a seed of the baseline did not finish"
+    )
+    lines = [
+        "",
+        "## Speedrun",
+        "",
+        f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings, "
+        "each with one change more than its parent, and is judged by its training seconds to the target, "
+        f"{target} (a loss each of them reaches: the mean would fail a stage that keeps the model on about half "
+        f"its seeds, as it fails half of `{BASELINE}`'s). `{BASELINE}`'s seeds are timed to it the same way, "
+        "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
+        "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
+        "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
+        "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried "
+        "and dropped, with their figures, are in docs/speedrun.md's log.",
+        "",
+    ]
     lines += speedrun_table(sr) + ["", TABLE_KEY]
     lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
     if plot_speedrun(sr, plots / "speedrun.png"):
@@ -236,20 +296,36 @@ def plot_noise_scale(record: dict, path) -> None:
     plt = pyplot()
     points = [p for p in record["curve"] if p["b_simple"] is not None]
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    ax.plot([p["tokens"] for p in points], [p["b_simple"] for p in points], "o-", color="tab:blue",
-            label="B_simple (moving average)")
+    ax.plot(
+        [p["tokens"] for p in points],
+        [p["b_simple"] for p in points],
+        "o-",
+        color="tab:blue",
+        label="B_simple (moving average)",
+    )
     ax.axhline(record["batch_size"], color="black", lw=1, ls="--", label=f"baseline batch ({record['batch_size']})")
     window = record["window"]
     end = record["curve"][-1]["tokens"]
     ax.axvspan(window["from_tokens"], end, color="tab:blue", alpha=0.08, label="the window B_noise is read over")
-    ax.hlines(window["b_noise"], window["from_tokens"], end, color="tab:blue", ls=":",
-              label=f"B_noise = {window['b_noise']:.0f} (the window's means, then divided)")
+    ax.hlines(
+        window["b_noise"],
+        window["from_tokens"],
+        end,
+        color="tab:blue",
+        ls=":",
+        label=f"B_noise = {window['b_noise']:.0f} (the window's means, then divided)",
+    )
     ax.set_xlabel("training tokens")
     ax.set_ylabel("B_simple = tr(Σ) / |G|², samples")
     ax.set_ylim(bottom=0)
     loss_ax = ax.twinx()
-    loss_ax.plot([p["tokens"] for p in record["curve"]], [p["val_loss"] for p in record["curve"]], "-",
-                 color="tab:orange", label="validation loss")
+    loss_ax.plot(
+        [p["tokens"] for p in record["curve"]],
+        [p["val_loss"] for p in record["curve"]],
+        "-",
+        color="tab:orange",
+        label="validation loss",
+    )
     loss_ax.set_ylabel("validation loss")
     lines = ax.get_legend_handles_labels()
     more = loss_ax.get_legend_handles_labels()

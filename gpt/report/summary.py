@@ -1,6 +1,7 @@
 """The summary at the top of results.md, one line per ladder and one for the time to loss: the largest change of
 this run beside the largest of the documented (or anchor) run, and what training to a loss found. The same time
 to loss sentence stands under the speed and fast tables, beside their 'x faster'."""
+
 from gpt.formatting import fmt_num, fmt_pct
 from gpt.ladder import LADDER_GOAL, TRAINED_TO_A_LOSS, parent_of
 from gpt.report.findings import changes
@@ -24,8 +25,9 @@ def largest_documented(rungs: list[Rung], key: str) -> str:
 
 def ladder_line(name: str, rungs: list[Rung]) -> str:
     time_goal = LADDER_GOAL[name] == "time"
-    key, ref_key, what = (("seconds_mean", "seconds", "time") if time_goal
-                          else ("peak_memory_mib", "peak_mib", "peak memory"))
+    key, ref_key, what = (
+        ("seconds_mean", "seconds", "time") if time_goal else ("peak_memory_mib", "peak_mib", "peak memory")
+    )
     steps = changes(rungs, key)
     if not steps:
         here = "no stage finished beside its parent here"
@@ -34,8 +36,10 @@ def ladder_line(name: str, rungs: list[Rung]) -> str:
         here = f"here `{best.stage}` ({best.change}), {fmt_pct(d)} {what}"
     done = sum(r.ok for r in rungs)
     finished = "" if done == len(rungs) else f" ({done} of {len(rungs)} stages finished)"
-    return (f"**{name.capitalize()} ladder**{finished}, largest {'gain' if time_goal else 'saving'}: {here}; "
-            f"{largest_documented(rungs, ref_key)}.")
+    return (
+        f"**{name.capitalize()} ladder**{finished}, largest {'gain' if time_goal else 'saving'}: {here}; "
+        f"{largest_documented(rungs, ref_key)}."
+    )
 
 
 def loss_sentence(runs: LossRuns) -> str | None:
@@ -47,22 +51,29 @@ def loss_sentence(runs: LossRuns) -> str | None:
     sooner = {s: t["seconds"] for s in others if (t := runs.to_target(s)) and t["seconds"] < base["seconds"]}
     if sooner:
         best = min(sooner, key=sooner.get)
-        return (f"{len(sooner)} of {len(others)} stages reach `{BASELINE}`'s target loss ({runs.target:.3f}) "
-                f"sooner than it does; the soonest, `{best}`, {speedup(base['seconds'], sooner[best])} as fast")
-    text = (f"no stage reaches `{BASELINE}`'s target loss ({runs.target:.3f}) sooner than it does "
-                   f"({fmt_num(base['seconds'])} s)")
+        return (
+            f"{len(sooner)} of {len(others)} stages reach `{BASELINE}`'s target loss ({runs.target:.3f}) "
+            f"sooner than it does; the soonest, `{best}`, {speedup(base['seconds'], sooner[best])} as fast"
+        )
+    text = (
+        f"no stage reaches `{BASELINE}`'s target loss ({runs.target:.3f}) sooner than it does "
+        f"({fmt_num(base['seconds'])} s)"
+    )
     kept = runs.kept_models()
     if not kept:
         return text
     first = kept[0]
-    keeping = [s for s in runs.stages if runs.kept_model(s) == first and not runs.changes(s)
-               and runs.vs(s, first)[1]]
-    text += (f": `{first}` trains another model (its final loss {runs.final(first):.3f} against its parent's "
-             f"{runs.final(parent_of(first)):.3f}) and the stages after it keep that model")
+    keeping = [s for s in runs.stages if runs.kept_model(s) == first and not runs.changes(s) and runs.vs(s, first)[1]]
+    text += (
+        f": `{first}` trains another model (its final loss {runs.final(first):.3f} against its parent's "
+        f"{runs.final(parent_of(first)):.3f}) and the stages after it keep that model"
+    )
     if keeping:
         theirs, mine = runs.vs(keeping[-1], first)
-        text += (f"; the last of those, `{keeping[-1]}`, reaches that model's loss {speedup(theirs, mine)} as fast as "
-                 f"`{first}`")
+        text += (
+            f"; the last of those, `{keeping[-1]}`, reaches that model's loss {speedup(theirs, mine)} as fast as "
+            f"`{first}`"
+        )
     return text + ", so the per-sample speedups buy that model sooner, not the baseline's"
 
 

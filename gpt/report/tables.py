@@ -1,5 +1,6 @@
 """The report's Markdown tables: the header (where and when), and one table per ladder (speed or memory), with the
 documented or anchor figures beside this run's."""
+
 import re
 from datetime import datetime
 from pathlib import Path
@@ -38,23 +39,36 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
     gpu_text = "none" if gpus == [] else ", ".join(gpus) if gpus else "not recorded"
     rows = [
         ["device", ", ".join(devices) or "(no finished stage)"],
-        ["processes per stage", " or ".join(map(str, processes)) + (
-            f" ({' or '.join(map(str, threads))} CPU threads each)" if threads else "")],
-        ["CPU cores / GPUs", f"{cpus} / {gpu_text}" + (
-            f" (load average {machine['load_average']} when the ladder started)" if "load_average" in machine
-            else "")],
+        [
+            "processes per stage",
+            " or ".join(map(str, processes))
+            + (f" ({' or '.join(map(str, threads))} CPU threads each)" if threads else ""),
+        ],
+        [
+            "CPU cores / GPUs",
+            f"{cpus} / {gpu_text}"
+            + (
+                f" (load average {machine['load_average']} when the ladder started)"
+                if "load_average" in machine
+                else ""
+            ),
+        ],
         ["torch", ", ".join(torches) + (f" (CUDA {', '.join(cudas)})" if cudas else "")],
         ["python", machine.get("python") or ", ".join(sorted({e.get("python", "?") for e in envs}))],
         ["date", f"{when(times[0])} to {when(times[-1])}" if times else "unknown"],
-        ["git commit", ", ".join(c[:12] + (" (uncommitted changes)" if c.endswith("-dirty") else "")
-                                 for c in commits)],
+        ["git commit", ", ".join(c[:12] + (" (uncommitted changes)" if c.endswith("-dirty") else "") for c in commits)],
         ["profile", ", ".join(profiles)],
     ]
     peaks, end = machine.get("cpu_peaks_gflops"), machine.get("cpu_peak_end_gflops") or {}
     if peaks:
-        rows.append(["CPU matmul peaks (MFU basis)", "; ".join(f"{k}: {v:,.1f} GFLOP/s" for k, v in peaks.items())
-                     + f" (measured before the first stage, best of {machine.get('cpu_peak_rounds', '?')} rounds)"
-                     + "".join(f"; {k} after the last stage: {v:,.1f}" for k, v in end.items())])
+        rows.append(
+            [
+                "CPU matmul peaks (MFU basis)",
+                "; ".join(f"{k}: {v:,.1f} GFLOP/s" for k, v in peaks.items())
+                + f" (measured before the first stage, best of {machine.get('cpu_peak_rounds', '?')} rounds)"
+                + "".join(f"; {k} after the last stage: {v:,.1f}" for k, v in end.items()),
+            ]
+        )
     lines = [
         "# Results",
         "",
@@ -64,17 +78,26 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
         *table(["", ""], rows),
     ]
     if machine.get("load_average", 0) > 0.5 * (machine.get("cpu_count") or 1):
-        lines += ["", f"Warning: the machine was busy when the ladder started (load average "
-                      f"{machine['load_average']} on {machine['cpu_count']} cores). Other processes slow CPU "
-                      "stages down unevenly, so the time columns are unreliable; memory figures are not affected."]
+        lines += [
+            "",
+            f"Warning: the machine was busy when the ladder started (load average "
+            f"{machine['load_average']} on {machine['cpu_count']} cores). Other processes slow CPU "
+            "stages down unevenly, so the time columns are unreliable; memory figures are not affected.",
+        ]
     for key, after in end.items():
         if peaks and key in peaks and after > 1.05 * peaks[key]:
-            lines += ["", f"Warning: this CPU multiplied matrices {after / peaks[key] - 1:.0%} faster after the last "
-                          f"stage than before the first ({key}: {peaks[key]:,.1f} -> {after:,.1f} GFLOP/s): the "
-                          "host was busier at the start, and MFU figures against that peak are that much too high."]
+            lines += [
+                "",
+                f"Warning: this CPU multiplied matrices {after / peaks[key] - 1:.0%} faster after the last "
+                f"stage than before the first ({key}: {peaks[key]:,.1f} -> {after:,.1f} GFLOP/s): the "
+                "host was busier at the start, and MFU figures against that peak are that much too high.",
+            ]
     if len(profiles) > 1:
-        lines += ["", f"Warning: these records come from {len(profiles)} profiles; changes are only computed "
-                      "between stages of the same profile."]
+        lines += [
+            "",
+            f"Warning: these records come from {len(profiles)} profiles; changes are only computed "
+            "between stages of the same profile.",
+        ]
     return lines
 
 
@@ -149,15 +172,21 @@ def run_caption(rungs: list[Rung]) -> str:
     if first is None:
         return ""
     model, dev = first.record.get("model", {}), first.record["device"]
-    shape = [f"{model['n_layer']} layers x {model['n_embd']} wide" if {"n_layer", "n_embd"} <= model.keys() else "",
-             (f"{model['params'] / 1e6:,.1f}M" if model["params"] >= 1e5 else f"{model['params']:,}") + " parameters"
-             if model.get("params") else "",
-             f"vocabulary {model['vocab_size']}" if model.get("vocab_size") else "",
-             f"block {model['block_size']}" if model.get("block_size") else ""]
+    shape = [
+        f"{model['n_layer']} layers x {model['n_embd']} wide" if {"n_layer", "n_embd"} <= model.keys() else "",
+        (f"{model['params'] / 1e6:,.1f}M" if model["params"] >= 1e5 else f"{model['params']:,}") + " parameters"
+        if model.get("params")
+        else "",
+        f"vocabulary {model['vocab_size']}" if model.get("vocab_size") else "",
+        f"block {model['block_size']}" if model.get("block_size") else "",
+    ]
     batches = sorted({b for r in rungs if (b := step_batch(r))})
-    return ("Ran with: a GPT of " + ", ".join(p for p in shape if p)
-            + (f"; batch {' / '.join(map(str, batches))} (samples per optimizer step)" if batches else "")
-            + f"; on {dev.get('name', '?')} ({dev.get('type', '?')}); profile `{first.record.get('profile', '?')}`.")
+    return (
+        "Ran with: a GPT of "
+        + ", ".join(p for p in shape if p)
+        + (f"; batch {' / '.join(map(str, batches))} (samples per optimizer step)" if batches else "")
+        + f"; on {dev.get('name', '?')} ({dev.get('type', '?')}); profile `{first.record.get('profile', '?')}`."
+    )
 
 
 def seconds_cell(r: Rung) -> str:
@@ -167,8 +196,18 @@ def seconds_cell(r: Rung) -> str:
 def details_table(rungs: list[Rung], extra: list[tuple[str, callable]]) -> list[str]:
     """The second table of a ladder: throughput, MFU, the feed and the bottleneck (and `extra` columns)."""
     head = ["stage", *(h for h, _ in extra), "tokens/s", "MFU: own dtype / fastest", "data wait / copy", "bottleneck"]
-    rows = [[r.stage, *(cell(r) for _, cell in extra), f"{r.m('tokens_per_s'):,.0f}", mfu_cell(r), feed_cell(r),
-             bottleneck(r)] for r in rungs if r.ok]
+    rows = [
+        [
+            r.stage,
+            *(cell(r) for _, cell in extra),
+            f"{r.m('tokens_per_s'):,.0f}",
+            mfu_cell(r),
+            feed_cell(r),
+            bottleneck(r),
+        ]
+        for r in rungs
+        if r.ok
+    ]
     return table(head, rows)
 
 
@@ -178,21 +217,32 @@ DETAILS_COLUMNS = (
     "of the precision the stage computes in (own dtype), then against the fastest precision the device offers "
     "(fastest), so that a slow precision does not look efficient. **data wait / copy**: the share of the timed time "
     "the loop waited for the DataLoader's next batch / copied it to the device. **bottleneck**: the largest share of "
-    "a profiled step (section \"Where the time goes\").")
+    'a profiled step (section "Where the time goes").'
+)
 
 
 def details_block(rungs: list[Rung], extra: list[tuple[str, callable]], more: str = "") -> list[str]:
     """The second table, folded (Markdown renders a <details> block closed)."""
-    return ["", "<details><summary>Throughput, MFU, data feed and bottleneck per stage</summary>", "",
-            *details_table(rungs, extra), "", more + DETAILS_COLUMNS, "", "</details>"]
+    return [
+        "",
+        "<details><summary>Throughput, MFU, data feed and bottleneck per stage</summary>",
+        "",
+        *details_table(rungs, extra),
+        "",
+        more + DETAILS_COLUMNS,
+        "",
+        "</details>",
+    ]
 
 
 def speed_table(rungs: list[Rung]) -> list[str]:
     """The core columns (time, its changes, the documented figure, peak memory), each defined under the table,
     then the rest in a folded second table."""
     n, kind = samples_label(rungs), reference_kind(rungs)
-    refs = {"documented": [("documented H100 s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
-            "anchor": [(f"{ANCHOR} ms/step (vs prev.)", anchor_cell)]}.get(kind, [])
+    refs = {
+        "documented": [("documented H100 s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
+        "anchor": [(f"{ANCHOR} ms/step (vs prev.)", anchor_cell)],
+    }.get(kind, [])
     head = ["stage", "change", f"s / {n} samples", "vs previous", "vs baseline", *(h for h, _ in refs), "peak MiB"]
     rows = []
     for r in rungs:
@@ -200,62 +250,112 @@ def speed_table(rungs: list[Rung]) -> list[str]:
         if not r.ok:
             rows.append([r.stage, change_cell(r), r.status_text(), "", "", *ref, ""])
             continue
-        rows.append([r.stage, change_cell(r), seconds_cell(r), vs_previous_cell(r, "seconds_mean"),
-                     fmt_pct(r.vs(r.baseline, "seconds_mean")), *ref, fmt_mib(r.m("peak_memory_mib"))])
-    ref_words = {"documented": "**documented H100 s**: the book's figure for the same stage on one H100 (its change "
-                               "against the stage above in brackets): compare the changes, not the seconds. ",
-                 "anchor": f"**{ANCHOR} ms/step**: the anchor figure for the same optimization ({ANCHOR_SETUP}; its "
-                           "change against the step before in brackets): compare the changes, not the figures. "
-                 }.get(kind, "")
-    lines = [run_caption(rungs), "", *table(head, rows), "",
-             f"**s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed repeats "
-             "(per amount of work, not per step: a bigger batch makes fewer steps). **vs previous** / **vs baseline**: "
-             "the change of that time against the row above / against the ladder's stage 0; **(no effect)**: the "
-             "stage's change does nothing on this device, so its difference is run-to-run variation (the notes say "
-             f"why). {ref_words}**peak MiB**: the largest memory held during one training step, per process."]
-    return lines + details_block(rungs, [("MiB vs prev.", lambda r: r.memory_vs(r.parent))],
-                                 "**MiB vs prev.**: the change of peak memory against the row above. ")
+        rows.append(
+            [
+                r.stage,
+                change_cell(r),
+                seconds_cell(r),
+                vs_previous_cell(r, "seconds_mean"),
+                fmt_pct(r.vs(r.baseline, "seconds_mean")),
+                *ref,
+                fmt_mib(r.m("peak_memory_mib")),
+            ]
+        )
+    ref_words = {
+        "documented": "**documented H100 s**: the book's figure for the same stage on one H100 (its change "
+        "against the stage above in brackets): compare the changes, not the seconds. ",
+        "anchor": f"**{ANCHOR} ms/step**: the anchor figure for the same optimization ({ANCHOR_SETUP}; its "
+        "change against the step before in brackets): compare the changes, not the figures. ",
+    }.get(kind, "")
+    lines = [
+        run_caption(rungs),
+        "",
+        *table(head, rows),
+        "",
+        f"**s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed repeats "
+        "(per amount of work, not per step: a bigger batch makes fewer steps). **vs previous** / **vs baseline**: "
+        "the change of that time against the row above / against the ladder's stage 0; **(no effect)**: the "
+        "stage's change does nothing on this device, so its difference is run-to-run variation (the notes say "
+        f"why). {ref_words}**peak MiB**: the largest memory held during one training step, per process.",
+    ]
+    return lines + details_block(
+        rungs,
+        [("MiB vs prev.", lambda r: r.memory_vs(r.parent))],
+        "**MiB vs prev.**: the change of peak memory against the row above. ",
+    )
 
 
 def memory_table(rungs: list[Rung]) -> list[str]:
     """As speed_table, with peak memory first and time second."""
     n = samples_label(rungs)
     documented = reference_kind(rungs) == "documented"
-    head = ["stage", "change", "peak MiB", "vs previous", "vs baseline",
-            *(["documented H100 MiB (vs prev.)"] if documented else []), f"s / {n} samples", "time vs prev."]
+    head = [
+        "stage",
+        "change",
+        "peak MiB",
+        "vs previous",
+        "vs baseline",
+        *(["documented H100 MiB (vs prev.)"] if documented else []),
+        f"s / {n} samples",
+        "time vs prev.",
+    ]
     rows = []
     for r in rungs:
         ref_mib = [reference_cell(r, "peak_mib", lambda v: f"{v:,}")] if documented else []
         if not r.ok:
             rows.append([r.stage, change_cell(r), r.status_text(), "", "", *ref_mib, "", ""])
             continue
-        rows.append([r.stage, change_cell(r), fmt_mib(r.m("peak_memory_mib")), vs_previous_cell(r, "peak_memory_mib"),
-                     r.memory_vs(r.baseline), *ref_mib, seconds_cell(r), fmt_pct(r.vs(r.parent, "seconds_mean"))])
-    lines = [run_caption(rungs), "", *table(head, rows), "",
-             "**peak MiB**: the largest memory held during one training step, per process. **vs previous** / **vs "
-             "baseline**: its change against the row above / against the ladder's stage 0"
-             + ("; **documented H100 MiB**: the book's figure for the same stage on one H100 (its change in brackets)"
-                if documented else "")
-             + f". **s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed "
-             "repeats; **time vs prev.**: its change against the row above, the price of the memory saved."]
+        rows.append(
+            [
+                r.stage,
+                change_cell(r),
+                fmt_mib(r.m("peak_memory_mib")),
+                vs_previous_cell(r, "peak_memory_mib"),
+                r.memory_vs(r.baseline),
+                *ref_mib,
+                seconds_cell(r),
+                fmt_pct(r.vs(r.parent, "seconds_mean")),
+            ]
+        )
+    lines = [
+        run_caption(rungs),
+        "",
+        *table(head, rows),
+        "",
+        "**peak MiB**: the largest memory held during one training step, per process. **vs previous** / **vs "
+        "baseline**: its change against the row above / against the ladder's stage 0"
+        + (
+            "; **documented H100 MiB**: the book's figure for the same stage on one H100 (its change in brackets)"
+            if documented
+            else ""
+        )
+        + f". **s / {n} samples**: seconds to train on {n} samples, mean ± standard deviation of the timed "
+        "repeats; **time vs prev.**: its change against the row above, the price of the memory saved.",
+    ]
     extra = [("documented H100 s", lambda r: str(r.reference.get("seconds", "")))] if documented else []
-    return lines + details_block(rungs, extra, "**documented H100 s**: the book's time for the stage. " if documented
-                                 else "")
+    return lines + details_block(
+        rungs, extra, "**documented H100 s**: the book's time for the stage. " if documented else ""
+    )
 
 
 def ladder_intro(name: str, rungs: list[Rung]) -> str:
     """What the ladder's comparisons mean."""
     start = STARTS_FROM.get(name)
-    text = ("Each stage keeps every earlier change" + (f", on top of `{start}` and the stages before it" if start
-                                                         else "")
-            + f"; 'vs previous' compares with the stage above{f' (for the first: `{start}`)' if start else ''}, "
-            f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. ")
+    text = (
+        "Each stage keeps every earlier change"
+        + (f", on top of `{start}` and the stages before it" if start else "")
+        + f"; 'vs previous' compares with the stage above{f' (for the first: `{start}`)' if start else ''}, "
+        f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. "
+    )
     kind = reference_kind(rungs)
     if kind == "documented":
-        return text + ("The documented figures are the book's H100 run (other hardware: compare the changes, not the "
-                       "seconds).")
+        return text + (
+            "The documented figures are the book's H100 run (other hardware: compare the changes, not the seconds)."
+        )
     if kind == "anchor":
-        return text + (f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
-                       "the figures (other model, hardware and batch). MFU is given against the peak of the "
-                       "dtype a stage computes in and against the device's fastest peak.")
+        return text + (
+            f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
+            "the figures (other model, hardware and batch). MFU is given against the peak of the "
+            "dtype a stage computes in and against the device's fastest peak."
+        )
     return text + "Beyond the book: no documented figures to compare with."

@@ -2,12 +2,20 @@
 (gpt/time_to_loss.py, records in <runs>/time_to_loss/), each stage's time to the target validation loss beside its
 time per sample, its final validation loss against the baseline's seed spread, and findings for every stage whose
 per-step gain does not carry over to the model it trains."""
+
 from pathlib import Path
 
 from gpt.formatting import fmt_num, fmt_pct, table
 from gpt.ladder import LADDERS, STARTS_FROM, TRAINED_TO_A_LOSS, ladder_of, load_stage, parent_of
-from gpt.loss_curve import (BASELINE_SEEDS, TARGET_AT, changes_convergence, crossing, seed_spread, target_from,
-                            val_loss_at)
+from gpt.loss_curve import (
+    BASELINE_SEEDS,
+    TARGET_AT,
+    changes_convergence,
+    crossing,
+    seed_spread,
+    target_from,
+    val_loss_at,
+)
 from gpt.records import read_record, record_path, time_to_loss_dir
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
@@ -108,20 +116,37 @@ def loss_table(runs: LossRuns) -> list[str]:
             continue
         m, reached = r["metrics"], runs.to_target(stage)
         parent_s, mine_s = runs.vs_parent(stage)
-        rows.append([
-            stage, change, f"{m['tokens_per_s']:,.0f}" + (" (no effect)" if r.get("no_effect") else ""),
-            f"{m['val_loss_final']:.3f}{spread}",
-            runs.convergence(stage),
-            fmt_num(reached["seconds"]) if reached else f"not reached ({m['val_loss_final']:.3f} at the end)",
-            speedup(base_target and base_target["seconds"], reached and reached["seconds"]),
-            speedup(1 / base_rate if base_rate else None, 1 / m["tokens_per_s"]),
-            speedup(parent_s, mine_s) if mine_s else ("not reached" if parent_s else ""),
-            vs_kept_model(runs, stage),
-            f"{m['startup_s']:.1f}",
-        ])
-    return table(["stage", "change", "tokens/s", "final val loss", "vs parent's", "s to target",
-                  f"speedup to target (vs {BASELINE[:7]})", "speedup per sample", "vs parent: to its loss",
-                  "vs the model it keeps: to its loss", "start-up s (apart)"], rows)
+        rows.append(
+            [
+                stage,
+                change,
+                f"{m['tokens_per_s']:,.0f}" + (" (no effect)" if r.get("no_effect") else ""),
+                f"{m['val_loss_final']:.3f}{spread}",
+                runs.convergence(stage),
+                fmt_num(reached["seconds"]) if reached else f"not reached ({m['val_loss_final']:.3f} at the end)",
+                speedup(base_target and base_target["seconds"], reached and reached["seconds"]),
+                speedup(1 / base_rate if base_rate else None, 1 / m["tokens_per_s"]),
+                speedup(parent_s, mine_s) if mine_s else ("not reached" if parent_s else ""),
+                vs_kept_model(runs, stage),
+                f"{m['startup_s']:.1f}",
+            ]
+        )
+    return table(
+        [
+            "stage",
+            "change",
+            "tokens/s",
+            "final val loss",
+            "vs parent's",
+            "s to target",
+            f"speedup to target (vs {BASELINE[:7]})",
+            "speedup per sample",
+            "vs parent: to its loss",
+            "vs the model it keeps: to its loss",
+            "start-up s (apart)",
+        ],
+        rows,
+    )
 
 
 def vs_kept_model(runs: LossRuns, stage: str) -> str:
@@ -146,24 +171,38 @@ def loss_findings(runs: LossRuns) -> list[str]:
         rate = m["tokens_per_s"] / pm["tokens_per_s"]
         parent_s, mine_s = runs.vs_parent(stage)
         to_loss = parent_s / mine_s if parent_s and mine_s else None
-        gained = (not r.get("no_effect") and rate >= 1 + max(NO_GAIN_PCT, runs.rate_noise_pct) / 100
-                  and (to_loss is None or to_loss < 0.9 * rate))
+        gained = (
+            not r.get("no_effect")
+            and rate >= 1 + max(NO_GAIN_PCT, runs.rate_noise_pct) / 100
+            and (to_loss is None or to_loss < 0.9 * rate)
+        )
         changed = runs.changes(stage)
         if not (gained or changed):
             continue
         why = []
         if m["steps"] != pm["steps"]:
-            why.append(f"{m['steps']:,} optimizer steps for the budget against {pm['steps']:,} "
-                       f"({pm['steps'] / m['steps']:.3g}x fewer per token)")
+            why.append(
+                f"{m['steps']:,} optimizer steps for the budget against {pm['steps']:,} "
+                f"({pm['steps'] / m['steps']:.3g}x fewer per token)"
+            )
         if changed:
-            why.append(f"its final validation loss is {m['val_loss_final']:.3f} against {pm['val_loss_final']:.3f}, "
-                       f"beyond the seeds' spread of {runs.spread:.3f}")
-        outcome = (f"reaches its parent's loss {to_loss:.2f}x as fast" if to_loss is not None
-                   else "does not reach its parent's loss within the budget")
-        lead = (f"trains {fmt_pct(100 * (rate - 1))} faster per sample than `{p['stage']}` but" if gained
-                else f"({fmt_pct(100 * (rate - 1))} tokens/s against `{p['stage']}`)")
-        lines.append(f"`{stage}` {lead} {outcome}: " + ("; ".join(why) or "its curve falls more slowly per token")
-                     + ".")
+            why.append(
+                f"its final validation loss is {m['val_loss_final']:.3f} against {pm['val_loss_final']:.3f}, "
+                f"beyond the seeds' spread of {runs.spread:.3f}"
+            )
+        outcome = (
+            f"reaches its parent's loss {to_loss:.2f}x as fast"
+            if to_loss is not None
+            else "does not reach its parent's loss within the budget"
+        )
+        lead = (
+            f"trains {fmt_pct(100 * (rate - 1))} faster per sample than `{p['stage']}` but"
+            if gained
+            else f"({fmt_pct(100 * (rate - 1))} tokens/s against `{p['stage']}`)"
+        )
+        lines.append(
+            f"`{stage}` {lead} {outcome}: " + ("; ".join(why) or "its curve falls more slowly per token") + "."
+        )
     return lines
 
 
@@ -175,24 +214,35 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
     to a model."""
     lines = []
     for kept in runs.kept_models():
-        keeping = [s for s in runs.stages
-                   if runs.kept_model(s) == kept and not runs.changes(s) and ok(runs.records.get(s))]
+        keeping = [
+            s for s in runs.stages if runs.kept_model(s) == kept and not runs.changes(s) and ok(runs.records.get(s))
+        ]
         theirs, _ = runs.vs(kept, kept)
         if not keeping or not theirs:
             continue
         times = {s: runs.vs(s, kept)[1] for s in keeping}  # each keeping stage's seconds to that loss
         last, start = keeping[-1], STARTS_FROM.get(ladder_of(keeping[-1]))
-        reached = [f"by `{s}` in {fmt_num(times[s])} s ({speedup(theirs, times[s])} as fast)" if times[s]
-                   else f"not by `{s}` within the budget" for s in [last] + ([start] if start in keeping else [])]
+        reached = [
+            f"by `{s}` in {fmt_num(times[s])} s ({speedup(theirs, times[s])} as fast)"
+            if times[s]
+            else f"not by `{s}` within the budget"
+            for s in [last] + ([start] if start in keeping else [])
+        ]
         after = f"{len(keeping)} stages after it keep" if len(keeping) > 1 else "stage after it keeps"
         _, base_s = runs.vs(BASELINE, kept)  # the baseline's own model passes through that loss too
         soonest = min((t for t in times.values() if t), default=None)
-        baseline = ("" if not base_s else f"; `{BASELINE}` reaches it in {fmt_num(base_s)} s"
-                    + (", sooner than every stage that keeps it" if soonest is None or base_s < soonest else ""))
-        lines.append(f"`{kept}` trains another model than its parent (marked changes convergence), and the {after} "
-                     f"that model: each is also timed to `{kept}`'s loss at "
-                     f"{TARGET_AT:.0%} of its budget, {runs.loss_of(kept):.3f}, which `{kept}` reaches in "
-                     f"{fmt_num(theirs)} s; it is reached " + " and ".join(reached) + baseline + ".")
+        baseline = (
+            ""
+            if not base_s
+            else f"; `{BASELINE}` reaches it in {fmt_num(base_s)} s"
+            + (", sooner than every stage that keeps it" if soonest is None or base_s < soonest else "")
+        )
+        lines.append(
+            f"`{kept}` trains another model than its parent (marked changes convergence), and the {after} "
+            f"that model: each is also timed to `{kept}`'s loss at "
+            f"{TARGET_AT:.0%} of its budget, {runs.loss_of(kept):.3f}, which `{kept}` reaches in "
+            f"{fmt_num(theirs)} s; it is reached " + " and ".join(reached) + baseline + "."
+        )
     return lines
 
 
@@ -206,22 +256,34 @@ def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bo
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
     colors = plt.get_cmap("tab10").colors
-    for ax, x, label in ((axes[0], "seconds", "training seconds (start-up and evaluations excluded)"),
-                         (axes[1], "tokens", "training tokens")):
+    for ax, x, label in (
+        (axes[0], "seconds", "training seconds (start-up and evaluations excluded)"),
+        (axes[1], "tokens", "training tokens"),
+    ):
         for seed in runs.seeds:
             curve = seed["metrics"]["curve"]
-            ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], color="0.7", lw=0.8,
-                    label=f"{BASELINE.replace('_', ' ')}, seed {seed.get('seed', '?')}")
+            ax.plot(
+                [p[x] for p in curve],
+                [p["val_loss"] for p in curve],
+                color="0.7",
+                lw=0.8,
+                label=f"{BASELINE.replace('_', ' ')}, seed {seed.get('seed', '?')}",
+            )
         for i, (stage, r) in enumerate(finished):
             curve = r["metrics"]["curve"]
-            ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], color=colors[i % len(colors)],
-                    lw=2 if stage == BASELINE else 1.2,
-                    label=stage.replace("_", " ") + (f", seed {r.get('seed')}" if stage == BASELINE else ""))
+            ax.plot(
+                [p[x] for p in curve],
+                [p["val_loss"] for p in curve],
+                color=colors[i % len(colors)],
+                lw=2 if stage == BASELINE else 1.2,
+                label=stage.replace("_", " ") + (f", seed {r.get('seed')}" if stage == BASELINE else ""),
+            )
         if runs.target is not None:
             ax.axhline(runs.target, color="black", ls="--", lw=0.8, label=f"target {runs.target:.3f}")
         for kept in runs.kept_models():
-            ax.axhline(runs.loss_of(kept), color="black", ls=":", lw=0.8,
-                       label=f"{kept[:7]}'s model {runs.loss_of(kept):.3f}")
+            ax.axhline(
+                runs.loss_of(kept), color="black", ls=":", lw=0.8, label=f"{kept[:7]}'s model {runs.loss_of(kept):.3f}"
+            )
         ax.set_xlabel(label)
         ax.set_title(f"validation loss against {x}")
     axes[0].set_ylabel("validation loss")
@@ -242,11 +304,13 @@ def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
         if not (ok(r) and r.get("no_effect") and ok(t) and not t.get("no_effect")):
             continue
         mine, theirs = r["model"], t["model"]
-        lines.append(f"`{stage}` is marked (no effect) here but not in the {ladder_of(stage)} ladder's table above: "
-                     f"{r['no_effect']}. The model trained here has {mine['n_layer']} layers x {mine['n_embd']}, "
-                     f"vocabulary {mine['vocab_size']}, block {mine['block_size']}; the timed ladder's has "
-                     f"{theirs['n_layer']} x {theirs['n_embd']}, vocabulary {theirs['vocab_size']}, block "
-                     f"{theirs['block_size']}.")
+        lines.append(
+            f"`{stage}` is marked (no effect) here but not in the {ladder_of(stage)} ladder's table above: "
+            f"{r['no_effect']}. The model trained here has {mine['n_layer']} layers x {mine['n_embd']}, "
+            f"vocabulary {mine['vocab_size']}, block {mine['block_size']}; the timed ladder's has "
+            f"{theirs['n_layer']} x {theirs['n_embd']}, vocabulary {theirs['vocab_size']}, block "
+            f"{theirs['block_size']}."
+        )
     return lines
 
 
@@ -260,15 +324,22 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
     lines = ["", "## Time to loss", "", intro(runs, shown.get("config", {}), shown.get("metrics") or {}), ""]
     lines += loss_table(runs)
     lines += ["", COLUMNS]
-    notes = loss_findings(runs) + kept_model_findings(runs) + no_effect_findings(runs, timed or {}) + [
-        "The memory and lean ladders are not trained here: each of their stages keeps its parent's trajectory "
-        "(tests/test_ladder_equivalence.py, tests/test_beyond_equivalence.py), so its time to loss is its time per "
-        "token, in the tables above. `lean_1_fsdp_bf16` computes in bf16 and so changes the numerics; it is not "
-        "trained either: at GPT-2-large's depth its run to a loss would take longer than the whole ladder here."]
+    notes = (
+        loss_findings(runs)
+        + kept_model_findings(runs)
+        + no_effect_findings(runs, timed or {})
+        + [
+            "The memory and lean ladders are not trained here: each of their stages keeps its parent's trajectory "
+            "(tests/test_ladder_equivalence.py, tests/test_beyond_equivalence.py), so its time to loss is its time per "
+            "token, in the tables above. `lean_1_fsdp_bf16` computes in bf16 and so changes the numerics; it is not "
+            "trained either: at GPT-2-large's depth its run to a loss would take longer than the whole ladder here."
+        ]
+    )
     lines += [""] + [f"- {n}" for n in notes]
     for ladder in TRAINED_TO_A_LOSS:
-        stages = list(dict.fromkeys([BASELINE, *([STARTS_FROM[ladder]] if ladder in STARTS_FROM else []),
-                                     *LADDERS[ladder]]))
+        stages = list(
+            dict.fromkeys([BASELINE, *([STARTS_FROM[ladder]] if ladder in STARTS_FROM else []), *LADDERS[ladder]])
+        )
         name = f"time_to_loss_{ladder}.png"
         if not any(ok(runs.records.get(s)) for s in LADDERS[ladder]):
             continue  # none of the ladder's own stages trained: no figure of the baseline alone
@@ -287,24 +358,34 @@ COLUMNS = (
     "earlier stage changed the model (marked changes convergence), later stages train that stage's model, not the "
     "baseline's; this is how many times sooner the stage reaches that model's loss than the stage that made it. "
     "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers) and, with CUDA graphs, "
-    "the second's (their recording), not counted in the seconds to target.")
+    "the second's (their recording), not counted in the seconds to target."
+)
 
 
 def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
     """How the section's figures were made, from the baseline's own settings and run."""
-    target = (f"The target, {runs.target:.3f}, is `{BASELINE}`'s validation loss {TARGET_AT:.0%} of the way "
-              "through its budget" if runs.target is not None else f"`{BASELINE}` did not finish: there is no target")
-    spread = (f"`{BASELINE}` also trained with {len(runs.seeds)} more seed(s): the final validation losses of its "
-              f"{len(runs.seeds) + 1} seeds span {runs.spread:.3f}, the run-to-run spread (± half of it in the "
-              "table); a stage whose final loss differs from its parent's by more is marked **changes convergence**. "
-              f"Their rates differ by {runs.rate_noise_pct:.0f}%: one run of a stage is no more precise than that, "
-              "and a stage marked (no effect) runs its parent's code on this device"
-              if runs.spread is not None else f"the baseline's {BASELINE_SEEDS} seeds are not all recorded")
-    return (f"Every stage of the speed and fast ladders trained from scratch on {cfg.get('train_tokens', 0):,} tokens "
-            f"of character-level Shakespeare (block {cfg.get('block_size')}, "
-            f"{metrics.get('tokens', 0) // max(1, metrics.get('steps', 1)):,} tokens per step before `speed_1`'s "
-            f"batch x8), with a linear warm-up and a cosine decay of the learning rate "
-            f"({cfg.get('lr')} to {cfg.get('min_lr')}), evaluated every {cfg.get('eval_every_tokens', 0):,} tokens on "
-            f"the same {cfg.get('eval_windows')} held-out windows. {target}. {spread}. Seconds are training seconds: "
-            "the evaluations and the start-up (compilation, DataLoader workers, the recording of CUDA graphs), given "
-            "apart, are not in them; the columns are defined under the table.")
+    target = (
+        f"The target, {runs.target:.3f}, is `{BASELINE}`'s validation loss {TARGET_AT:.0%} of the way "
+        "through its budget"
+        if runs.target is not None
+        else f"`{BASELINE}` did not finish: there is no target"
+    )
+    spread = (
+        f"`{BASELINE}` also trained with {len(runs.seeds)} more seed(s): the final validation losses of its "
+        f"{len(runs.seeds) + 1} seeds span {runs.spread:.3f}, the run-to-run spread (± half of it in the "
+        "table); a stage whose final loss differs from its parent's by more is marked **changes convergence**. "
+        f"Their rates differ by {runs.rate_noise_pct:.0f}%: one run of a stage is no more precise than that, "
+        "and a stage marked (no effect) runs its parent's code on this device"
+        if runs.spread is not None
+        else f"the baseline's {BASELINE_SEEDS} seeds are not all recorded"
+    )
+    return (
+        f"Every stage of the speed and fast ladders trained from scratch on {cfg.get('train_tokens', 0):,} tokens "
+        f"of character-level Shakespeare (block {cfg.get('block_size')}, "
+        f"{metrics.get('tokens', 0) // max(1, metrics.get('steps', 1)):,} tokens per step before `speed_1`'s "
+        f"batch x8), with a linear warm-up and a cosine decay of the learning rate "
+        f"({cfg.get('lr')} to {cfg.get('min_lr')}), evaluated every {cfg.get('eval_every_tokens', 0):,} tokens on "
+        f"the same {cfg.get('eval_windows')} held-out windows. {target}. {spread}. Seconds are training seconds: "
+        "the evaluations and the start-up (compilation, DataLoader workers, the recording of CUDA graphs), given "
+        "apart, are not in them; the columns are defined under the table."
+    )

@@ -1,6 +1,7 @@
 """Where the time goes: the profiled steps' breakdown of each stage (gpt/step_profiler.py) read against its
 parent's, the share each change acts on (its optimization's time targets: gpt/optimizations), and the section
 that explains the shares."""
+
 import math
 from pathlib import Path
 
@@ -88,19 +89,29 @@ def time_line(r: Rung, time_goal: bool) -> str | None:
             was = " and ".join(f"{label(c)} was {fmt_share(pb.get(c, 0))}" for c in targets)
             also = [f"{label(c)} {fmt_share(parent_timed[c])}" for c in targets if c in parent_timed]
             also = f" ({' and '.join(also)} of its timed repeats)" if also else ""
-            return (f"{head}, did not help): {was} of the parent's profiled step already{also}, and stayed small "
-                    "here, so there was little to remove")
+            return (
+                f"{head}, did not help): {was} of the parent's profiled step already{also}, and stayed small "
+                "here, so there was little to remove"
+            )
         head += ", did not help"
 
     def moved(c: str) -> str:
-        repeats = (f"; timed repeats: {fmt_share(parent_timed[c])} -> {fmt_share(timed[c])}"
-                   if c in timed and c in parent_timed else "")
-        return (f"{label(c)} {fmt_share(pb.get(c, 0))} -> {fmt_share(b.get(c, 0))} "
-                f"({fmt_time(pt.get(c, 0))} -> {fmt_time(t.get(c, 0))}{repeats})")
+        repeats = (
+            f"; timed repeats: {fmt_share(parent_timed[c])} -> {fmt_share(timed[c])}"
+            if c in timed and c in parent_timed
+            else ""
+        )
+        return (
+            f"{label(c)} {fmt_share(pb.get(c, 0))} -> {fmt_share(b.get(c, 0))} "
+            f"({fmt_time(pt.get(c, 0))} -> {fmt_time(t.get(c, 0))}{repeats})"
+        )
 
     cited = targets or [biggest]
-    return f"{head}): " + ", ".join(map(moved, cited)) + (
-        f"; largest change: {moved(biggest)}" if biggest not in cited else "")
+    return (
+        f"{head}): "
+        + ", ".join(map(moved, cited))
+        + (f"; largest change: {moved(biggest)}" if biggest not in cited else "")
+    )
 
 
 def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
@@ -109,31 +120,47 @@ def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
     lines = [ln for ln in lines if ln]
     if not lines:
         return []
-    return ["", f"Where the time goes, stage by stage (share of a profiled step's wall time, then seconds per "
-                f"{samples_label(rungs)} samples; for data wait and copy also their share of the timed repeats, the "
-                "tables' data wait / copy column; the bottleneck column is the largest share of the profiled "
-                "step):", ""] + \
-        [f"- {ln}" for ln in lines]
+    return [
+        "",
+        f"Where the time goes, stage by stage (share of a profiled step's wall time, then seconds per "
+        f"{samples_label(rungs)} samples; for data wait and copy also their share of the timed repeats, the "
+        "tables' data wait / copy column; the bottleneck column is the largest share of the profiled "
+        "step):",
+        "",
+    ] + [f"- {ln}" for ln in lines]
 
 
 def time_section(runs: Path, ladders: dict[str, list[Rung]], rel: str) -> list[str]:
     """The section under the breakdown plot of every ladder (plots.plot_time_breakdown): how the shares are measured,
     and where the traces are."""
     profiled = [r for rungs in ladders.values() for r in rungs if shares(r.record)]
-    traces = [r.stage for r in profiled if r.m("profiler").get("trace")
-              and (runs / r.m("profiler")["trace"]).is_file()]  # a committed records folder keeps none
+    traces = [
+        r.stage for r in profiled if r.m("profiler").get("trace") and (runs / r.m("profiler")["trace"]).is_file()
+    ]  # a committed records folder keeps none
     steps = sorted({r.m("profiler")["steps"] for r in profiled})
     gpu = any("gpu_idle" in shares(r.record) for r in profiled)
-    lines = ["", "## Where the time goes", "",
-             f"After its timed repeats, each stage trains {' or '.join(map(str, steps))} more step(s) under "
-             "`torch.profiler` (rank 0 of distributed stages). Every instant of those steps goes to one "
-             "category, so the shares add up to 100%; the bars split each stage's timed seconds by them. "
-             + ("On the GPU a category is what the GPU was doing (the phase that launched the running kernel); "
-                "GPU idle is time with no kernel running while the host was neither waiting for data nor "
-                "copying. " if gpu else "On the CPU a category is the phase the training thread was in. ")
-             + "docs/measurement.md, 'Where the time goes', defines each one.", "",
-             f"![where the time goes]({rel}/time_breakdown.png)"]
+    lines = [
+        "",
+        "## Where the time goes",
+        "",
+        f"After its timed repeats, each stage trains {' or '.join(map(str, steps))} more step(s) under "
+        "`torch.profiler` (rank 0 of distributed stages). Every instant of those steps goes to one "
+        "category, so the shares add up to 100%; the bars split each stage's timed seconds by them. "
+        + (
+            "On the GPU a category is what the GPU was doing (the phase that launched the running kernel); "
+            "GPU idle is time with no kernel running while the host was neither waiting for data nor "
+            "copying. "
+            if gpu
+            else "On the CPU a category is the phase the training thread was in. "
+        )
+        + "docs/measurement.md, 'Where the time goes', defines each one.",
+        "",
+        f"![where the time goes]({rel}/time_breakdown.png)",
+    ]
     if traces:
-        lines += ["", f"Traces: `{display(runs)}/<stage>.trace.json.gz` for {len(traces)} stage(s); open one in "
-                      "https://ui.perfetto.dev or chrome://tracing."]
+        lines += [
+            "",
+            f"Traces: `{display(runs)}/<stage>.trace.json.gz` for {len(traces)} stage(s); open one in "
+            "https://ui.perfetto.dev or chrome://tracing.",
+        ]
     return lines

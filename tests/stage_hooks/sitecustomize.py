@@ -9,6 +9,7 @@ command a user types. It does nothing unless one of these is set:
     HOOK_DROPOUT=<p>           the stage's dropout, overridden (0 to compare ranks with one process)
     HOOK_SAVE_PARAMS=<file>    every trained parameter, whole, saved by rank 0 to <file>
 """
+
 import os
 import signal
 import sys
