@@ -667,24 +667,43 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if profile == "smoke" or args.quick else 4  # smoke: the tests' profile, seconds per stage
     gpu_tests = args.quick and device == "cuda"
     if args.quick:
-        counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
-        earlier = quick.estimate(
-            [j.record for j in jobs]
-            + [
-                record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
-                for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]]
-                if SPEEDRUN in sections
-            ]
-        )
-        quick.print_plan(sections, counts, args.deadline, gpu_tests, earlier, progress.total)
+        print_quick_plan(args, sections, jobs, out, gpu_tests, progress.total)
     if device == "cpu":
         measure_cpu_peaks(out, rounds)
     for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
         machine_cache.forget(name)
-    on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops it as Ctrl-C does
+    if gpu_tests:
+        quick.run_gpu_tests(out, args.deadline)
+    failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
+    if interrupted:
+        print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
+
+    if device == "cpu" and not interrupted:
+        remeasure_cpu_peak(out, rounds)
+    if "memory" in ladders and not interrupted:
+        run_memory_planner(out, None if args.fresh else published_dir(profile, device))
+
+    write_results(args, out, profile, device, interrupted)
+    return 130 if interrupted else 1 if failures else 0
+
+
+def print_quick_plan(args, sections: list[str], jobs: list[Job], out: Path, gpu_tests: bool, total: int) -> None:
+    """A quick run's plan, with the estimate the wall clocks of this folder's earlier records give."""
+    counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
+    loss_records = [
+        record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
+        for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]]
+        if SPEEDRUN in sections
+    ]
+    earlier = quick.estimate([j.record for j in jobs] + loss_records)
+    quick.print_plan(sections, counts, args.deadline, gpu_tests, earlier, total)
+
+
+def run_sections(args, jobs, sections, profile, device, out, progress) -> tuple[int, bool]:
+    """The timed ladders' stages, then the training to a loss, then the speedrun, as `sections` ask; a kill stops
+    them as Ctrl-C does. Returns (failed stages, interrupted)."""
+    on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        if gpu_tests:
-            quick.run_gpu_tests(out, args.deadline)
         failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
         if TIME_TO_LOSS in sections and not interrupted:
             more, interrupted = run_to_a_loss(args, profile, device, out, progress)
@@ -696,18 +715,14 @@ def main(argv: list[str] | None = None) -> int:
         failures, interrupted = 0, True
     finally:
         signal.signal(signal.SIGTERM, on_term)
-    if interrupted:
-        print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
+    return failures, interrupted
 
-    if device == "cpu" and not interrupted:
-        remeasure_cpu_peak(out, rounds)
-    if "memory" in ladders and not interrupted:
-        run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
-    # The default run is the project's report: its JSON records go to records/<profile>-<device>/ (committed), and
-    # results.md and plots/ at the top of the repo are generated from there, but only once every section finished.
-    # A run with --out, a quick run, one section (--only) and an interrupted run keep their report beside their
-    # records, and leave the committed ones, results.md and plots/ as they were.
+def write_results(args, out: Path, profile: str, device: str, interrupted: bool) -> None:
+    """The report. A whole default run that finished is the project's: its JSON records go to
+    records/<profile>-<device>/ (committed), and results.md and plots/ at the top of the repo are generated from
+    there. A run with --out, a quick run, one section (--only) and an interrupted run keep their report beside their
+    records, and leave the committed ones, results.md and plots/ as they were."""
     if args.out or not finished_whole(args, interrupted):
         results = write_report(out)
         if not args.out:
@@ -724,7 +739,6 @@ def main(argv: list[str] | None = None) -> int:
             f"   W&B (offline, group {os.environ['GPT_LADDER_GROUP']}): "
             f"upload with `wandb sync {wandb_dir}/offline-run-*`"
         )
-    return 130 if interrupted else 1 if failures else 0
 
 
 if __name__ == "__main__":

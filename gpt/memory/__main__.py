@@ -60,7 +60,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m gpt.memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(required=True, metavar="{estimate,reference,fit,compare,snapshot}")
+    for add in (_estimate_command, _reference_command, _fit_command, _compare_command, _snapshot_command):
+        add(sub)
+    return p.parse_args(argv)
 
+
+def _estimate_command(sub) -> None:
     e = sub.add_parser("estimate", help="predicted peak memory of one stage")
     e.add_argument("--stage", default="memory_0_baseline", help="stage name, e.g. memory_2_checkpointing")
     e.add_argument("--profile", default="reference", help=f"settings profile: {', '.join(PROFILES)}")
@@ -89,6 +94,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     e.set_defaults(command=cmd_estimate)
 
+
+def _reference_command(sub) -> None:
     r = sub.add_parser("reference", help="the reference's memory stages vs their documented peaks")
     r.add_argument(
         "--vocab-size",
@@ -108,6 +115,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _common(r, json_help="write memory_reference.json-style output here", jobs=True)
     r.set_defaults(command=cmd_reference)
 
+
+def _fit_command(sub) -> None:
     f = sub.add_parser("fit", help="the largest model that fits a budget, before and after the ladder")
     f.add_argument("--budget-gib", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
     f.add_argument(
@@ -133,6 +142,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _common(f, json_help="write memory_fit.json-style output here", jobs=True)
     f.set_defaults(command=cmd_fit)
 
+
+def _compare_command(sub) -> None:
     c = sub.add_parser("compare", help="estimates vs the peaks measured by real runs")
     c.add_argument("--runs", required=True, help="directory of stage records (<stage>.json)")
     c.add_argument("--json", help="write memory_compare.json-style output here")
@@ -144,12 +155,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     c.set_defaults(command=cmd_compare)
 
+
+def _snapshot_command(sub) -> None:
     s = sub.add_parser("snapshot", help="a CUDA allocator snapshot: its step's peak and what made it")
     s.add_argument("pickle", help="a file written by torch.cuda.memory._dump_snapshot (read as plain data only)")
     s.add_argument("--device", type=int, help="CUDA device of the trace (default: the one with the most events)")
     s.add_argument("--json", help="also write the figures as JSON")
     s.set_defaults(command=cmd_snapshot)
-    return p.parse_args(argv)
 
 
 def _common(parser, json_help: str, jobs: bool = False):

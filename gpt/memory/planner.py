@@ -226,11 +226,13 @@ def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
     return figures + _fsdp_unit_figures(by["memory_4_fsdp"])
 
 
+def pct(a: float, b: float) -> float:
+    """a against b, in percent."""
+    return 100 * (a / b - 1)
+
+
 def _snapshot_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, str]]:
     """The reference's snapshots against the estimates (category by category), the vocabulary, the warm-up."""
-
-    def pct(a, b):
-        return 100 * (a / b - 1)
 
     def worst(keys):
         return max(
@@ -299,6 +301,13 @@ def _snapshot_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, s
             f"{cfg.batch_size * cfg.block_size * REFERENCE_VOCAB * 4 / MiB:.1f} MiB",
         ),
     ]
+    return figures + _untraced_figures(rows, traced)
+
+
+def _untraced_figures(rows: list[dict], traced: list[dict]) -> list[tuple[str, str]]:
+    """The stages without a snapshot against the traced ones: documented above a traced step, estimates below."""
+
+    figures = []
     untraced = [r for r in rows if not r.get("snapshot") and r["stage"] != "memory_4_fsdp"]
     if untraced:
         over = [pct(r["documented_mib"], r["snapshot"].peak_mib) for r in traced]

@@ -77,6 +77,13 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
         "",
         *table(["", ""], rows),
     ]
+    return lines + header_warnings(machine, profiles)
+
+
+def header_warnings(machine: dict, profiles: list[str]) -> list[str]:
+    """What makes the records' times or comparisons less trustworthy: a busy machine, a CPU that ran faster at the
+    end than at the start, records of several profiles."""
+    lines, peaks, end = [], machine.get("cpu_peaks_gflops"), machine.get("cpu_peak_end_gflops") or {}
     if machine.get("load_average", 0) > 0.5 * (machine.get("cpu_count") or 1):
         lines += [
             "",
