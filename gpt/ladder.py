@@ -50,11 +50,7 @@ LADDERS = {
     # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
     # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
     # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
-    "lean": [
-        "lean_1_fsdp_bf16",
-        "lean_2_chunked_loss",
-        "lean_3_cpu_offload",
-    ],
+    "lean": ["lean_1_fsdp_bf16", "lean_2_chunked_loss", "lean_3_cpu_offload"],
     # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to speed_0's
     # final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep the model
     # (their gain per sample should carry over whole at the baseline's batch), then the training changes, each kept

@@ -21,10 +21,7 @@ def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     Without early stop no exception crosses an op; the saved tensors, and so the gradients, are the same."""
     if not cfg.activation_checkpointing:
         return model
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
-    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     blocks = model.transformer.h
     for i, block in enumerate(blocks):
