@@ -128,8 +128,7 @@ def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" 
 
 def still_runs(job: "Job", profile: str, device: str) -> bool:
     """Whether the stage of `job` can run on this machine now (no reason to skip it)."""
-    cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
-    return optimizations.why_cannot_run(cfg, device) is None
+    return optimizations.why_cannot_run(job.config(profile, device), device) is None
 
 
 def prepare_data(profile: str, sections: list[str]) -> None:
@@ -178,7 +177,7 @@ def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
     from gpt.optimizations import chunked_loss
 
     for job in jobs:
-        cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
+        cfg = job.config(profile, device)
         if reason := optimizations.why_cannot_run(cfg, device):
             print(f"   {job.name} cannot run here: {reason}")
         elif missing := chunked_loss.missing_here(cfg, device):
@@ -314,6 +313,10 @@ class Job:
     extra: list[str] = field(default_factory=list)  # after the stage's common arguments
     seed: int | None = None  # a run to a loss with another seed than the profile's
 
+    def config(self, profile: str, device: str):
+        """The stage's settings in this job (a TrainConfig), as its process builds them."""
+        return stage_config(self.stage, profile, self.to_a_loss, device=device, seed=self.seed)
+
     @property
     def log(self) -> Path:
         return self.record.with_suffix(".log")
@@ -355,7 +358,7 @@ def failed_record(job: Job, profile: str, device: str, reason: str, status: str 
     """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter), or that a
     quick run had no time left for (status "skipped")."""
     try:
-        cfg = stage_config(job.stage, profile, job.to_a_loss, device=device, seed=job.seed)
+        cfg = job.config(profile, device)
     except UserError:
         cfg = None
     record = unfinished_record(job.stage, profile, status, reason, cfg)
@@ -410,7 +413,7 @@ class Progress:
 def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
     """Run the jobs in order with a progress line each; returns (failed stages, interrupted). In a quick run a job
     the time limit leaves no room for is recorded as not run, and one running when it comes is stopped."""
-    deadline = getattr(args, "deadline", None)
+    deadline = args.deadline
     tty = sys.stdout.isatty()
     cr = "\r" if tty else ""  # on a terminal the final line overwrites the ticking one
     start, failures = progress.start, 0
@@ -552,7 +555,7 @@ def run_speedrun(
         f"{baseline}'s model (the highest final validation loss of its {len(seeds)} seed(s))",
         flush=True,
     )
-    deadline = getattr(args, "deadline", None)
+    deadline = args.deadline
     if target is None and not (deadline and deadline.passed()):  # a quick run's limit: each stage says "not run"
         return failures, False
     if args.quick:

@@ -402,9 +402,9 @@ def test_the_speedruns_optimizer_groups_follow_wsd_on_cuda(speedrun_on_cuda):
     check_the_groups_follow_wsd(speedrun_on_cuda)
 
 
-def test_the_noise_scale_measures_on_cuda(char_data, tmp_path, monkeypatch):
+def test_the_noise_scale_measures_on_cuda(char_data, tmp_path):
     """python -m gpt.noise_scale on CUDA at the smoke profile's shapes: speed_0's run (fp32, eager) with its batches
     halved, then t(B) with speedrun_1's code compiled with CUDA graphs at each batch; the record names the GPU."""
-    record = measure_smoke(char_data, "cuda", tmp_path / "noise.json", monkeypatch)
+    record = measure_smoke(char_data, "cuda", tmp_path / "noise.json")
     check_smoke_measurement(record)
     assert record["device"] == torch.cuda.get_device_name()

@@ -157,26 +157,27 @@ def test_on_a_torch_without_the_chunked_op_t_b_is_timed_with_the_full_loss(monke
     assert chunked_loss.loss_used(timed, "cpu", 65)[0] == "full"
 
 
-def measure_smoke(char_data, device: str, out, monkeypatch) -> dict:
-    """`python -m gpt.noise_scale` on the smoke profile on `device`, t(B) at batches 4 and 8: its record, written to
-    `out` (where the device has no chunked loss, speedrun_1's code computes the full loss: chunked_loss.loss_used)."""
-    assert (
-        noise_scale.main(
-            [
-                "--profile",
-                "smoke",
-                "--device",
-                device,
-                "--data-dir",
-                str(char_data),
-                "--batches",
-                "4,8",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+def smoke_args(char_data, device: str, out, *more: str) -> list[str]:
+    """The command line of `python -m gpt.noise_scale` on the smoke profile on `device`, t(B) at batches 4 and 8."""
+    return [
+        "--profile",
+        "smoke",
+        "--device",
+        device,
+        "--data-dir",
+        str(char_data),
+        "--batches",
+        "4,8",
+        "--out",
+        str(out),
+        *more,
+    ]
+
+
+def measure_smoke(char_data, device: str, out) -> dict:
+    """`python -m gpt.noise_scale` on the smoke profile on `device` (smoke_args): its record, written to `out` (where
+    the device has no chunked loss, speedrun_1's code computes the full loss: chunked_loss.loss_used)."""
+    assert noise_scale.main(smoke_args(char_data, device, out)) == 0
     return json.loads(out.read_text())
 
 
@@ -204,7 +205,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
         lambda cfg, *a, **k: timed(TrainConfig.from_dict({**cfg.to_dict(), "compile": False}), *a, **k),
     )
     out = tmp_path / "noise.json"
-    record = measure_smoke(char_data, "cpu", out, monkeypatch)
+    record = measure_smoke(char_data, "cpu", out)
     check_smoke_measurement(record)
     assert "chosen batch" in capsys.readouterr().out
     plot_noise_scale(record, tmp_path / "noise.png")
@@ -213,25 +214,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     # again with --reuse: the curve is the record's (no training), the step times are measured anew
     monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("the curve was measured again"))
     again = tmp_path / "again.json"
-    assert (
-        noise_scale.main(
-            [
-                "--profile",
-                "smoke",
-                "--device",
-                "cpu",
-                "--data-dir",
-                str(char_data),
-                "--batches",
-                "4,8",
-                "--out",
-                str(again),
-                "--reuse",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert noise_scale.main(smoke_args(char_data, "cpu", again, "--reuse", str(out))) == 0
     reused = json.loads(again.read_text())
     assert reused["curve"] == record["curve"] and reused["window"] == record["window"]
     assert reused["reused_from"] == str(out) and reused["provenance"] == record["provenance"]
@@ -243,22 +226,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
     other = {**record, "provenance": {**record["provenance"], "key": {**record["provenance"]["key"], "profile": "cpu"}}}
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(pytest.fail.Exception, match="measured again"):
-        noise_scale.main(
-            [
-                "--profile",
-                "smoke",
-                "--device",
-                "cpu",
-                "--data-dir",
-                str(char_data),
-                "--batches",
-                "4,8",
-                "--out",
-                str(again),
-                "--reuse",
-                str(tmp_path / "other.json"),
-            ]
-        )
+        noise_scale.main(smoke_args(char_data, "cpu", again, "--reuse", str(tmp_path / "other.json")))
 
 
 def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch):
