@@ -137,16 +137,6 @@ def prefix_sizes(total: int, first: int = FIRST_PREFIX) -> list[int]:
     return sizes + [total]
 
 
-def speedrun_target(records: Path) -> float | None:
-    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds."""
-    from gpt.records import read_record, time_to_loss_dir
-    from gpt.time_to_loss import baseline_model_loss
-
-    folder = time_to_loss_dir(records)
-    paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
-    return baseline_model_loss([read_record(p) for p in paths if p.exists()])
-
-
 def floor(data_dir, block_size: int, count: int, order: int = ORDER) -> list[tuple[int, float]]:
     """(training characters, validation cross-entropy) for each prefix of the training split."""
     from gpt.data import load_prepared, token_dtype
@@ -162,6 +152,7 @@ def floor(data_dir, block_size: int, count: int, order: int = ORDER) -> list[tup
 @exit_on_user_error
 def main(argv=None):
     from gpt.ladder import stage_config
+    from gpt.records import speedrun_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="cpu", help="whose time-to-loss data, windows and target (default cpu)")

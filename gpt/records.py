@@ -13,6 +13,7 @@ import torch
 
 from gpt.errors import UserError
 from gpt.files import write_atomically
+from gpt.loss_curve import baseline_model_loss
 from gpt.profiles import profile_settings
 
 SCHEMA_VERSION = 1
@@ -225,6 +226,14 @@ def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
     """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss
     (gpt/ladder.py: ONLY_TO_A_LOSS, the speedrun)."""
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
+
+
+def speedrun_target(out: Path) -> float | None:
+    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds there
+    (loss_curve.baseline_model_loss), None without a finished one."""
+    folder = time_to_loss_dir(out)
+    paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
+    return baseline_model_loss([read_record(p) for p in paths if p.exists()])
 
 
 def snapshot_path(out: Path, stage: str) -> Path:

@@ -17,6 +17,7 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import ladder_of, load_stage, parent_of, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
+from gpt.published import published_dir
 from gpt.records import (
     environment,
     failure_of,
@@ -26,6 +27,7 @@ from gpt.records import (
     read_record,
     record_path,
     snapshot_path,
+    speedrun_target,
     time_to_loss_dir,
     trace_path,
     writable_dir,
@@ -129,6 +131,25 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
     return overrides
 
 
+def default_speedrun_target(stage: str, out: Path, profile: str, device: str) -> float | None:
+    """A speedrun stage run alone without --target-loss races to speed_0's model as run_all finds it: in the run's
+    folder, else in the committed records of this profile and device; one line says which (or that it trains its
+    whole budget, with no target to stop at)."""
+    for folder in (out, published_dir(profile, device)):
+        target = speedrun_target(folder)
+        if target is not None:
+            print(
+                f"{stage}: target {target:.4f}, speed_0_baseline's final validation loss in {folder} "
+                "(--target-loss sets another)"
+            )
+            return target
+    print(
+        f"{stage}: no target (no speed_0_baseline record in {out} or {published_dir(profile, device)}): "
+        "training the whole budget"
+    )
+    return None
+
+
 def stage_meta(stage: str, profile: str) -> dict:
     """The keys that place a record in its ladder."""
     return {"stage": stage, "ladder": ladder_of(stage), "profile": profile, "parent": parent_of(stage)}
@@ -181,6 +202,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
         optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
+    if trains_to_a_loss_only(stage) and args.target_loss is None:
+        cfg.target_loss = default_speedrun_target(stage, out, profile, dev)
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)

@@ -21,7 +21,7 @@ from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
-from gpt.records import read_record, time_to_loss_dir, write_record
+from gpt.records import read_record, record_path, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
 
 SPEEDRUN = LADDERS["speedrun"]
@@ -267,6 +267,25 @@ def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_pat
         assert p.returncode == 2, p.stderr
         assert p.stderr.strip().count("\n") == 0 and "--lr" in p.stderr
     assert not list(tmp_path.rglob("*.json"))  # rejected before any training
+
+
+def test_a_speedrun_stage_run_alone_races_to_speed_0s_model_in_its_folder_or_the_committed_one(
+    tmp_path, monkeypatch, capsys
+):
+    """Without --target-loss a speedrun stage takes the target run_all would give it: speed_0's seeds in its own
+    folder first, else the committed records; with neither it says it trains the whole budget."""
+    from gpt import stage
+
+    committed, out = tmp_path / "committed", tmp_path / "out"
+    monkeypatch.setattr(stage, "published_dir", lambda profile, device: committed)
+    assert stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu") is None
+    assert "no target" in capsys.readouterr().out
+    for folder, finals in ((committed, [1.9, 1.8]), (out, [1.7, 1.75])):
+        for seed, final in zip([None, 3408], finals):
+            record = {"status": "ok", "metrics": {"val_loss_final": final}}
+            write_record(record_path(time_to_loss_dir(folder), "speed_0_baseline", seed), record)
+        target = stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu")
+        assert target == max(finals) and str(folder) in capsys.readouterr().out
 
 
 @pytest.fixture
