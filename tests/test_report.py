@@ -2,6 +2,7 @@
 (resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -286,7 +287,7 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
     md = write_report(tmp_path, tmp_path / "docs" / "results.md").read_text()
     assert "## Memory ladder" in md and "## Speed ladder" not in md
     assert row(md, "memory_1_grad_accum")[2:6] == ["150", "-25%", "-25%", "25,194 (-31%)"]
-    assert row(md, "memory_1_grad_accum")[7] == "+10%"  # time vs previous
+    assert row(md, "memory_1_grad_accum")[6] == "3.30 ± 0.033 (+10%)"  # time, and its change vs previous
     assert row(md, "memory_3_foreach_off")[2] == "not run"
     assert "`memory_2_checkpointing` did not lower the peak here (+0.0%)" in md
     assert "## Memory planner" in md
@@ -552,8 +553,15 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     assert "documented" not in lean_head and "build-nanogpt" not in lean_head
     assert row(md, "lean_1_fsdp_bf16")[3:5] == ["-20%", "-60%"]  # vs memory_4_fsdp, vs memory_0_baseline
     assert row(md, "lean_3_cpu_offload")[2] == "**skipped**: nothing to offload to"
-    for name in ("fast.png", "lean.png", "time_breakdown.png"):
+    for name in ("fast.png", "memory.png", "time_breakdown.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == PNG, name
+    # the lean ladder continues the memory ladder's figure (memory_4, then lean_1) instead of a figure of its own
+    assert not (tmp_path / "plots" / "lean.png").exists() and "plots/lean" not in md
+    assert "![memory ladder and lean ladder](plots/memory.png)" in md
+    assert (
+        "Its stages are drawn in the memory ladder's figures, after `memory_4_fsdp`: "
+        "[plots/memory.png](plots/memory.png)." in md.split("## Lean ladder")[1]
+    )
 
 
 def test_report_cli_without_records_is_one_line_error(tmp_path):
@@ -912,3 +920,96 @@ def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_st
     assert sorted(reasons) == LADDERS["speedrun"] and all(
         r.startswith("not run: the quick run's") for r in reasons.values()
     )
+
+
+# ---- the page's layout (issue 43, "the first ten minutes") --------------------------------------------------
+
+COMMITTED = REPO / "records" / "cpu-cpu"
+MEASUREMENT = REPO / "docs" / "measurement.md"
+
+
+def columns(line: str) -> int:
+    """The cells of a Markdown table row (an escaped pipe inside a cell is no border)."""
+    return line.replace("\\|", "").strip().strip("|").count("|") + 1
+
+
+@pytest.fixture(scope="module")
+def committed_page(tmp_path_factory) -> tuple[str, Path]:
+    """The page of the committed CPU run (every section: ladders, time to loss, speedrun, planner), in a temp dir."""
+    out = tmp_path_factory.mktemp("page") / "results.md"
+    return write_report(COMMITTED, out).read_text(), out.parent / "plots"
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+def test_the_page_opens_with_its_summary_and_no_table_is_wider_than_seven_columns(committed_page):
+    """The summary comes first, the machine after it (folded); every table of the whole page has at most 7 columns;
+    the columns are defined in docs/measurement.md, each table linking to its section, not repeated per ladder."""
+    from gpt.report.document import MAX_COLUMNS
+
+    md, _ = committed_page
+    headings = [ln for ln in md.splitlines() if ln.startswith("## ")]
+    assert headings[0] == "## Summary"
+    assert md.index("## Summary") < md.index("| device |") < md.index("## Speed ladder")
+    assert md.index("<details><summary>Machine and software") < md.index("| device |")
+    wide = [ln[:80] for ln in md.splitlines() if ln.startswith("|") and columns(ln) > MAX_COLUMNS]
+    assert MAX_COLUMNS == 7 and wide == []
+    anchors = {m.lower().replace(" ", "-") for m in re.findall(r"^### (.+)$", MEASUREMENT.read_text(), flags=re.M)}
+    links = re.findall(r"\]\([^)]*docs/measurement\.md#([\w-]+)\)", md)
+    assert {"the-speed-and-fast-tables", "the-memory-and-lean-tables", "the-time-to-loss-table"} <= set(links)
+    assert set(links) <= anchors  # every link lands on a section
+    assert "**s / 128 samples**: seconds to train" not in md and "**tokens/s**: training tokens" not in md
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+def test_the_page_draws_the_thesis_the_waterfall_and_one_change_across_machines(committed_page):
+    """Three figures from the records, each written and embedded; the lean ladder is drawn in the memory figure;
+    the speedrun's record table with the task above it; the planner's forensics left to gpt/memory/README.md."""
+    md, plots = committed_page
+    for name in ("thesis.png", "speedrun_waterfall.png", "machines.png", "memory.png"):
+        assert (plots / name).read_bytes()[:4] == PNG, name
+        assert f"(plots/{name})" in md, name
+    assert not (plots / "lean.png").exists() and not (plots / "lean_timeline.png").exists()
+    machines = md.split("## One change across machines")[1].split("\n## ")[0]
+    assert "- `records/cpu-cpu`: AMD EPYC (cpu), 2 CPU cores, profile cpu." in machines
+    assert "the book's documented H100 run" in machines
+    assert all(f"- `records/{f.name}`: NVIDIA" in machines for f in (REPO / "records").glob("h*") if f.is_dir())
+    speedrun = md.split("## Speedrun")[1]
+    task = speedrun.index("Task: train from scratch to validation loss 1.895")
+    assert task < speedrun.index("| # | change | training s | wall s | x vs speed_0 | tokens | record |")
+    assert "| 6 | a learned bigram embedding" in speedrun and "of 384,000 (30% left) |" in speedrun
+    assert "[records/cpu-cpu/speedrun/speedrun_6_bigram.json](" in speedrun
+    planner = md.split("## Memory planner")[1]
+    assert "Blocks over 1 MiB allocated anew every step" not in planner and "| figure | value |" not in planner
+    assert "gpt/memory/README.md](" in planner and "| stage | change | documented MiB |" in planner
+
+
+def test_the_machines_figure_names_each_series_machine(tmp_path):
+    """A page's own run and every committed records folder with speed stages, beside the documented changes."""
+    write_ladder(
+        tmp_path, [fake_record("speed_0_baseline", seconds=8.0), fake_record("speed_1_batch_size", seconds=2.0)]
+    )
+    md = write_report(tmp_path).read_text()
+    assert f"- `{tmp_path}`: Test CPU (cpu), profile smoke." in md
+    assert "- the book's documented H100 run: each stage script's REFERENCE seconds." in md
+    assert (tmp_path / "plots" / "machines.png").read_bytes()[:4] == PNG
+    only_memory = tmp_path / "memory"
+    write_ladder(only_memory, [fake_record("memory_0_baseline")])
+    assert "## One change across machines" not in write_report(only_memory).read_text()  # nothing of its own
+
+
+def test_the_memory_figure_runs_on_into_the_lean_ladder(tmp_path, monkeypatch):
+    """One memory figure for both memory ladders, lean continuing from memory_4; no lean figure of its own."""
+    from gpt.report import document
+
+    drawn = {}
+    monkeypatch.setattr(document, "plot_memory", lambda rungs, path, title: drawn.update({path.name: rungs}))
+    monkeypatch.setattr(document, "plot_timelines", lambda rungs, path: drawn.update({path.name: rungs}) or True)
+    write_ladder(
+        tmp_path,
+        [fake_record("memory_0_baseline"), fake_record("memory_4_fsdp", peak=50.0), fake_record("lean_1_fsdp_bf16")],
+    )
+    md = write_report(tmp_path).read_text()
+    assert drawn.keys() == {"memory.png", "memory_timeline.png"}
+    for rungs in drawn.values():
+        assert [r.stage for r in rungs] == LADDERS["memory"] + LADDERS["lean"]
+    assert "plots/lean" not in md

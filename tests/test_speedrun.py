@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import needs_torch_chunked_loss
+from conftest import REPO, needs_torch_chunked_loss
 from test_beyond_equivalence import real_rows
 from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
 from test_time_to_loss import learning_budget
@@ -23,6 +23,8 @@ from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import read_record, record_path, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
+
+MEASUREMENT = REPO / "docs" / "measurement.md"
 
 SPEEDRUN = LADDERS["speedrun"]
 
@@ -143,7 +145,7 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
     assert sr.holds("speed_0_baseline") and sr.holds("speedrun_1_systems") and not sr.holds("speedrun_2_batch_lr")
     assert sr.seconds("speedrun_2_batch_lr")[1] is None
     text = "\n".join(speedrun_section(sr, tmp_path, "plots"))
-    assert "| speedrun_1_systems |" in text and "5.54x" in text  # (90.48 + 120) / 2 / 19
+    assert "speedrun_1_systems.json" in text and "5.54x" in text  # (90.48 + 120) / 2 / 19
     assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
 
 
@@ -179,19 +181,67 @@ def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_pa
     record = read_record(sr_dir / "speedrun_3_muon.json")
     write_record(sr_dir / "speedrun_3_muon.json", {**record, "metrics": {**record["metrics"], "process_s": 25.0}})
     lines = speedrun_section(Speedrun(tmp_path), tmp_path, "plots")
-    header = next(line for line in lines if line.startswith("| stage |"))
+    header = next(line for line in lines if line.startswith("| # |"))
     assert header.count("|") - 1 <= 7 and "wall" in header and "training" in header
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
         for line in lines
-        if line.startswith("| speed")
+        if line.startswith("| ") and not line.startswith("| # ")
     }
-    assert rows["speed_0_baseline"][-2:] == ["1.00x", "160 (150-170); 1.00x"]
+    # change, training s, wall s, x vs speed_0, tokens, record
+    assert rows["0"][2:4] == ["160 (150-170); 1.00x", "1.00x"]
     # training: (90.48 + 120) / 2 / 19; wall: 160 / 40
-    assert rows["speedrun_1_systems"][-2:] == ["5.54x (4.76-6.32x)", "40.0; 4.00x (3.75-4.25x)"]
-    assert rows["speedrun_3_muon"][-1] == "25.0 (the process's own)"
-    assert rows["speedrun_4_architecture"][-1] == ""
-    assert any("wall" in line and "run.wall_s" in line and "process_s" in line for line in lines)  # which is which
+    assert rows["1"][2:4] == ["40.0; 4.00x (3.75-4.25x)", "5.54x (4.76-6.32x)"]
+    assert rows["3"][2] == "25.0 (the process's own)"
+    assert rows["4"][2] == ""
+    # which is which: defined once, in docs/measurement.md, which the line under the table links to
+    assert (
+        "Columns: [docs/measurement.md, The speedrun record table](docs/measurement.md#the-speedrun-record-table)."
+        in lines
+    )
+    assert "`run.wall_s`" in MEASUREMENT.read_text() and "`process_s`" in MEASUREMENT.read_text()
+
+
+def test_the_record_table_states_the_task_the_margin_and_the_record(tmp_path):
+    """modded-nanogpt's way: the task in one line above the table; each stage's tokens to the target of its budget
+    (its config's train_tokens) with the margin left, its factor against its parent beside the one against speed_0,
+    and its record file. speedrun_1 reaches 2.1 at 475 of its 1,000 tokens (52% left) in 19 s; speedrun_2 at 400 of
+    its 500 in 8 s (20% left): 2.38x sooner than speedrun_1."""
+    write_speedrun(
+        tmp_path,
+        {
+            "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0), (1000, 40, 1.0)]],
+            "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 8, 2.1), (500, 10, 2.0)]],
+        },
+    )
+    sr_dir = time_to_loss_dir(tmp_path, "speedrun")
+    for path, budget in ((sr_dir / "speedrun_1_systems.json", 1000), (sr_dir / "speedrun_2_batch_lr.json", 500)):
+        record = read_record(path)
+        write_record(path, {**record, "config": {"train_tokens": budget, "data_dir": "data/shakespeare_char"}})
+    loss_dir = time_to_loss_dir(tmp_path)
+    for path in loss_dir.glob("speed_0_baseline*.json"):
+        record = read_record(path)
+        config = {"train_tokens": 1000, "data_dir": "data/shakespeare_char", "block_size": 64, "eval_windows": 200}
+        write_record(path, {**record, "config": config})
+    lines = speedrun_section(Speedrun(tmp_path), tmp_path, "plots")
+    task = next(line for line in lines if line.startswith("Task: "))
+    assert "validation loss 2.100" in task and "`shakespeare_char` (block 64" in task and "on cpu (cpu)" in task
+    assert lines.index(task) < next(i for i, line in enumerate(lines) if line.startswith("| # |"))
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in lines
+        if line.startswith("| ") and not line.startswith("| # ")
+    }
+    assert rows["1"][4] == "475 of 1,000 (52% left)"
+    assert rows["2"][4] == "400 of 500 (20% left)"
+    assert rows["0"][4] == "952 (905-1,000) of 1,000 (0% left)"  # the worst seed's end is the target
+    assert rows["2"][3].endswith("; 2.38x vs parent") and "vs parent" not in rows["1"][3]  # speed_0 is its parent
+    assert rows["2"][5] == f"[{sr_dir / 'speedrun_2_batch_lr.json'}]({sr_dir / 'speedrun_2_batch_lr.json'})"
+    assert rows["0"][5].endswith(" (+1 seeds)")
+    assert (tmp_path / "speedrun_waterfall.png").read_bytes()[:4] == b"\x89PNG"
+    assert (
+        "![speedrun waterfall: training seconds to the target, stage by stage](plots/speedrun_waterfall.png)" in lines
+    )
 
 
 def test_the_speedup_range_is_taken_across_the_seeds():

@@ -5,8 +5,9 @@
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
 The report in rooms: rows.py (records -> rows), tables.py, findings.py, summary.py, where_time_goes.py, plots.py,
-time_to_loss.py, speedrun.py, memory_planner.py (the memory planner's section), and document.py, which puts them
-together; the numbers' formatting is below the report, in gpt/formatting.py.
+time_to_loss.py, speedrun.py, memory_planner.py (the memory planner's section), figures.py (the thesis and one
+change across machines), and document.py, which puts them together; the numbers' formatting is below the report,
+in gpt/formatting.py.
 """
 
 import argparse

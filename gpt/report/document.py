@@ -1,30 +1,40 @@
-"""results.md from the JSON records of a ladder run: the header (and the records folder's note), the summary, each
-ladder's tables, findings and plots, where the time goes, the time to loss (gpt/report/time_to_loss.py), and the
-memory planner's section (gpt/report/memory_planner.py) when its outputs are there.
+"""results.md from the JSON records of a ladder run: the title, the summary, the machine (folded) and the records
+folder's note, each ladder's tables, findings and plots (the lean ladder drawn in the memory ladder's figures), where
+the time goes, one change across machines (gpt/report/figures.py), the time to loss (gpt/report/time_to_loss.py)
+with the per-sample speedup against the speedup to the target, the speedrun (gpt/report/speedrun.py), and the memory
+planner's section (gpt/report/memory_planner.py) when its outputs are there. Every table has at most 7 columns
+(MAX_COLUMNS); the columns are defined once, in docs/measurement.md, which each table links to.
 
 Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
 partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
 PNGs in `plots/` beside results.md.
 """
 
+import os
+import re
 from pathlib import Path
 
+from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.files import write_atomically
-from gpt.ladder import LADDER_GOAL
+from gpt.ladder import LADDER_GOAL, STARTS_FROM, ladder_of
 from gpt.published import NOTE
 from gpt.records import read_record
+from gpt.report.figures import machines_section, plot_thesis, thesis_lines
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
 from gpt.report.memory_planner import planner_section
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.speedrun import Speedrun, speedrun_section
 from gpt.report.summary import loss_caveat, summary
-from gpt.report.tables import header, ladder_intro, memory_table, speed_table
+from gpt.report.tables import header, ladder_intro, memory_table, speed_table, title
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
 
 PLOTS = "plots"  # the plots' folder beside results.md, as its links name it
+MAX_COLUMNS = 7  # the widest table the page may hold (tests/test_report.py checks the whole page)
+# Links into the repo (docs, code notes, records) are written relative to its root, then to the page's folder.
+REPO_LINK = re.compile(r"\]\(((?:docs|gpt|records)/[^)\s#]*)((?:#[^)\s]*)?)\)")
 
 
 def write_report(runs: Path, out: Path | None = None) -> Path:
@@ -36,7 +46,10 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
         raise UserError(f"no stage records in {runs} (run ./run_all.sh or a stage script first)")
     plots = out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    lines = header(
+    lines = title(runs)
+    ladders = ladders_of(records)
+    lines += summary(ladders, to_a_loss, speedrun)
+    lines += header(
         runs,
         {
             **{f"{s} (to a loss)": r for s, r in to_a_loss.records.items()},
@@ -49,19 +62,44 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
         runs,
         [*records.values(), *to_a_loss.records.values(), *(r for runs_ in speedrun.stages.values() for r in runs_)],
     )
-    ladders = ladders_of(records)
-    lines += summary(ladders, to_a_loss, speedrun)
+    drawn_in = folded(ladders)
     for name, rungs in ladders.items():
-        lines += ladder_section(name, rungs, runs, plots, to_a_loss)
+        more = [r for other, host in drawn_in.items() if host == name for r in ladders[other]]
+        lines += ladder_section(name, rungs, runs, plots, to_a_loss, more, drawn_in.get(name))
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
+    lines += machines_section(runs, plots, PLOTS)
     lines += loss_section(to_a_loss, plots, PLOTS, records)
+    if plot_thesis(to_a_loss, speedrun, plots / "thesis.png"):
+        lines += thesis_lines(PLOTS)
     lines += speedrun_section(speedrun, plots, PLOTS)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
         lines += [""] + planner
-    write_atomically(out, "\n".join(lines) + "\n")
+    write_atomically(out, relink("\n".join(lines) + "\n", out.parent))
     return out
+
+
+def relink(text: str, folder: Path) -> str:
+    """The page's links into the repo (written relative to its root) made relative to the folder the page is in."""
+
+    def move(m: re.Match) -> str:
+        return f"]({Path(os.path.relpath(REPO_ROOT / m[1], folder)).as_posix()}{m[2]})"
+
+    return REPO_LINK.sub(move, text)
+
+
+def folded(ladders: dict[str, list[Rung]]) -> dict[str, str]:
+    """Ladder -> the ladder whose figures draw it: a memory ladder that continues from another memory ladder of this
+    run (lean from memory_4) is drawn after it, in its figures, rather than in figures of its own."""
+    return {
+        name: host
+        for name in ladders
+        if (start := STARTS_FROM.get(name))
+        and (host := ladder_of(start)) in ladders
+        and LADDER_GOAL[name] == LADDER_GOAL[host] == "memory"
+        and any(r.ok for r in ladders[host])  # the host draws figures
+    }
 
 
 def provenance(runs: Path) -> list[str]:
@@ -90,9 +128,18 @@ def quick_note(runs: Path, records: list[dict]) -> list[str]:
     return ["", note]
 
 
-def ladder_section(name: str, rungs: list[Rung], runs: Path, plots: Path, to_a_loss: LossRuns) -> list[str]:
+def ladder_section(
+    name: str,
+    rungs: list[Rung],
+    runs: Path,
+    plots: Path,
+    to_a_loss: LossRuns,
+    more: list[Rung] = (),
+    drawn_in: str | None = None,
+) -> list[str]:
     """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
-    stage, and its plots."""
+    stage, and its plots, which also draw `more` (the stages of a ladder that continues from this one); a ladder
+    `drawn_in` another's figures links to them instead."""
     done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
@@ -103,8 +150,17 @@ def ladder_section(name: str, rungs: list[Rung], runs: Path, plots: Path, to_a_l
     lines += time_lines(rungs, time_goal)
     if not done:
         return lines
-    (plot_speed if time_goal else plot_memory)(rungs, plots / f"{name}.png", title)
-    lines += ["", f"![{name} ladder]({PLOTS}/{name}.png)"]
-    if not time_goal and plot_timelines(rungs, plots / f"{name}_timeline.png"):
+    if drawn_in:
+        return lines + [
+            "",
+            f"Its stages are drawn in the {drawn_in} ladder's figures, after `{STARTS_FROM[name]}`: "
+            f"[{PLOTS}/{drawn_in}.png]({PLOTS}/{drawn_in}.png).",
+        ]
+    shown = [*rungs, *more]
+    if more:
+        title += " and " + " and ".join(dict.fromkeys(f"{ladder_of(r.stage)} ladder" for r in more))
+    (plot_speed if time_goal else plot_memory)(shown, plots / f"{name}.png", title)
+    lines += ["", f"![{title.lower()}]({PLOTS}/{name}.png)"]
+    if not time_goal and plot_timelines(shown, plots / f"{name}_timeline.png"):
         lines += ["", f"![memory over one step]({PLOTS}/{name}_timeline.png)"]
     return lines

@@ -37,7 +37,8 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
 
 def reference_part(ref: dict, plots: Path, rel: str) -> list[str]:
     """The reference's memory ladder: estimates beside the documented peaks and the traced steps, the breakdown
-    at the traced peaks, the figures gpt/memory/README.md explains, and the estimated breakdown's plot."""
+    at the traced peaks, a line linking to gpt/memory/README.md for the figures about the documented peaks (the
+    planner's forensics), and the estimated breakdown's plot."""
     lines = [
         "",
         f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})",
@@ -77,14 +78,13 @@ def reference_part(ref: dict, plots: Path, rel: str) -> list[str]:
                 for key in keys
             ],
         )
-    figures = [[f["figure"], f["value"]] for f in ref.get("figures", [])]
-    if figures:
+    if ref.get("figures"):  # the forensics of the documented peaks: explained, with where to read them, in NOTES
         lines += [
             "",
-            f"What the estimates and snapshots say about the documented peaks ({NOTES} explains each figure):",
-            "",
+            f"What the estimates and the reference's snapshots say about the documented peaks ({len(ref['figures'])} "
+            f"figures: `python -m gpt.memory reference`, or `figures` in memory_reference.json): "
+            f"[{NOTES}]({NOTES}).",
         ]
-        lines += table(["figure", "value"], figures)
     if plot_reference(ref, plots / "memory_planner.png"):
         lines += ["", f"![estimated breakdown]({rel}/memory_planner.png)"]
     return lines

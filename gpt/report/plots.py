@@ -10,10 +10,17 @@ from gpt.report.where_time_goes import seconds_by_category, shares
 from gpt.step_profiler import TIME_CATEGORIES, label
 
 
-def short(stage: str) -> str:
-    """'speed_3_non_blocking' -> '3 non blocking' for axis labels."""
-    _, i, name = stage.split("_", 2)
-    return f"{i} {name.replace('_', ' ')}"
+def short(stage: str, ladder: bool = False) -> str:
+    """'speed_3_non_blocking' -> '3 non blocking' for axis labels ('speed 3 non blocking' with `ladder`, where
+    stages of two ladders share a figure)."""
+    prefix, i, name = stage.split("_", 2)
+    return f"{prefix + ' ' if ladder else ''}{i} {name.replace('_', ' ')}"
+
+
+def labels(rungs: list[Rung]) -> list[str]:
+    """Axis labels of a figure's stages: with their ladder's name where it shows stages of several ladders."""
+    several = len({r.stage.split("_", 1)[0] for r in rungs}) > 1
+    return [short(r.stage, several) for r in rungs]
 
 
 def pyplot():
@@ -43,7 +50,7 @@ def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, c
             fontsize=8,
             color="black" if v is not None else "tab:red",
         )
-    ax.set_xticks(list(x), [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(list(x), labels(rungs), rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, top * 1.18)
 
 
@@ -54,11 +61,13 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
     base = rungs[0].baseline if rungs[0].baseline_stage else rungs[0].record
     changes = [r.vs(base, key) for r in rungs]  # peak memory only as measured alike
     ours = [None if d is None else 1 + d / 100 for d in changes]
-    documented = [r.reference.get(ref_key) for r in rungs]
+    documented = [(i, r.reference.get(ref_key)) for i, r in zip(x, rungs)]
     first = rungs[0].baseline_reference if rungs[0].baseline_stage else rungs[0].reference
-    theirs = [v / first[ref_key] for v in documented] if first.get(ref_key) and None not in documented else []
-    if theirs:
-        ax.plot(x, theirs, "s--", color="tab:gray", label="documented (H100)")
+    # the documented run relative to its own baseline, for the stages the book documents (a ladder beyond it: none)
+    documented = [(i, v / first[ref_key]) for i, v in documented if v is not None] if first.get(ref_key) else []
+    theirs = [v for _, v in documented]
+    if documented:
+        ax.plot(*zip(*documented), "s--", color="tab:gray", label="documented (H100)")
     ax.plot(
         [i for i, v in zip(x, ours) if v is not None],
         [v for v in ours if v is not None],
@@ -66,7 +75,7 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
         color="tab:orange",
         label="this run",
     )
-    ax.set_xticks(x, [short(r.stage) for r in rungs], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(x, labels(rungs), rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, max([1.05] + [v * 1.1 for v in ours + theirs if v is not None]))
     ax.set_title(f"{what} relative to {lineage(rungs[0].stage)[0]}")
     ax.axhline(1, color="black", lw=0.5)
@@ -75,7 +84,8 @@ def _relative(ax, rungs: list[Rung], key: str, ref_key: str, what: str):
 
 def finished(rungs: list[Rung], title: str) -> tuple[list[Rung], str]:
     """The stages a ladder's figure shows (those that finished: no empty slots), and its title naming the others."""
-    left_out = [f"{short(r.stage)} ({(r.record or {}).get('status', 'not run')})" for r in rungs if not r.ok]
+    names = dict(zip((r.stage for r in rungs), labels(rungs)))
+    left_out = [f"{names[r.stage]} ({(r.record or {}).get('status', 'not run')})" for r in rungs if not r.ok]
     return [r for r in rungs if r.ok], title + (f" (not shown: {', '.join(left_out)})" if left_out else "")
 
 
@@ -121,16 +131,15 @@ def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], ti
 
 
 def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
+    """Peak memory, its breakdown and the relative view; `rungs` may run on into a ladder that continues from this
+    one (the lean ladder after memory_4), drawn in the same figure."""
     plt = pyplot()
     rungs, title = finished(rungs, title)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _bars(axes[0], rungs, [r.m("peak_memory_mib") for r in rungs], fmt_mib, color="tab:purple")
     axes[0].set_title("peak memory, MiB (per process)")
     stacked_memory_bars(
-        axes[1],
-        [short(r.stage) for r in rungs],
-        [r.m("memory_breakdown_mib") for r in rungs],
-        "at the peak: what the memory holds (MiB)",
+        axes[1], labels(rungs), [r.m("memory_breakdown_mib") for r in rungs], "at the peak: what the memory holds (MiB)"
     )
     _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
     fig.suptitle(title)
@@ -183,9 +192,9 @@ def plot_timelines(rungs: list[Rung], path: Path) -> bool:
         return False
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    for r, c in curves:
+    for (_, c), name in zip(curves, labels([r for r, _ in curves])):
         x = [100 * i / max(1, len(c) - 1) for i in range(len(c))]
-        ax.plot(x, c, label=f"{short(r.stage)} (peak {fmt_mib(max(c))} MiB)")
+        ax.plot(x, c, label=f"{name} (peak {fmt_mib(max(c))} MiB)")
     ax.set_xlabel("progress through one training step (%, allocation events)")
     ax.set_ylabel("live tensor memory, MiB")
     ax.set_title("Memory over one training step (rank 0 for distributed stages)")

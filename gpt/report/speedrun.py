@@ -12,7 +12,8 @@ from gpt.ladder import LADDERS, load_stage, parent_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.plots import pyplot
-from gpt.report.rows import ok
+from gpt.report.rows import display, ok
+from gpt.report.tables import columns_line
 
 LADDER = "speedrun"
 BASELINE = LADDERS["speed"][0]
@@ -104,89 +105,98 @@ def wall_cell(sr: Speedrun, stage: str) -> str:
     return f"{_spread(walls)}" + (" (the process's own)" if clock == "process_s" else "")
 
 
-TABLE_KEY = (
-    "**training s**: the training clock only, to the target (start-up, compilation and evaluations "
-    "excluded), with the seeds that reach it; **wall s**: the stage process's whole wall clock, launch to "
-    "exit as run_all.py measured it (the record's `run.wall_s`), or where a record lacks it the process's "
-    "own, from its start to its record (`process_s`): imports, set-up, run-time measurements, compilation, "
-    f"training and evaluations; `{BASELINE}`'s is its whole budget. Each ratio is `{BASELINE}`'s over the "
-    "stage's, measured by the same clock in the same run (a wall ratio only where both used the same one)."
-)
+def budgets(sr: Speedrun, stage: str) -> list[int | None]:
+    """Each seed's token budget (its config's train_tokens): the speedrun's stages stop at the target, earlier."""
+    records = sr.baseline if stage == BASELINE else sr.stages[stage]
+    return [r.get("config", {}).get("train_tokens") for r in records]
+
+
+def margin(sr: Speedrun, stage: str) -> tuple[int, float] | None:
+    """(the token budget, the share of it the seed with the least left still had when it reached the target: 0 for
+    speed_0's worst seed, whose end is the target); None where the seeds' budgets differ or are not recorded."""
+    tokens, budget = sr.tokens(stage), budgets(sr, stage)
+    if not tokens or None in budget or None in tokens or len(set(budget)) != 1:
+        return None
+    return budget[0], max(0.0, min(1 - t / b for t, b in zip(tokens, budget)))
+
+
+def tokens_cell(sr: Speedrun, stage: str) -> str:
+    """The tokens to the target over the seeds, of the budget, and the margin left in it."""
+    found = margin(sr, stage)
+    return _spread(sr.tokens(stage)) + (f" of {found[0]:,} ({found[1]:.0%} left)" if found else "")
+
+
+def record_cell(sr: Speedrun, stage: str) -> str:
+    """The stage's record file (its profile's seed), linked, and how many more seeds it has."""
+    folder = time_to_loss_dir(sr.folder.parent) if stage == BASELINE else sr.folder
+    paths = [folder / f"{stage}.json", *sorted(folder.glob(f"{stage}.seed*.json"))]
+    path = display(paths[0])
+    return f"[{path}]({path})" + (f" (+{len(paths) - 1} seeds)" if len(paths) > 1 else "")
+
+
+def task_line(sr: Speedrun) -> str:
+    """The task in one line: the target, the data, the machine, all from the baseline's records."""
+    base = next((r for r in sr.baseline if ok(r)), None)
+    if base is None or sr.target is None:
+        return f"Task: reach `{BASELINE}`'s final validation loss; it has not finished every seed here."
+    cfg, dev = base.get("config", {}), base.get("device", {})
+    return (
+        f"Task: train from scratch to validation loss {sr.target:.3f} (the worst final loss of `{BASELINE}`'s "
+        f"{len(sr.baseline)} seeds) on `{Path(cfg.get('data_dir', '?')).name}` (block {cfg.get('block_size')}, "
+        f"{cfg.get('eval_windows')} held-out windows), on {dev.get('name', '?')} ({dev.get('type', '?')}); "
+        "the clock: training seconds to the target."
+    )
+
+
+def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
+    """One stage's row (not the baseline's): a failed or missing run says so; a stage that does not hold gives
+    its seeds' final losses."""
+    module = load_stage(stage)
+    number, change = stage.split("_")[1], f"{module.CHANGE} ({KINDS[module.KIND]})"
+    records = sr.stages[stage]
+    if not records:
+        return [number, change, "not run", "", "", "", ""]
+    failed = [r for r in records if not ok(r)]
+    if failed:
+        return [number, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}", "", "", "", ""]
+    seconds = sr.seconds(stage)
+    seeds = f"{sum(s is not None for s in seconds)}/{len(seconds)} seeds"
+    if not sr.holds(stage):
+        finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
+        return [number, change, f"not reached (final val loss {finals}); {seeds}", wall_cell(sr, stage), "", "",
+                record_cell(sr, stage)]  # fmt: skip
+    parent = parent_of(stage)
+    vs_parent = (
+        f"; {speedup_range(sr.seconds(parent), seconds)} vs parent" if parent != BASELINE and sr.holds(parent) else ""
+    )
+    return [
+        number,
+        change,
+        f"{_spread(seconds)}; {seeds}",
+        wall_cell(sr, stage),
+        (speedup_range(base, seconds) if None not in base else "") + vs_parent,
+        tokens_cell(sr, stage),
+        record_cell(sr, stage),
+    ]
 
 
 def speedrun_table(sr: Speedrun) -> list[str]:
+    """The record table, modded-nanogpt's way: the task in one line, then a row per stage."""
     base = sr.seconds(BASELINE)
+    change = "baseline: its time-to-loss settings"
     if sr.holds(BASELINE):
-        rows = [
-            [
-                BASELINE,
-                "baseline: its time-to-loss settings",
-                _spread([t for t in sr.tokens(BASELINE)]),
-                f"{_spread(base)}; {len(base)}/{len(base)} seeds",
-                "",
-                "1.00x",
-                wall_cell(sr, BASELINE),
-            ]
-        ]
+        first = [f"{_spread(base)}; {len(base)}/{len(base)} seeds", wall_cell(sr, BASELINE), "1.00x"]
+        first += [tokens_cell(sr, BASELINE), record_cell(sr, BASELINE)]
     else:  # no target without every seed of it: the stages' rows say whether they ran
         unfinished = next((r for r in sr.baseline if not ok(r)), None)
-        rows = [
-            [
-                BASELINE,
-                "baseline: its time-to-loss settings",
-                "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}",
-                "",
-                "",
-                "",
-                "",
-            ]
-        ]
-    for stage, records in sr.stages.items():
-        module = load_stage(stage)
-        change = f"{module.CHANGE} ({KINDS[module.KIND]})"
-        if not records:
-            rows.append([stage, change, "not run", "", "", "", ""])
-            continue
-        failed = [r for r in records if not ok(r)]
-        if failed:
-            rows.append(
-                [stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}", "", "", "", ""]
-            )
-            continue
-        seconds, tokens = sr.seconds(stage), sr.tokens(stage)
-        reached = [s for s in seconds if s is not None]
-        seeds = f"{len(reached)}/{len(seconds)} seeds"
-        if not sr.holds(stage):
-            finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
-            rows.append(
-                [stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "", wall_cell(sr, stage)]
-            )
-            continue
-        parent = parent_of(stage)
-        parent_s = [s for s in sr.seconds(parent) if s is not None]
-        rows.append(
-            [
-                stage,
-                change,
-                _spread(tokens),
-                f"{_spread(seconds)}; {seeds}",
-                speedup_range(parent_s, seconds) if sr.holds(parent) else "",
-                speedup_range(base, seconds) if None not in base else "",
-                wall_cell(sr, stage),
-            ]
-        )
-    return table(
-        [
-            "stage",
-            "change (kind)",
-            "tokens to target",
-            "training s to target (range); seeds reaching it",
-            "training vs parent",
-            f"training vs {BASELINE[:7]}",
-            f"wall s; vs {BASELINE[:7]}",
-        ],
-        rows,
-    )
+        status = "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}"
+        first = [status, "", "", "", ""]
+    rows = [["0", change, *first]] + [stage_row(sr, stage, base) for stage in sr.stages]
+    return [
+        task_line(sr),
+        "",
+        *table(["#", "change", "training s", "wall s", f"x vs {BASELINE[:7]}", "tokens", "record"], rows),
+    ]
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
@@ -214,6 +224,57 @@ def plot_speedrun(sr: Speedrun, path: Path) -> bool:
     ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
     ax.set_title("Speedrun: validation loss against training seconds")
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+WATERFALL = "speedrun_waterfall.png"
+
+
+def plot_waterfall(sr: Speedrun, path: Path) -> bool:
+    """speed_0's training seconds to the target, then each speedrun stage's: a floating bar from its parent's
+    seconds to its own (green: sooner, red: later), labelled with its factor against its parent and its tokens to
+    the target with the margin left in its budget; the first and the last stage that holds as whole bars. False:
+    no baseline or no stage that holds."""
+    held = [s for s in sr.stages if sr.holds(s)]
+    if not sr.holds(BASELINE) or not held:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 5.6))
+    stages = [BASELINE, *sr.stages]
+    top = sr.mean_seconds(BASELINE)
+    level = top
+    for i, stage in enumerate(stages):
+        seconds = sr.mean_seconds(stage)
+        if seconds is None:
+            ax.text(i, level, "not reached" if sr.stages.get(stage) else "not run", ha="center", va="bottom",
+                    fontsize=8, color="tab:red")  # fmt: skip
+            continue
+        found = margin(sr, stage)
+        tokens = f"{statistics.fmean(sr.tokens(stage)) / 1e3:,.0f}k tokens" + (
+            f"\n{found[1]:.0%} of {found[0] / 1e3:,.0f}k left" if found else ""
+        )
+        if stage in (BASELINE, held[-1]):  # the start and the end, whole
+            ax.bar(i, seconds, color="0.35" if stage == BASELINE else "tab:blue", alpha=1 if stage == BASELINE else 0.5)
+        if stage != BASELINE:  # the change, from its parent's level
+            ax.bar(i, level - seconds, bottom=seconds, color="tab:green" if seconds <= level else "tab:red")
+        parent = parent_of(stage) if stage != BASELINE else None
+        factor = f"{sr.mean_seconds(parent) / seconds:.2f}x vs parent\n" if parent and sr.holds(parent) else ""
+        ax.text(i, max(level, seconds) + 0.01 * top, f"{fmt_num(seconds)} s\n{factor}{tokens}", ha="center",
+                va="bottom", fontsize=7)  # fmt: skip
+        if i:
+            ax.plot([i - 1.4, i + 0.4], [level, level], color="0.6", lw=0.8, ls=":")
+        level = seconds
+    ax.set_xticks(range(len(stages)), [s.replace("speedrun_", "").replace("_", " ") for s in stages], rotation=20,
+                  ha="right", fontsize=8)  # fmt: skip
+    ax.set_ylim(0, top * 1.35)
+    ax.set_ylabel("training seconds to the target (mean over seeds)")
+    ax.set_title(
+        f"Speedrun waterfall: {BASELINE}'s training seconds to its model, change by change "
+        f"({top / sr.mean_seconds(held[-1]):.2f}x to {held[-1]})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -269,8 +330,10 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
         "and dropped, with their figures, are in docs/speedrun.md's log.",
         "",
     ]
-    lines += speedrun_table(sr) + ["", TABLE_KEY]
+    lines += speedrun_table(sr) + ["", columns_line("speedrun")]
     lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
+    if plot_waterfall(sr, plots / WATERFALL):
+        lines += ["", f"![speedrun waterfall: training seconds to the target, stage by stage]({rel}/{WATERFALL})"]
     if plot_speedrun(sr, plots / "speedrun.png"):
         lines += ["", f"![speedrun: validation loss against seconds]({rel}/speedrun.png)"]
     if sr.noise_scale:

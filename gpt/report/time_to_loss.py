@@ -19,6 +19,7 @@ from gpt.loss_curve import (
 from gpt.records import read_record, record_path, time_to_loss_dir
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
+from gpt.report.tables import columns_line
 from gpt.report.where_time_goes import NO_GAIN_PCT
 
 BASELINE = LADDERS[TRAINED_TO_A_LOSS[0]][0]  # speed_0_baseline: the target and the seeds come from it
@@ -102,6 +103,9 @@ def speedup(base_s: float | None, mine_s: float | None) -> str:
 
 
 def loss_table(runs: LossRuns) -> list[str]:
+    """One row per stage: its final loss against its parent's, its time to the target (and speedup), its speedup
+    per sample, and how much sooner it reaches its parent's model and the model it keeps; tokens/s and start-up
+    go to loss_details."""
     base = runs.records.get(BASELINE)
     base_rate = base["metrics"]["tokens_per_s"] if ok(base) else None
     base_target = runs.to_target(BASELINE)
@@ -112,41 +116,61 @@ def loss_table(runs: LossRuns) -> list[str]:
         change = "baseline (the settings above)" if stage == BASELINE else load_stage(stage).CHANGE
         if not ok(r):
             status = "not run" if r is None else f"**{r.get('status')}**: {r.get('reason', '')}"
-            rows.append([stage, change, status] + [""] * 8)
+            rows.append([stage, change, status] + [""] * 4)
             continue
         m, reached = r["metrics"], runs.to_target(stage)
         parent_s, mine_s = runs.vs_parent(stage)
+        convergence = runs.convergence(stage).replace("** (", "**, ").removesuffix(")")  # inside the brackets
         rows.append(
             [
                 stage,
                 change,
-                f"{m['tokens_per_s']:,.0f}" + (" (no effect)" if r.get("no_effect") else ""),
-                f"{m['val_loss_final']:.3f}{spread}",
-                runs.convergence(stage),
-                fmt_num(reached["seconds"]) if reached else f"not reached ({m['val_loss_final']:.3f} at the end)",
-                speedup(base_target and base_target["seconds"], reached and reached["seconds"]),
-                speedup(1 / base_rate if base_rate else None, 1 / m["tokens_per_s"]),
+                f"{m['val_loss_final']:.3f}{spread}" + (f" ({convergence})" if convergence else ""),
+                f"{fmt_num(reached['seconds'])} ({speedup(base_target and base_target['seconds'], reached['seconds'])})"
+                if reached
+                else f"not reached ({m['val_loss_final']:.3f} at the end)",
+                speedup(1 / base_rate if base_rate else None, 1 / m["tokens_per_s"])
+                + (" (no effect)" if r.get("no_effect") else ""),
                 speedup(parent_s, mine_s) if mine_s else ("not reached" if parent_s else ""),
                 vs_kept_model(runs, stage),
-                f"{m['startup_s']:.1f}",
             ]
         )
     return table(
         [
             "stage",
             "change",
-            "tokens/s",
-            "final val loss",
-            "vs parent's",
-            "s to target",
-            f"speedup to target (vs {BASELINE[:7]})",
+            "final val loss (vs parent's)",
+            f"s to target (speedup vs {BASELINE[:7]})",
             "speedup per sample",
             "vs parent: to its loss",
             "vs the model it keeps: to its loss",
-            "start-up s (apart)",
         ],
         rows,
     )
+
+
+def loss_details(runs: LossRuns) -> list[str]:
+    """The secondary columns, folded: each stage's tokens/s, optimizer steps and start-up seconds."""
+    rows = [
+        [
+            stage,
+            f"{r['metrics']['tokens_per_s']:,.0f}",
+            "" if (steps := r["metrics"].get("steps")) is None else f"{steps:,}",
+            "" if (startup := r["metrics"].get("startup_s")) is None else f"{startup:.1f}",
+        ]
+        for stage in runs.stages
+        if ok(r := runs.records.get(stage))
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "<details><summary>Tokens/s, optimizer steps and start-up per stage</summary>",
+        "",
+        *table(["stage", "tokens/s", "optimizer steps", "start-up s (apart)"], rows),
+        "",
+        "</details>",
+    ]
 
 
 def vs_kept_model(runs: LossRuns, stage: str) -> str:
@@ -323,7 +347,8 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
     shown = base if ok(base) else next(iter(runs.records.values()))
     lines = ["", "## Time to loss", "", intro(runs, shown.get("config", {}), shown.get("metrics") or {}), ""]
     lines += loss_table(runs)
-    lines += ["", COLUMNS]
+    lines += ["", columns_line("time_to_loss")]
+    lines += loss_details(runs)
     notes = (
         loss_findings(runs)
         + kept_model_findings(runs)
@@ -346,20 +371,6 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
         if plot_curves(runs, stages, plots / name, f"{ladder.capitalize()} ladder trained to a loss"):
             lines += ["", f"![{ladder} ladder: validation loss against time and tokens]({rel}/{name})"]
     return lines
-
-
-COLUMNS = (
-    "**tokens/s**: training tokens per second (evaluations excluded). **final val loss**: the validation loss at "
-    "the end of the budget (± half the seeds' spread). **vs parent's**: its difference from the stage above's. "
-    "**s to target**: training seconds until the validation loss first reaches the target. **speedup to target**: "
-    f"`{BASELINE}`'s seconds to the target over the stage's. **speedup per sample**: the stage's tokens/s over "
-    f"`{BASELINE}`'s. **vs parent: to its loss**: how many times sooner the stage reaches the loss its parent has "
-    f"at {TARGET_AT:.0%} of its budget (the parent's model, sooner). **vs the model it keeps: to its loss**: when an "
-    "earlier stage changed the model (marked changes convergence), later stages train that stage's model, not the "
-    "baseline's; this is how many times sooner the stage reaches that model's loss than the stage that made it. "
-    "**start-up s (apart)**: the first step's extra seconds (compilation, DataLoader workers) and, with CUDA graphs, "
-    "the second's (their recording), not counted in the seconds to target."
-)
 
 
 def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
@@ -387,5 +398,5 @@ def intro(runs: LossRuns, cfg: dict, metrics: dict) -> str:
         f"({cfg.get('lr')} to {cfg.get('min_lr')}), evaluated every {cfg.get('eval_every_tokens', 0):,} tokens on "
         f"the same {cfg.get('eval_windows')} held-out windows. {target}. {spread}. Seconds are training seconds: "
         "the evaluations and the start-up (compilation, DataLoader workers, the recording of CUDA graphs), given "
-        "apart, are not in them; the columns are defined under the table."
+        "apart, are not in them."
     )

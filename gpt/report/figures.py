@@ -1,0 +1,207 @@
+"""Two figures that read across sections: the project's thesis (each stage's speedup per sample against its speedup
+to the target, from the runs to a loss and the speedrun) and one change across machines (each speed and fast stage's
+change against the stage above on every committed records folder, beside the documented figures)."""
+
+import statistics
+import textwrap
+from pathlib import Path
+
+from gpt.ladder import LADDERS, TRAINED_TO_A_LOSS, parent_of
+from gpt.published import NOTE, PUBLISHED
+from gpt.records import read_record
+from gpt.report.plots import pyplot, short
+from gpt.report.rows import MACHINE_FILE, Rung, display, ladders_of, load_records, ok
+from gpt.report.speedrun import BASELINE as SPEEDRUN_BASELINE
+from gpt.report.speedrun import Speedrun
+from gpt.report.tables import ANCHOR, anchor_change
+from gpt.report.time_to_loss import BASELINE, LossRuns
+
+THESIS = "thesis.png"
+MACHINES = "machines.png"
+
+
+def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, float | None]]:
+    """(stage, group, speedup per sample, speedup to the target or None: not reached) against speed_0: the speed
+    and fast stages from their runs to a loss (tokens/s, and seconds to the time-to-loss target), the speedrun's
+    stages that hold from theirs (mean tokens/s over their seeds, and mean seconds to the speedrun's target)."""
+    base, base_target = runs.records.get(BASELINE), runs.to_target(BASELINE)
+    points = []
+    if ok(base) and base_target:
+        rate, seconds = base["metrics"]["tokens_per_s"], base_target["seconds"]
+        for stage in runs.stages:
+            r = runs.records.get(stage)
+            if ok(r):
+                reached = runs.to_target(stage)
+                group = "speed" if stage.startswith("speed_") else "fast"
+                points.append(
+                    (stage, group, r["metrics"]["tokens_per_s"] / rate, reached and seconds / reached["seconds"])
+                )
+    base_runs = [r for r in sr.baseline if ok(r)]
+    if base_runs and sr.holds(SPEEDRUN_BASELINE):
+        rate = statistics.fmean(r["metrics"]["tokens_per_s"] for r in base_runs)
+        seconds = statistics.fmean(sr.seconds(SPEEDRUN_BASELINE))
+        for stage, records in sr.stages.items():
+            if records and all(ok(r) for r in records) and sr.holds(stage):
+                mine = statistics.fmean(r["metrics"]["tokens_per_s"] for r in records)
+                points.append((stage, "speedrun", mine / rate, seconds / sr.mean_seconds(stage)))
+    return points
+
+
+def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
+    """Speedup per sample (x) against speedup to the target (y), log-log, a point per stage, the diagonal where a
+    per-sample gain carries over whole; a stage that does not reach the target sits on a strip below. False:
+    nothing to plot (no baseline that reaches its target)."""
+    points = thesis_points(runs, sr)
+    if len(points) < 2:
+        return False
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, ax = plt.subplots(figsize=(12, 6))
+    colors = {"speed": "tab:blue", "fast": "tab:green", "speedrun": "tab:red"}
+    reached = [y for *_, y in points if y]
+    floor = min(reached + [1.0]) / 1.8  # the strip of the stages that do not reach the target
+    for group, color in colors.items():
+        mine = [(s, x, y) for s, g, x, y in points if g == group]
+        hit = [(s, x, y) for s, x, y in mine if y]
+        missed = [(s, x) for s, x, y in mine if not y]
+        if hit:
+            ax.scatter([x for _, x, _ in hit], [y for *_, y in hit], color=color, label=f"{group} stages", zorder=3)
+        if missed:
+            ax.scatter([x for _, x in missed], [floor] * len(missed), marker="v", color=color, zorder=3,
+                       label=f"{group} stages: target not reached")  # fmt: skip
+        for s, x, y in hit:
+            ax.annotate(short(s), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    missed = [short(s, True) for s, _, _, y in points if not y]
+    if missed:  # named together: their points crowd one strip
+        names = textwrap.fill("target not reached: " + ", ".join(missed), 110)
+        ax.text(0.01, 0.015, names, transform=ax.transAxes, ha="left", va="bottom", fontsize=7)
+    xs = [x for _, _, x, _ in points]
+    low, high = min(xs + reached + [1.0]) / 1.3, max(xs + reached + [1.0]) * 1.3
+    ax.plot([low, high], [low, high], "--", color="0.5", lw=1, label="speedup to the target = speedup per sample")
+    ax.axhline(floor * 1.4, color="0.6", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    strip = floor * 1.4  # below it no speedup: the strip of the stages that do not reach the target
+    for axis, lowest in ((ax.xaxis, 0.0), (ax.yaxis, strip)):  # "2x" labels, no mathtext (its cycles keep frames)
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _, lowest=lowest: f"{v:g}x" if v >= lowest else ""))
+        axis.set_minor_formatter(NullFormatter())
+    ax.text(-0.01, floor, "not\nreached", transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8)
+    ax.set_xlim(low, high)
+    ax.set_ylim(floor / 1.8, high)
+    ax.set_xlabel(f"speedup per sample against {BASELINE} (tokens/s over its tokens/s)")
+    ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)")
+    ax.set_title("Per-sample speedup against speedup to the target, stage by stage")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def thesis_lines(rel: str) -> list[str]:
+    return [
+        "",
+        "### Speedup per sample against speedup to the target",
+        "",
+        f"Each stage against `{BASELINE}`, from the runs to a loss: its tokens/s over `{BASELINE}`'s (x) and "
+        f"`{BASELINE}`'s training seconds to the target over its own (y). The speed and fast stages are timed to "
+        "this section's target; the speedrun's stages that hold, to the speedrun's (section Speedrun), with their "
+        "seeds' means. On the diagonal a per-sample gain carries over whole; below it, part of it buys another "
+        "model; above it, a change makes the model learn more per sample. A stage that does not reach the target "
+        "within its budget sits on the strip at the bottom.",
+        "",
+        f"![speedup per sample against speedup to the target]({rel}/{THESIS})",
+    ]
+
+
+# ---- one change across machines -----------------------------------------------------------------------------
+
+
+def records_folders(runs: Path) -> list[Path]:
+    """The page's own records folder, then every committed one (records/*/) that holds a speed or fast record."""
+    folders = [Path(runs)] + sorted(p for p in PUBLISHED.glob("*/") if p.is_dir())
+    seen, found = set(), []
+    for folder in folders:
+        if folder.resolve() not in seen:
+            seen.add(folder.resolve())
+            if any(s.startswith(("speed_", "fast_")) for s in load_records(folder)):
+                found.append(folder)
+    return found
+
+
+def timed_rungs(folder: Path) -> list[Rung]:
+    """The speed and fast ladders' stages of one records folder (fast continuing from speed_5), every stage listed."""
+    ladders = ladders_of(load_records(folder))
+    return [r for name in TRAINED_TO_A_LOSS for r in ladders.get(name, [])]
+
+
+def machine_of(folder: Path, rungs: list[Rung]) -> str:
+    """The folder's device, profile and processes as its records give them, for the legend and the caption."""
+    done = [r.record for r in rungs if r.ok]
+    devices = sorted({f"{r['device']['name']} ({r['device']['type']})" for r in done})
+    profiles = sorted({r.get("profile", "?") for r in done})
+    machine = read_record(folder / MACHINE_FILE) or {}
+    cores = f", {machine['cpu_count']} CPU cores" if machine.get("cpu_count") else ""
+    older = f" (its {NOTE} says how it was made)" if (folder / NOTE).is_file() else ""
+    return f"{', '.join(devices)}{cores}, profile {', '.join(profiles)}{older}"
+
+
+def plot_machines(series: list[tuple[str, dict[str, float]]], stages: list[str], path: Path) -> None:
+    """Grouped bars: each stage's change against the stage above, in %, one bar per series (a missing one: none)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(15, 5.4))
+    width = 0.8 / len(series)
+    colors = plt.get_cmap("tab10").colors
+    for j, (name, changes) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i, s in enumerate(stages) if s in changes]
+        ax.bar(xs, [changes[s] for s in stages if s in changes], width, label=name, color=colors[j % len(colors)])
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(stages)), [short(s, True) for s in stages], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("time change against the stage above, %  (below 0: faster)")
+    ax.set_title("One change across machines: each stage's time against the stage above")
+    ax.grid(axis="y", color="0.9")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:
+    """The section: the figure and a caption naming each series' machine; [] when no folder has speed records."""
+    folders = records_folders(runs)
+    if not folders or folders[0] != Path(runs):  # the page's own run has no speed or fast record
+        return []
+    series, caption, documented, anchor = [], [], {}, {}
+    for folder in folders:
+        rungs = timed_rungs(folder)
+        changes = {r.stage: d for r in rungs if (d := r.vs(r.parent, "seconds_mean")) is not None}
+        documented |= {r.stage: d for r in rungs if (d := r.ref_vs("seconds", r.parent_reference)) is not None}
+        anchor |= {r.stage: d for r in rungs if (d := anchor_change(r)) is not None}
+        if changes:
+            devices = sorted({r.record["device"]["name"] for r in rungs if r.ok})
+            series.append((f"{display(folder)}: {', '.join(devices)}", changes))
+            caption.append(f"`{display(folder)}`: {machine_of(folder, rungs)}")
+    if not series:
+        return []
+    if documented:
+        series.append(("the book's documented H100 run", documented))
+        caption.append("the book's documented H100 run: each stage script's REFERENCE seconds")
+    if anchor:
+        series.append((f"{ANCHOR} (fast stages' anchor)", anchor))
+        caption.append(f"{ANCHOR}: the fast stages' anchor, ms per step on one data-centre GPU (GPT-2 124M)")
+    stages = [s for name in TRAINED_TO_A_LOSS for s in LADDERS[name] if parent_of(s)]
+    plot_machines(series, stages, plots / MACHINES)
+    return [
+        "",
+        "## One change across machines",
+        "",
+        "Each speed and fast stage's time change against the stage above (fast_1 against speed_5), on every records "
+        "folder of this repository that has them, beside the documented figures; a bar is missing where a stage "
+        "did not finish. The series:",
+        "",
+        *[f"- {c}." for c in caption],
+        "",
+        f"![one change across machines]({rel}/{MACHINES})",
+    ]
