@@ -14,7 +14,7 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import ladder_of, load_stage, parent_of, stage_config, trains_to_a_loss_only
+from gpt.ladder import declaration, ladder_of, parent_of, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
 from gpt.records import (
@@ -36,10 +36,9 @@ EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one G
 
 
 def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
-    module = load_stage(stage)
     p = argparse.ArgumentParser(
         prog=f"python stages/{stage}.py",
-        description=(module.__doc__ or "").strip(),
+        description=declaration(stage).doc.strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -164,6 +163,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         stage,
         profile,
         to_a_loss,
+        # launched by hand (e.g. several machines): the launcher decides how many processes
+        processes=int(os.environ["WORLD_SIZE"]) if distributed.under_torchrun() else None,
         samples=args.samples,
         repeats=args.repeats,
         warmup_iters=args.warmup_iters,
@@ -179,8 +180,6 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")) if to_a_loss else {}),
     )
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
-    if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
-        optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)

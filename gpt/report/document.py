@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt.errors import UserError
 from gpt.files import write_atomically
-from gpt.ladder import LADDER_GOAL
+from gpt.ladder import LADDERS
 from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
@@ -93,7 +93,7 @@ def quick_note(runs: Path, records: list[dict]) -> list[str]:
 def ladder_section(name: str, rungs: list[Rung], runs: Path, plots: Path, to_a_loss: LossRuns) -> list[str]:
     """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
     stage, and its plots."""
-    done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
+    done, time_goal = sum(r.ok for r in rungs), LADDERS[name].goal == "time"
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
     lines += speed_table(rungs) if time_goal else memory_table(rungs)

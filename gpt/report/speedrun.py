@@ -8,14 +8,14 @@ import statistics
 from pathlib import Path
 
 from gpt.formatting import fmt_num, table
-from gpt.ladder import LADDERS, load_stage, parent_of
+from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.plots import pyplot
 from gpt.report.rows import ok
 
 LADDER = "speedrun"
-BASELINE = LADDERS["speed"][0]
+BASELINE = stages_of("speed")[0]
 KINDS = {"systems": "keeps the model", "training": "changes the training", "model": "changes the model"}
 NOISE_SCALE_FILE = "noise_scale.json"  # gpt/noise_scale.py's record, beside the stages' records
 
@@ -33,7 +33,7 @@ class Speedrun:
         self.folder = time_to_loss_dir(runs, LADDER)
         self.baseline = _runs_of(time_to_loss_dir(runs), BASELINE)
         self.target = baseline_model_loss(self.baseline)
-        self.stages = {s: _runs_of(self.folder, s) for s in LADDERS[LADDER]}
+        self.stages = {s: _runs_of(self.folder, s) for s in stages_of(LADDER)}
         self.noise_scale = read_record(self.folder / NOISE_SCALE_FILE)
 
     @property
@@ -142,8 +142,8 @@ def speedrun_table(sr: Speedrun) -> list[str]:
             ]
         ]
     for stage, records in sr.stages.items():
-        module = load_stage(stage)
-        change = f"{module.CHANGE} ({KINDS[module.KIND]})"
+        declared = declaration(stage)
+        change = f"{declared.change} ({KINDS[declared.kind]})"
         if not records:
             rows.append([stage, change, "not run", "", "", "", ""])
             continue
