@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from gpt import machine_cache, optimizations, quick
+from gpt.command_line import add_shared_options
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
@@ -65,13 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=SECTIONS,
         help="run one ladder only, only the training to a loss, or only the speedrun (with speed_0's seeds)",
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--wandb",
-        default="offline",
-        choices=["offline", "online", "disabled"],
-        help="Weights & Biases mode for every stage (offline needs no account or network)",
-    )
+    add_shared_options(p)
     p.add_argument(
         "--out",
         type=Path,

@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from gpt import distributed, optimizations
+from gpt.command_line import add_shared_options
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
@@ -44,14 +45,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--profile", help=f"settings profile: {', '.join(PROFILES)} (default: reference with CUDA, cpu without)"
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    add_shared_options(p)
     p.add_argument("--out", help="directory for the JSON record (default: runs/<profile>-<device>)")
-    p.add_argument(
-        "--wandb",
-        default="offline",
-        choices=["offline", "online", "disabled"],
-        help="Weights & Biases mode (offline needs no account or network)",
-    )
     p.add_argument("--samples", type=int, help="N, samples per timed repeat (all ranks together)")
     p.add_argument("--repeats", type=int, help="timed repeats of N samples")
     p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
