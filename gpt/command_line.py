@@ -8,7 +8,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 def add_shared_options(p: argparse.ArgumentParser, wandb: bool = True) -> None:
     """--device and, for a command that runs stages (their records go to W&B), --wandb."""
-    p.add_argument("--device", default="auto", choices=DEVICES, help="where to train (auto: CUDA if there is a GPU)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where to run (auto: CUDA if there is a GPU)")
     if wandb:
         p.add_argument(
             "--wandb",
