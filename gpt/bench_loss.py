@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from gpt.command_line import add_shared_options
 from gpt.devices import resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.optimizations import chunked_loss
@@ -31,7 +32,7 @@ def parse_args(argv):
         choices=["bfloat16", "float16", "float32"],
         help="autocast dtype (float32: no autocast)",
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_shared_options(p, wandb=False)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args(argv)

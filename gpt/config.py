@@ -9,6 +9,7 @@ and `optimizations.validate(cfg)` checks a whole config (the run's settings here
 import math
 from dataclasses import asdict, dataclass, fields
 
+from gpt.command_line import DEVICES
 from gpt.errors import UserError
 
 MAX_CONTEXT = 1024  # positions of every GPT-2 model (n_positions); a longer block has no position embedding
@@ -124,7 +125,7 @@ class TrainConfig:
                 f"samples ({self.samples}) must be a multiple of batch size x processes "
                 f"({self.batch_size} x {world}) so every repeat trains on exactly N samples"
             )
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICES:
             raise UserError(f"unknown device {self.device!r} (choose auto, cpu or cuda)")
         if self.goal not in ("time", "memory"):
             raise UserError(f"unknown goal {self.goal!r} (choose time or memory)")

@@ -1,91 +1,130 @@
-"""The ladders: their order (declared here once), each stage's place in them, and how a stage's config is built.
+"""The ladders: each one record (`Ladder`, in LADDERS), each stage's place in them, what a stage script declares, and
+how a stage's config is built.
 
-A stage's config is its profile's baseline settings with the `change()` of every stage up to and including
-it applied in ladder order, so each stage keeps every earlier change of its ladder. The two ladders beyond
-the book start from a stage of a documented ladder (STARTS_FROM) and keep every change up to it. What a stage
-script runs when it is called is gpt/stage.py.
+A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n: adding a stage adds its file and
+touches nothing here. What a stage declares (its docstring, CHANGE, REFERENCE, KIND) is read from its file without
+running it (`declaration`); only building a config runs a stage's `change()` (`load_stage`), and loading a stage
+script for that imports nothing from gpt (a script imports gpt.stage only when it is run).
+
+A stage's config is its profile's baseline settings with the `change()` of every stage up to and including it applied
+in ladder order, so each stage keeps every earlier change of its ladder. The ladders beyond the book start from a stage
+of a documented ladder (`Ladder.starts_from`) and keep every change up to it. What a stage script runs when it is
+called is gpt/stage.py.
 """
 
+import ast
+import functools
 import importlib.util
+import re
+from dataclasses import dataclass, field
+from typing import Literal
 
 from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
+from gpt.optimizations.parallel import with_processes
 from gpt.profiles import profile_settings
 
 STAGES_DIR = REPO_ROOT / "stages"
+STAGE_FILE = re.compile(r"(?P<ladder>[a-z]+)_(?P<n>\d+)_(?P<name>\w+)")  # a stage script's name: <ladder>_<n>_<name>
 
-LADDERS = {
-    "speed": [
-        "speed_0_baseline",
-        "speed_1_batch_size",
-        "speed_2_num_workers",
-        "speed_3_non_blocking",
-        "speed_4_compile",
-        "speed_5_amp",
-        "speed_6_ddp",
-    ],
-    # Beyond the book: today's standard optimizations, one at a time. The order, and why:
-    # 1. remove the host-side work first (data), so every later stage is measured with the device fed;
-    # 2. then the precision practitioners train in (bf16, no loss scaling; TF32), so the kernel-level stages
-    #    after it are measured in that precision;
-    # 3. then the kernels, in build-nanogpt's order: fused attention, padded vocabulary, fused AdamW;
-    # 4. last the chunked loss, which changes how the output layer computes rather than what it computes.
-    "fast": [
-        "fast_1_pretokenized",
-        "fast_2_bf16",
-        "fast_3_sdpa",
-        "fast_4_padded_vocab",
-        "fast_5_fused_adamw",
-        "fast_6_chunked_loss",
-    ],
-    "memory": [
-        "memory_0_baseline",
-        "memory_1_grad_accum",
-        "memory_2_checkpointing",
-        "memory_3_foreach_off",
-        "memory_4_fsdp",
-    ],
-    # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
-    # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
-    # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
-    "lean": ["lean_1_fsdp_bf16", "lean_2_chunked_loss", "lean_3_cpu_offload"],
-    # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to speed_0's
-    # final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep the model
-    # (their gain per sample should carry over whole at the baseline's batch), then the training changes, each kept
-    # only where it reached the target sooner than its parent on every seed; what was tried is logged there.
-    "speedrun": [
-        "speedrun_1_systems",
-        "speedrun_2_batch_lr",
-        "speedrun_3_muon",
-        "speedrun_4_architecture",
-        "speedrun_5_wsd",
-        "speedrun_6_bigram",
-    ],
+
+def stages_on_disk(ladder: str) -> tuple[str, ...]:
+    """The ladder's stage scripts, stages/<ladder>_<n>_<name>.py, in the order of n."""
+    numbered = []
+    for path in STAGES_DIR.glob(f"{ladder}_*.py"):
+        m = STAGE_FILE.fullmatch(path.stem)
+        if m and m["ladder"] == ladder:
+            numbered.append((int(m["n"]), path.stem))
+    return tuple(stem for _, stem in sorted(numbered))
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One ladder: its stages (its scripts, in order), what it lowers, where it starts and whether it trains to a loss.
+
+    goal: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones, and their stages run
+    with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run keeps a memory saving).
+    starts_from: a ladder beyond the book continues from this stage of a documented ladder (its settings, profile).
+    to_a_loss: "also": its stages are timed and also train to a loss (gpt/time_to_loss.py); "never": they keep their
+    parent's trajectory (their equivalence tests), so their time to loss is their time per token; "only": they only
+    train to a loss (no timed protocol), on the time-to-loss settings always, with records in <out>/<ladder>/, and
+    run_all runs them in a section of their own.
+    """
+
+    name: str
+    goal: Literal["time", "memory"]
+    to_a_loss: Literal["also", "only", "never"]
+    starts_from: str | None = None
+    stages: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "stages", stages_on_disk(self.name))
+
+    @property
+    def timed(self) -> bool:
+        """Its stages run the timed protocol (every ladder but one that only trains to a loss)."""
+        return self.to_a_loss != "only"
+
+
+LADDERS: dict[str, Ladder] = {
+    ladder.name: ladder
+    for ladder in (
+        Ladder("speed", goal="time", to_a_loss="also"),
+        # Beyond the book: today's standard optimizations, one at a time. The order, and why:
+        # 1. remove the host-side work first (data), so every later stage is measured with the device fed;
+        # 2. then the precision practitioners train in (bf16, no loss scaling; TF32), so the kernel-level stages
+        #    after it are measured in that precision;
+        # 3. then the kernels, in build-nanogpt's order: fused attention, padded vocabulary, fused AdamW;
+        # 4. last the chunked loss, which changes how the output layer computes rather than what it computes.
+        Ladder("fast", goal="time", to_a_loss="also", starts_from="speed_5_amp"),
+        Ladder("memory", goal="memory", to_a_loss="never"),
+        # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
+        # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
+        # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
+        Ladder("lean", goal="memory", to_a_loss="never", starts_from="memory_4_fsdp"),
+        # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to
+        # speed_0's final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep
+        # the model (their gain per sample should carry over whole at the baseline's batch), then the training
+        # changes, each kept only where it reached the target sooner than its parent on every seed; what was tried is
+        # logged there.
+        Ladder("speedrun", goal="time", to_a_loss="only", starts_from="speed_0_baseline"),
+    )
 }
-# A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).
-STARTS_FROM = {"fast": "speed_5_amp", "lean": "memory_4_fsdp", "speedrun": "speed_0_baseline"}
 
-# What each ladder lowers: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones,
-# and their stages run with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run
-# keeps a memory saving).
-LADDER_GOAL = {"speed": "time", "fast": "time", "memory": "memory", "lean": "memory", "speedrun": "time"}
+
+def ladder_names(*to_a_loss: str) -> list[str]:
+    """The ladders, in order; given, only those whose stages train to a loss so ("also", "only", "never")."""
+    return [name for name, ladder in LADDERS.items() if not to_a_loss or ladder.to_a_loss in to_a_loss]
+
+
+def timed_ladders() -> list[str]:
+    """The ladders whose stages run the timed protocol, in order (run_all runs each in a section of its own)."""
+    return [name for name, ladder in LADDERS.items() if ladder.timed]
+
+
+def stages_of(*ladders: str) -> list[str]:
+    """The stages of the named ladders, in the order named (none named: none)."""
+    return [stage for name in ladders for stage in LADDERS[name].stages]
+
+
+def all_stages() -> list[str]:
+    """Every stage of every ladder, in ladder order."""
+    return stages_of(*LADDERS)
 
 
 def ladder_of(stage: str) -> str:
-    for ladder, stages in LADDERS.items():
-        if stage in stages:
-            return ladder
-    known = ", ".join(s for stages in LADDERS.values() for s in stages)
-    raise UserError(f"unknown stage {stage!r} (known: {known})")
+    for name, ladder in LADDERS.items():
+        if stage in ladder.stages:
+            return name
+    raise UserError(f"unknown stage {stage!r} (known: {', '.join(all_stages())})")
 
 
 def parent_of(stage: str) -> str | None:
-    ladder = ladder_of(stage)
-    stages = LADDERS[ladder]
-    i = stages.index(stage)
-    return stages[i - 1] if i else STARTS_FROM.get(ladder)
+    ladder = LADDERS[ladder_of(stage)]
+    i = ladder.stages.index(stage)
+    return ladder.stages[i - 1] if i else ladder.starts_from
 
 
 def lineage(stage: str) -> list[str]:
@@ -98,11 +137,75 @@ def lineage(stage: str) -> list[str]:
 
 def base_ladder(ladder: str) -> str:
     """The documented ladder whose profile settings a ladder uses."""
-    return ladder_of(STARTS_FROM[ladder]) if ladder in STARTS_FROM else ladder
+    start = LADDERS[ladder].starts_from
+    return ladder_of(start) if start else ladder
+
+
+def trains_to_a_loss_only(stage: str) -> bool:
+    return LADDERS[ladder_of(stage)].to_a_loss == "only"
+
+
+# ---- what a stage script declares, read without running it -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageDeclaration:
+    """What a stage script declares, read from its file (`declaration`): its docstring (the script's --help), its
+    one change in a line (CHANGE), its documented or anchor figures (REFERENCE), and for a speedrun stage whether it
+    keeps the model (KIND: systems, training or model); with its ladder and parent."""
+
+    name: str
+    ladder: str
+    parent: str | None
+    change: str
+    kind: str | None
+    reference: dict
+    doc: str
+
+
+@functools.cache
+def declaration(stage: str) -> StageDeclaration:
+    """The stage script's declaration, read by `ast` (its docstring and literal constants): nothing is run."""
+    ladder = ladder_of(stage)
+    path = STAGES_DIR / f"{stage}.py"
+    tree = ast.parse(path.read_text(), str(path))
+    constants = {}  # the script's top-level constants that are literals, in order
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = _literal(node.value, constants)
+            except (ValueError, KeyError):
+                pass  # not a literal: no declaration reads it
+    missing = [name for name in ("CHANGE", "REFERENCE") if name not in constants]
+    if missing:
+        raise ValueError(f"{path}: {' and '.join(missing)} must be literals (f-strings of literal constants allowed)")
+    return StageDeclaration(
+        name=stage,
+        ladder=ladder,
+        parent=parent_of(stage),
+        change=constants["CHANGE"],
+        kind=constants.get("KIND"),
+        reference=constants["REFERENCE"],
+        doc=ast.get_docstring(tree, clean=False) or "",
+    )
+
+
+def _literal(node: ast.expr, constants: dict):
+    """A literal's value, or an f-string's of the literal constants above it (a stage's CHANGE may name its factors):
+    nothing is run. ValueError or KeyError for anything else."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_literal(part, constants) for part in node.values)
+    if isinstance(node, ast.FormattedValue):
+        value = _literal(node.value, constants)
+        value = {-1: value, ord("s"): str(value), ord("r"): repr(value), ord("a"): ascii(value)}[node.conversion]
+        return format(value, _literal(node.format_spec, constants) if node.format_spec else "")
+    if isinstance(node, ast.Name):
+        return constants[node.id]
+    return ast.literal_eval(node)
 
 
 def load_stage(stage: str):
-    """The stage script as a module (its docstring, CHANGE, REFERENCE and change())."""
+    """The stage script as a module, for its change(); loading it imports nothing from gpt."""
     ladder_of(stage)
     path = STAGES_DIR / f"{stage}.py"
     spec = importlib.util.spec_from_file_location(f"stages.{stage}", path)
@@ -111,37 +214,34 @@ def load_stage(stage: str):
     return module
 
 
-# The ladders whose stages also train to a loss (gpt/time_to_loss.py); the memory and lean ladders keep their
-# parent's trajectory (their equivalence tests), so their time to loss is their time per token.
-TRAINED_TO_A_LOSS = ("speed", "fast")
-# The ladders that only train to a loss (no timed protocol): their stages run on the time-to-loss settings always,
-# with records in <out>/<ladder>/, and run_all runs them in a section of their own.
-ONLY_TO_A_LOSS = ("speedrun",)
-TIMED_LADDERS = tuple(ladder for ladder in LADDERS if ladder not in ONLY_TO_A_LOSS)
+# ---- a stage's config --------------------------------------------------------------------------------------------
 
 
-def trains_to_a_loss_only(stage: str) -> bool:
-    return ladder_of(stage) in ONLY_TO_A_LOSS
-
-
-def stage_config(stage: str, profile: str, to_a_loss: bool = False, **overrides) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides. to_a_loss: the
-    profile's settings for training to a loss (a stage of the speed or fast ladder) instead of the timed ones."""
-    ladder = ladder_of(stage)
-    to_a_loss = to_a_loss or ladder in ONLY_TO_A_LOSS
-    if to_a_loss and ladder not in TRAINED_TO_A_LOSS + ONLY_TO_A_LOSS:
+def stage_config(
+    stage: str, profile: str, to_a_loss: bool = False, processes: int | None = None, one_step: bool = False, **overrides
+) -> TrainConfig:
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated (the one place
+    a stage's config is built). to_a_loss: the profile's settings for training to a loss (a stage of a ladder that
+    also trains to one) instead of the timed ones. processes: a DDP/FSDP stage on that many processes (a launcher's,
+    the planner's). one_step: samples set to one step of every process (the planner's)."""
+    ladder = LADDERS[ladder_of(stage)]
+    to_a_loss = to_a_loss or ladder.to_a_loss == "only"
+    if to_a_loss and ladder.to_a_loss == "never":
         raise UserError(
-            f"{stage} is not trained to a loss: the {ladder} ladder keeps its parent's trajectory (tests/"
+            f"{stage} is not trained to a loss: the {ladder.name} ladder keeps its parent's trajectory (tests/"
             "test_ladder_equivalence.py), so its time to loss is its time per token"
         )
-    settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder))
+    settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder.name))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
-    cfg = TrainConfig(**settings, goal=LADDER_GOAL[ladder])
+    cfg = TrainConfig(**settings, goal=ladder.goal)
     for name in lineage(stage):
         load_stage(name).change(cfg)
     # a speedrun stage is judged by its time to the target alone: training on past it would only cost the run time
-    cfg.stop_at_target = ladder in ONLY_TO_A_LOSS
+    cfg.stop_at_target = ladder.to_a_loss == "only"
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)
+    cfg = with_processes(cfg, processes)
+    if one_step:
+        cfg.samples = cfg.batch_size * cfg.world_size
     return optimizations.validate(cfg)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gpt import distributed, optimizations, train  # train.build_model, train.train_step: tests instrument them there
+from gpt import distributed, train  # train.build_model, train.train_step: tests instrument them there
 from gpt.clocks import FeedClock, StepClock
 from gpt.config import TrainConfig
 from gpt.devices import device_name, resolve_device, synchronize
@@ -48,10 +48,10 @@ from gpt.step_profiler import extra_steps, profile_steps
 def run(
     cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None, trace_path: Path | None = None
 ) -> dict:
-    """Train under the measurement protocol and return the run's record (see README: The JSON record).
+    """Train `cfg` (validated where it was built: gpt/ladder.py:stage_config) under the measurement protocol and
+    return the run's record (see README: The JSON record).
     On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot`, and with
     `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
-    optimizations.validate(cfg)
     device = resolve_device(cfg.device)
     with distributed.process_group(device, parallel.backend(cfg, device)):  # a failed rank leaves at once
         return measure(cfg, device, label, memory_snapshot, trace_path)

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from gpt.data import REPO_ROOT
-from gpt.ladder import ONLY_TO_A_LOSS
+from gpt.ladder import ladder_names
 from gpt.records import time_to_loss_dir
 
 PUBLISHED = REPO_ROOT / "records"
@@ -22,7 +22,7 @@ def json_files(runs: Path) -> list[Path]:
     """A run's JSON files: the stage records, machine.json, the memory planner's reports, the records of the
     stages trained to a loss and of the speedrun (with its noise-scale measurement)."""
     return sorted(runs.glob("*.json")) + [
-        f for ladder in (None, *ONLY_TO_A_LOSS) for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))
+        f for ladder in (None, *ladder_names("only")) for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))
     ]
 
 

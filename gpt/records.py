@@ -224,7 +224,7 @@ def other_seed(seed: int | None, profile: str) -> int | None:
 
 def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
     """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss
-    (gpt/ladder.py: ONLY_TO_A_LOSS, the speedrun)."""
+    (gpt/ladder.py: a ladder whose to_a_loss is "only", the speedrun)."""
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 

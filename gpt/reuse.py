@@ -24,7 +24,7 @@ from gpt.data import REPO_ROOT
 from gpt.devices import cpu_model
 from gpt.records import environment, read_record, write_record
 
-STAGES = "stages"  # loaded from their files (gpt/ladder.py:load_stage), never in sys.modules: hashed whole
+STAGES = "stages"  # read or loaded from their files (gpt/ladder.py), never in sys.modules: hashed whole
 
 
 def source_files() -> list[str]:

@@ -28,12 +28,13 @@ from pathlib import Path
 import torch
 
 from gpt import machine_cache, optimizations, quick
+from gpt.command_line import add_shared_options
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
 from gpt.formatting import fmt_mib, fmt_num
-from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS, TRAINED_TO_A_LOSS, base_ladder, ladder_of, stage_config
+from gpt.ladder import STAGES_DIR, base_ladder, ladder_names, ladder_of, stage_config, stages_of, timed_ladders
 from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
@@ -47,7 +48,7 @@ from gpt.stage import unfinished_record
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
 SPEEDRUN = "speedrun"  # the ladder judged by the time to speed_0's model (gpt/ladder.py)
-SECTIONS = [*TIMED_LADDERS, TIME_TO_LOSS, SPEEDRUN]
+SECTIONS = [*timed_ladders(), TIME_TO_LOSS, SPEEDRUN]
 QUICK_SECTIONS = ["speed", "fast", SPEEDRUN]  # a quick run's, in order (gpt/quick.py)
 
 
@@ -65,13 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=SECTIONS,
         help="run one ladder only, only the training to a loss, or only the speedrun (with speed_0's seeds)",
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--wandb",
-        default="offline",
-        choices=["offline", "online", "disabled"],
-        help="Weights & Biases mode for every stage (offline needs no account or network)",
-    )
+    add_shared_options(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -134,7 +129,7 @@ def still_runs(job: "Job", profile: str, device: str) -> bool:
 def prepare_data(profile: str, sections: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
     dirs = {
-        REPO_ROOT / profile_settings(profile, base_ladder(s) if s in TIMED_LADDERS else TIME_TO_LOSS)["data_dir"]
+        REPO_ROOT / profile_settings(profile, base_ladder(s) if s in timed_ladders() else TIME_TO_LOSS)["data_dir"]
         for s in sections
     }
     for data_dir in sorted(dirs):
@@ -512,7 +507,7 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     """The fifth section: speed_0 with BASELINE_SEEDS seeds (their spread is the run-to-run spread of the final
     validation loss), the target from its curve (loss_curve.target_from), then every other stage of the speed
     and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
-    baseline, *rest = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
+    baseline, *rest = stages_of(*ladder_names("also"))
     failures, interrupted = run_stages(
         loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device, out, progress
     )
@@ -531,7 +526,7 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
 
 def baseline_seeds(profile: str) -> list[int | None]:
     """speed_0's seeds: the profile's (None: its record has no seed in its name) and the next ones."""
-    first = stage_config(LADDERS["speed"][0], profile, True).seed
+    first = stage_config(stages_of("speed")[0], profile, True).seed
     return [None] + [first + i for i in range(1, BASELINE_SEEDS)]
 
 
@@ -542,7 +537,7 @@ def run_speedrun(
     final validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the
     report's plot), then every speedrun stage with that target: the last one with every seed, the others with the
     profile's. A quick run trains one seed of each and measures no noise scale. Returns (failed stages, interrupted)."""
-    baseline, failures = LADDERS["speed"][0], 0
+    baseline, failures = stages_of("speed")[0], 0
     seeds = [None] if args.quick else baseline_seeds(profile)
     if not baseline_ran:
         failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
@@ -567,7 +562,7 @@ def run_speedrun(
             writable_dir(time_to_loss_dir(out, SPEEDRUN)),
             None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN),
         )
-    *stages, last = LADDERS[SPEEDRUN]
+    *stages, last = stages_of(SPEEDRUN)
     first = stage_config(last, profile).seed
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])
     jobs = loss_jobs(stages, out, target=target, ladder=SPEEDRUN) + loss_jobs([last], out, last_seeds, target, SPEEDRUN)
@@ -607,21 +602,17 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
 
 def loss_stages(sections: list[str]) -> list[str]:
     """The stages the sections train to a loss, each once."""
-    stages = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]] if TIME_TO_LOSS in sections else []
+    stages = stages_of(*ladder_names("also")) if TIME_TO_LOSS in sections else []
     if SPEEDRUN in sections:
-        stages += [s for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]] if s not in stages]
+        stages += [s for s in [stages_of("speed")[0], *stages_of(SPEEDRUN)] if s not in stages]
     return stages
 
 
 def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
     baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
-    count = (
-        sum(len(LADDERS[ladder]) for ladder in TRAINED_TO_A_LOSS) + baseline_seeds - 1
-        if TIME_TO_LOSS in sections
-        else 0
-    )
+    count = len(stages_of(*ladder_names("also"))) + baseline_seeds - 1 if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:
-        count += len(LADDERS[SPEEDRUN]) + last_seeds - 1 + (0 if TIME_TO_LOSS in sections else baseline_seeds)
+        count += len(stages_of(SPEEDRUN)) + last_seeds - 1 + (0 if TIME_TO_LOSS in sections else baseline_seeds)
     return count
 
 
@@ -638,13 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or default_profile(device)
     out = (args.out or REPO_ROOT / "runs" / (f"{profile}-{device}" + "-quick" * args.quick)).resolve()
     sections = [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
-    ladders = [s for s in sections if s in TIMED_LADDERS]
+    ladders = [s for s in sections if s in timed_ladders()]
     extra = (
         (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage)))))
         if args.quick
         else (lambda stage: [])
     )
-    jobs = ladder_jobs([s for ladder in ladders for s in LADDERS[ladder]], out, extra)
+    jobs = ladder_jobs(stages_of(*ladders), out, extra)
     progress = Progress(len(jobs) + loss_job_count(sections, args.quick))
     args.deadline = (
         quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) if args.quick else None
@@ -695,7 +686,7 @@ def print_quick_plan(args, sections: list[str], jobs: list[Job], out: Path, gpu_
     counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
     loss_records = [
         record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
-        for s in [LADDERS["speed"][0], *LADDERS[SPEEDRUN]]
+        for s in [stages_of("speed")[0], *stages_of(SPEEDRUN)]
         if SPEEDRUN in sections
     ]
     earlier = quick.estimate([j.record for j in jobs] + loss_records)

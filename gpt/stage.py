@@ -10,11 +10,12 @@ import traceback
 from pathlib import Path
 
 from gpt import distributed, optimizations
+from gpt.command_line import add_shared_options
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import ladder_of, load_stage, parent_of, stage_config, trains_to_a_loss_only
+from gpt.ladder import declaration, ladder_of, parent_of, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
 from gpt.published import published_dir
@@ -38,23 +39,16 @@ EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one G
 
 
 def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
-    module = load_stage(stage)
     p = argparse.ArgumentParser(
         prog=f"python stages/{stage}.py",
-        description=(module.__doc__ or "").strip(),
+        description=declaration(stage).doc.strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--profile", help=f"settings profile: {', '.join(PROFILES)} (default: reference with CUDA, cpu without)"
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    add_shared_options(p)
     p.add_argument("--out", help="directory for the JSON record (default: runs/<profile>-<device>)")
-    p.add_argument(
-        "--wandb",
-        default="offline",
-        choices=["offline", "online", "disabled"],
-        help="Weights & Biases mode (offline needs no account or network)",
-    )
     p.add_argument("--samples", type=int, help="N, samples per timed repeat (all ranks together)")
     p.add_argument("--repeats", type=int, help="timed repeats of N samples")
     p.add_argument("--warmup-iters", type=int, help="untimed warm-up optimizer steps")
@@ -185,6 +179,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         stage,
         profile,
         to_a_loss,
+        # launched by hand (e.g. several machines): the launcher decides how many processes
+        processes=int(os.environ["WORLD_SIZE"]) if distributed.under_torchrun() else None,
         samples=args.samples,
         repeats=args.repeats,
         warmup_iters=args.warmup_iters,
@@ -200,10 +196,13 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")) if to_a_loss else {}),
     )
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
+<<<<<<< HEAD
     if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
         optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
     if trains_to_a_loss_only(stage) and args.target_loss is None:
         cfg.target_loss = default_speedrun_target(stage, out, profile, dev)
+=======
+>>>>>>> declarations
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)

@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpt import distributed, optimizations, train
+from gpt import distributed, train
 from gpt.clocks import process_age_s
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
@@ -38,9 +38,8 @@ from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
 def run(cfg: TrainConfig, label: str = "train") -> dict:
-    """Train `cfg` to its token budget and return the run's record (every process of a DDP/FSDP run trains; rank
-    0's record is the one written)."""
-    optimizations.validate(cfg)
+    """Train `cfg` (validated where it was built: gpt/ladder.py:stage_config) to its token budget and return the run's
+    record (every process of a DDP/FSDP run trains; rank 0's record is the one written)."""
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)

@@ -16,8 +16,6 @@ and a token window at a token, so the windows differ while their distribution do
 Code: gpt/data.py:GatheredBatches (batch_gather, dataset="tokens"), gpt/optimizations/feeding.py:make_loader.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "pre-tokenised data, each batch one gather on the device"
 REFERENCE = {}
 
@@ -28,5 +26,7 @@ def change(cfg):
     cfg.batch_gather = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -11,8 +11,6 @@ where bf16 is not faster), and TF32 does not exist there; the record says so.
 Code: gpt/optimizations/precision.py:mixed_precision and matmul_precision.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "bf16 autocast, no GradScaler; TF32"
 REFERENCE = {}
 
@@ -22,5 +20,7 @@ def change(cfg):
     cfg.tf32 = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

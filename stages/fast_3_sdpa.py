@@ -13,8 +13,6 @@ Code: gpt/optimizations/fused_attention.py:fused_attention (attention="sdpa"), c
 gpt/model.py:CausalSelfAttention.forward.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "fused attention (SDPA)"
 REFERENCE = {"ms_per_step": 96, "parent_ms_per_step": 130}
 
@@ -23,5 +21,7 @@ def change(cfg):
     cfg.attention = "sdpa"
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -11,8 +11,6 @@ gradients are 0). MFU counts the real vocabulary only: the padding is not model 
 Code: gpt/model.py:GPTConfig.padded_vocab_size and GPT.vocab_mask (vocab_multiple).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "vocabulary padded to a multiple of 64"
 REFERENCE = {"ms_per_step": 93, "parent_ms_per_step": 96}
 
@@ -21,5 +19,7 @@ def change(cfg):
     cfg.vocab_multiple = 64
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

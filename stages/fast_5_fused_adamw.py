@@ -9,8 +9,6 @@ float rounding.
 Code: gpt/optimizations/adamw.py:make_optimizer (optimizer_fused).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "fused AdamW"
 REFERENCE = {"ms_per_step": 90, "parent_ms_per_step": 93}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.optimizer_fused = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

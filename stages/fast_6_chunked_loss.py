@@ -16,8 +16,6 @@ a run for memory, keeps it whatever the time).
 Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"), called by gpt/model.py:GPT.forward.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "chunked linear + cross-entropy"
 REFERENCE = {}
 
@@ -26,5 +24,7 @@ def change(cfg):
     cfg.loss = "chunked"
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -12,8 +12,6 @@ elsewhere the stage keeps fp32 and its record says "no effect" with the two rate
 Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_mixed_precision).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "FSDP mixed precision (bf16 compute)"
 REFERENCE = {}
 
@@ -22,5 +20,7 @@ def change(cfg):
     cfg.fsdp_mixed_precision = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -10,8 +10,6 @@ and this stage saves next to nothing: what it saves grows with vocabulary x toke
 Code: gpt/optimizations/chunked_loss.py:chunked_cross_entropy (loss="chunked"; implementations: see fast_6).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "chunked linear + cross-entropy"
 REFERENCE = {}
 
@@ -20,5 +18,7 @@ def change(cfg):
     cfg.loss = "chunked"
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -11,8 +11,6 @@ the CPU. Without a GPU there is nothing to offload to: the stage is recorded as 
 Code: gpt/optimizations/parallel.py:fsdp_policies (fsdp_cpu_offload).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "FSDP CPU offload"
 REFERENCE = {}
 
@@ -21,5 +19,7 @@ def change(cfg):
     cfg.fsdp_cpu_offload = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

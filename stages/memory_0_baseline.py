@@ -9,8 +9,6 @@ dropout mask per layer) until backward uses them. The peak comes when the forwar
 layer's activations are alive (the reference's own H100 trace: in its cross_entropy).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "baseline: batch 32"
 REFERENCE = {"peak_mib": 36272, "seconds": 16.3}
 
@@ -19,5 +17,7 @@ def change(cfg):
     pass  # the profile's baseline settings (gpt/profiles.py) are the baseline
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

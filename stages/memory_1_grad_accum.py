@@ -9,8 +9,6 @@ it accumulated nothing; tests/test_ladder_equivalence.py proves this one is exac
 Code: gpt/train.py:train_step (the micro-batch loop).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "gradient accumulation x2"
 REFERENCE = {"peak_mib": 25194, "seconds": 17.2}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.grad_accum_steps = 2
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

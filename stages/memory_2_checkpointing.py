@@ -10,8 +10,6 @@ recomputation by raising an exception through an op (gpt/optimizations/checkpoin
 Code: gpt/optimizations/checkpointing.py:checkpoint_blocks.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "activation checkpointing"
 REFERENCE = {"peak_mib": 15394, "seconds": 23.1}
 
@@ -20,5 +18,7 @@ def change(cfg):
     cfg.activation_checkpointing = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -9,8 +9,6 @@ Slower by the loop's launches, identical in result.
 Code: gpt/optimizations/adamw.py:make_optimizer.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "AdamW foreach=False"
 REFERENCE = {"peak_mib": 13108, "seconds": 23.5}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.optimizer_foreach = False
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -9,8 +9,6 @@ The sharding settings are code, in gpt/optimizations/parallel.py:parallelize; th
 through torchrun.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "FSDP on 2 processes"
 REFERENCE = {"peak_mib": 8502, "seconds": 17.1}
 
@@ -20,5 +18,7 @@ def change(cfg):
     cfg.nproc = 2
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

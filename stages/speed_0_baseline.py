@@ -8,8 +8,6 @@ of 32 samples, and a DataLoader with no worker processes: every sample's text is
 The reference found the GPU mostly idle here: small steps and data preparation in the same thread.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "baseline: batch 32, num_workers 0, raw text tokenised per sample"
 REFERENCE = {"seconds": 7.68}
 
@@ -18,5 +16,7 @@ def change(cfg):
     pass  # the profile's baseline settings (gpt/profiles.py) are the baseline
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

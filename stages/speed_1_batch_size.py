@@ -9,8 +9,6 @@ per-sample maths), which is why the learning rate is usually revisited with it.
 Code: gpt/optimizations/feeding.py:make_loader (batch_size).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "batch size x8"
 REFERENCE = {"seconds": 2.28}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.batch_size *= 8
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

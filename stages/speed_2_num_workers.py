@@ -9,8 +9,6 @@ it. Batches are identical to num_workers=0 (tests/test_ladder_equivalence.py).
 Code: gpt/optimizations/feeding.py:make_loader (num_workers).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "DataLoader num_workers 0 -> 4"
 REFERENCE = {"seconds": 1.87}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.num_workers = 4
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

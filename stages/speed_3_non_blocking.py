@@ -8,8 +8,6 @@ there is no copy to overlap: on the CPU this stage changes nothing, and says so 
 Code: gpt/optimizations/feeding.py:make_loader and to_device (pin_memory).
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "pinned memory + non_blocking copies"
 REFERENCE = {"seconds": 1.81}
 
@@ -18,5 +16,7 @@ def change(cfg):
     cfg.pin_memory = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

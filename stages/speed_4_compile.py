@@ -9,8 +9,6 @@ step's kernels with one launch. Compilation happens in the first step and is rep
 Code: gpt/optimizations/compilation.py:compile_model.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "torch.compile"
 REFERENCE = {"seconds": 1.09}
 
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.compile = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

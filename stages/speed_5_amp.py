@@ -16,8 +16,6 @@ on the device instead; the ladder keeps the reference's foreach AdamW.)
 Code: gpt/optimizations/precision.py:mixed_precision.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "mixed precision (autocast)"
 REFERENCE = {"seconds": 0.73}
 
@@ -26,5 +24,7 @@ def change(cfg):
     cfg.amp = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

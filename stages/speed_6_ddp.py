@@ -9,8 +9,6 @@ thread each) that one process used before, so expect little gain there.
 Code: gpt/optimizations/parallel.py:parallelize, gpt/distributed.py.
 """
 
-from gpt.stage import stage_main
-
 CHANGE = "DDP on 2 processes"
 REFERENCE = {"seconds": 0.48}
 
@@ -20,5 +18,7 @@ def change(cfg):
     cfg.nproc = 2
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

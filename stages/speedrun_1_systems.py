@@ -15,9 +15,6 @@ should carry over to the time to the target whole, less the per-step overhead th
 Code: each stage's own home, through its change() (the stages named below).
 """
 
-from gpt.ladder import load_stage
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "the fast ladder's systems changes at the baseline's batch"
 KIND = "systems"  # keeps the model
@@ -36,9 +33,13 @@ SYSTEMS_STAGES = (
 
 
 def change(cfg):
+    from gpt.ladder import load_stage  # here, not at the top: loading this script imports nothing from gpt
+
     for stage in SYSTEMS_STAGES:
         load_stage(stage).change(cfg)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

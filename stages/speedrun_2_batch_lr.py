@@ -20,8 +20,6 @@ speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-u
 (gpt/profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
 """
 
-from gpt.stage import stage_main
-
 BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the first measurement's choice
 LR_FACTOR = 4.0  # swept up from the square-root rule (x2: not reached); x4 reached the target (docs/speedrun.md)
 
@@ -37,5 +35,7 @@ def change(cfg):
     cfg.betas = (cfg.betas[0], cfg.betas[1] ** BATCH_FACTOR)  # the same half-life in tokens
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -12,8 +12,6 @@ AdamW groups'); on a torch without it the stage is skipped with that reason.
 Code: gpt/optimizations/muon.py.
 """
 
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "Muon for the hidden matrices (AdamW for the rest)"
 KIND = "training"
@@ -26,5 +24,7 @@ def change(cfg):
     cfg.muon_weight_decay = 0.0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

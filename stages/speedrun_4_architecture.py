@@ -10,8 +10,6 @@ embeddings (Su et al. 2021, RoFormer) in place of the learned table: the blocks 
 Code: gpt/model.py, switched on by gpt/optimizations/architecture.py.
 """
 
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "today's small-GPT blocks (ReLU², RMSNorm, QK-norm, zero-init projections, rotary)"
 KIND = "model"
@@ -21,5 +19,7 @@ def change(cfg):
     cfg.architecture = "modern"
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

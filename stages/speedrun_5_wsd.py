@@ -11,9 +11,6 @@ that still reached the target on every seed here (docs/speedrun.md, its log).
 Code: gpt/optimizations/schedule.py:learning_rate.
 """
 
-from gpt.profiles import budget_settings
-from gpt.stage import stage_main
-
 BUDGET = 0.25  # of the parent's token budget: 30% reached the target at 359k tokens (3 seeds), 25% at 342k, every seed
 COOLDOWN = 0.4  # the share of the budget spent decaying
 
@@ -23,11 +20,15 @@ KIND = "training"
 
 
 def change(cfg):
+    from gpt.profiles import budget_settings  # here, not at the top: loading this script imports nothing from gpt
+
     cfg.lr_schedule = "wsd"
     cfg.lr_cooldown = COOLDOWN
     for key, value in budget_settings(int(cfg.train_tokens * BUDGET), cfg.lr_warmup_tokens).items():
         setattr(cfg, key, value)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

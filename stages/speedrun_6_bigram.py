@@ -8,8 +8,6 @@ to them at the input (modded-nanogpt's bigram hash embedding; nanochat's). The c
 enough for a row per pair. Code: gpt/model.py (bigram_index), switched on by gpt/optimizations/ngram_embedding.py.
 """
 
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "a learned bigram embedding (previous token, token) added to the token embedding"
 KIND = "model"
@@ -19,5 +17,7 @@ def change(cfg):
     cfg.bigram_embedding = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -616,7 +616,7 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
 )
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
     memory_4 = dict(grad_accum_steps=2, activation_checkpointing=True, optimizer_foreach=False)
-    # goal "memory", as the lean ladder runs (gpt/ladder.py:LADDER_GOAL): the chunked loss is kept whatever its time
+    # goal "memory", as the lean ladder runs (gpt/ladder.py:Ladder.goal): the chunked loss is kept whatever its time
     cfg = tiny_config(
         char_data, distributed="fsdp", nproc=NPROC, batch_size=RANK_BATCH, goal="memory", **memory_4, **stage_settings
     )

@@ -24,12 +24,12 @@ from conftest import REPO
 from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
 
 from gpt import run_all
-from gpt.ladder import LADDERS, STAGES_DIR, TIMED_LADDERS
+from gpt.ladder import STAGES_DIR, all_stages, stages_of, timed_ladders
 from gpt.records import record_problems
 from gpt.run_all import stage_command as real_stage_command
 
 HOOKS = REPO / "tests" / "stage_hooks"  # holds sitecustomize.py
-ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
+ALL_STAGES = all_stages()
 FAILURE_BOUND_S = 60  # a stage ends at most this long after one of its ranks failed (seconds, on the CPU)
 STAGE_TIMEOUT_S = 300  # only a guard against a hang: a loaded 2-core machine is slow to start torch
 STRAGGLER_S = 10  # for processes already signalled when the stage ended to be gone, on a loaded machine
@@ -161,7 +161,7 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
         ),
     )
     monkeypatch.setattr(run_all, "run_memory_planner", lambda out, reuse_from: None)
-    monkeypatch.setattr(run_all, "SECTIONS", list(TIMED_LADDERS))  # the ladders only: no training to a loss after them
+    monkeypatch.setattr(run_all, "SECTIONS", timed_ladders())  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
 
     def timed_run_stage(cmd, log, show, deadline=None):
@@ -177,7 +177,7 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
     record = json.loads((out / f"{stage}.json").read_text())
     assert record["status"] == "failed" and record["reason"] == "rank 1: killed by SIGKILL", log[-3000:]
     assert not record_problems(record)
-    timed = [s for ladder in TIMED_LADDERS for s in LADDERS[ladder]]
+    timed = stages_of(*timed_ladders())
     assert calls() == [s for s in timed if s != stage]  # the stages after it ran
     assert "**failed**: rank 1: killed by SIGKILL" in (out / "results.md").read_text()
     assert_nothing_left(marker)
@@ -190,7 +190,7 @@ SPEED_ARGS = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--wan
 
 def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys):
     out, behave, calls = stub_stages
-    for stage in LADDERS["speed"]:
+    for stage in stages_of("speed"):
         behave(stage, "ok", fake_record(stage))
     holder = subprocess.Popen(  # another ladder, holding the directory
         [
@@ -221,7 +221,7 @@ def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys)
     # its lock file remains, naming a process that is gone: the next ladder takes it over
     assert (out / run_all.LOCK_FILE).read_text().strip() == str(holder.pid)
     assert run_all.main([*SPEED_ARGS, "--out", str(out)]) == 0
-    assert calls() == LADDERS["speed"]
+    assert calls() == stages_of("speed")
 
 
 # ---- an output directory that cannot be written -----------------------------------------------------------
@@ -305,7 +305,7 @@ def test_an_unwritable_output_directory_is_one_line_before_any_training(
 
 def test_a_corrupt_record_is_reported_and_rerun_on_resume(stub_stages, capsys):
     out, behave, calls = stub_stages
-    for stage in LADDERS["speed"]:
+    for stage in stages_of("speed"):
         behave(stage, "ok", fake_record(stage))
     args = [*SPEED_ARGS, "--out", str(out)]
     assert run_all.main(args) == 0
@@ -320,7 +320,7 @@ def test_a_corrupt_record_is_reported_and_rerun_on_resume(stub_stages, capsys):
     behave("speed_3_non_blocking", "ok", fake_record("speed_3_non_blocking"))  # the stub moved it away
     assert run_all.main([*args, "--resume"]) == 0
     assert message in capsys.readouterr().err
-    assert calls() == LADDERS["speed"] + ["speed_3_non_blocking"]  # only that stage ran again
+    assert calls() == stages_of("speed") + ["speed_3_non_blocking"]  # only that stage ran again
     assert json.loads(corrupt.read_text())["status"] == "ok"
     assert {p.name: p.read_text() for p in out.glob("speed_*.json") if p != corrupt} == kept
 

@@ -37,7 +37,7 @@ from test_train import run_stage
 from gpt import protocol, time_to_loss, train
 from gpt.allocator_snapshot import MiB
 from gpt.data import GatheredBatches, WindowSampler, make_dataset
-from gpt.ladder import LADDERS, STAGES_DIR, stage_config
+from gpt.ladder import STAGES_DIR, stage_config, stages_of
 from gpt.model import GPT, GPTConfig
 from gpt.optimizations import chunked_loss
 from gpt.optimizations.feeding import make_loader, to_device
@@ -229,7 +229,7 @@ def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProces
     return r, read_record(record_path(out, stage))
 
 
-@pytest.mark.parametrize("stage", LADDERS["memory"] + LADDERS["lean"])
+@pytest.mark.parametrize("stage", stages_of("memory") + stages_of("lean"))
 def test_memory_and_lean_stages_finish_with_their_memory_step(stage, char_data, tmp_path):
     """On torch 2.11 the memory step crashed under activation checkpointing (memory_2 on): the allocator's
     history and checkpointing's early stop (gpt/optimizations/checkpointing.py:checkpoint_blocks). lean_3 on 2 GPUs
@@ -270,7 +270,7 @@ def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data
             step(early_stop=True)
 
 
-@pytest.mark.parametrize("stage", LADDERS["fast"])
+@pytest.mark.parametrize("stage", stages_of("fast"))
 def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
     """Every fast stage runs compiled on CUDA; where no chunked implementation is installed (torch 2.11 without
     liger-kernel or Cut Cross-Entropy) fast_6 computes the full loss and its record says why."""

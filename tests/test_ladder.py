@@ -12,20 +12,23 @@ from conftest import REPO
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.ladder import (
-    LADDER_GOAL,
     LADDERS,
+    STAGE_FILE,
     STAGES_DIR,
+    all_stages,
+    declaration,
     ladder_of,
     lineage,
     load_stage,
     parent_of,
     stage_config,
+    stages_of,
     trains_to_a_loss_only,
 )
 from gpt.profiles import PROFILES
 from gpt.stage import EXIT_SKIPPED
 
-ALL_STAGES = [s for stages in LADDERS.values() for s in stages]
+ALL_STAGES = all_stages()
 # The fields each stage's single change may touch (a change is one optimization, not a bundle).
 CHANGED_FIELDS = {
     "speed_1_batch_size": {"batch_size"},
@@ -81,33 +84,96 @@ def test_every_stage_has_a_script_and_every_script_a_stage():
     assert len(ALL_STAGES) == 27
 
 
-def test_every_ladder_says_what_it_lowers():
+def test_every_stage_file_belongs_to_a_ladder_and_its_numbers_run_without_a_gap():
+    """A ladder's order is its scripts' numbers: stages/<ladder>_<n>_<name>.py, from 0 for a ladder of its own (its
+    baseline), from 1 for one that starts from another ladder's stage; no number twice, none skipped."""
+    for path in STAGES_DIR.glob("*.py"):
+        m = STAGE_FILE.fullmatch(path.stem)
+        assert m and m["ladder"] in LADDERS, path.name
+    for name, ladder in LADDERS.items():
+        numbers = [int(STAGE_FILE.fullmatch(s)["n"]) for s in ladder.stages]
+        first = 1 if ladder.starts_from else 0
+        assert numbers == list(range(first, first + len(numbers))), name
+        assert ladder.starts_from is None or ladder_of(ladder.starts_from) != name
+
+
+def test_the_ladders_order():
+    """The order the docs and the report show (read from the file names: a renamed script must not reorder them)."""
+    assert list(LADDERS) == ["speed", "fast", "memory", "lean", "speedrun"]
+    assert stages_of("speed")[::3] == ["speed_0_baseline", "speed_3_non_blocking", "speed_6_ddp"]
+    assert stages_of("lean") == ["lean_1_fsdp_bf16", "lean_2_chunked_loss", "lean_3_cpu_offload"]
+    assert [parent_of(s) for s in ("fast_1_pretokenized", "lean_1_fsdp_bf16", "speedrun_1_systems")] == [
+        "speed_5_amp",
+        "memory_4_fsdp",
+        "speed_0_baseline",
+    ]
+
+
+def test_every_ladder_says_what_it_lowers_and_whether_it_trains_to_a_loss():
     """The report builds a time table or a memory table for a ladder from its goal."""
-    assert set(LADDER_GOAL) == set(LADDERS) and set(LADDER_GOAL.values()) <= {"time", "memory"}
+    assert {ladder.goal for ladder in LADDERS.values()} == {"time", "memory"}
+    assert {name: ladder.to_a_loss for name, ladder in LADDERS.items()} == {
+        "speed": "also",
+        "fast": "also",
+        "memory": "never",
+        "lean": "never",
+        "speedrun": "only",
+    }
+
+
+@pytest.mark.parametrize("stage", ALL_STAGES)
+def test_a_stages_declaration_is_what_its_script_holds(stage):
+    """The declaration is read from the file (ast), the module's attributes by running it: the same."""
+    declared, module = declaration(stage), load_stage(stage)
+    assert (declared.name, declared.ladder, declared.parent) == (stage, ladder_of(stage), parent_of(stage))
+    assert declared.doc == module.__doc__ and declared.change == module.CHANGE
+    assert declared.reference == module.REFERENCE and declared.kind == getattr(module, "KIND", None)
+
+
+def test_reading_the_declarations_runs_no_stage_and_loading_one_imports_nothing_from_gpt():
+    """The report and the planner read every stage's declaration without importing gpt.stage (once every stage script
+    imported it, which imported gpt.ladder, which loaded the scripts: a hidden cycle); loading a stage script for its
+    change() imports no module of gpt at all."""
+    script = (
+        "import sys\n"
+        "from gpt.ladder import all_stages, declaration\n"
+        "declared = [declaration(s) for s in all_stages()]\n"
+        "assert declared and 'gpt.stage' not in sys.modules, sorted(sys.modules)\n"
+        "assert not any(m.startswith('stages.') for m in sys.modules)\n"
+        "import importlib.util\n"
+        "for name in [m for m in sys.modules if m == 'gpt' or m.startswith('gpt.')]:\n"
+        "    del sys.modules[name]\n"
+        "for stage in all_stages():\n"
+        "    spec = importlib.util.spec_from_file_location(stage, f'stages/{stage}.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "assert not [m for m in sys.modules if m == 'gpt' or m.startswith('gpt.')]\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("stage", ALL_STAGES)
 def test_stage_script_documents_its_parent_change_and_reference(stage):
-    module = load_stage(stage)
+    declared = declaration(stage)
     parent = parent_of(stage)
-    assert f"Parent: {parent or 'none'}." in module.__doc__
-    assert module.CHANGE
+    assert f"Parent: {parent or 'none'}." in declared.doc
+    assert declared.change
     if ladder_of(stage) in DOCUMENTED:
-        assert module.REFERENCE  # every documented stage has its documented figure
-    elif module.REFERENCE:  # an anchor from elsewhere: its figure and the one it improves on
-        assert set(module.REFERENCE) == {"ms_per_step", "parent_ms_per_step"}
+        assert declared.reference  # every documented stage has its documented figure
+    elif declared.reference:  # an anchor from elsewhere: its figure and the one it improves on
+        assert set(declared.reference) == {"ms_per_step", "parent_ms_per_step"}
     else:
-        assert "No anchor figure" in module.__doc__
+        assert "No anchor figure" in declared.doc
     # the figure in the code is the one the docstring cites, in its "Parent: ... Reference/Anchor" paragraph, as a
     # whole number (not a number elsewhere in the docstring, nor a prefix of another one)
-    cited = module.__doc__.split("Parent: ", 1)[1].split("\n\n", 1)[0]
-    for value in module.REFERENCE.values():
+    cited = declared.doc.split("Parent: ", 1)[1].split("\n\n", 1)[0]
+    for value in declared.reference.values():
         assert re.search(rf"(?<![\d.]){re.escape(str(value))}(?![\d]|\.\d)", cited), (value, cited)
 
 
 def test_beyond_the_book_ladders_continue_from_a_documented_stage():
     assert parent_of("fast_1_pretokenized") == "speed_5_amp" and parent_of("lean_1_fsdp_bf16") == "memory_4_fsdp"
-    assert lineage("fast_2_bf16")[:7] == LADDERS["speed"][:6] + ["fast_1_pretokenized"]
+    assert lineage("fast_2_bf16")[:7] == stages_of("speed")[:6] + ["fast_1_pretokenized"]
     fast, amp = stage_config("fast_1_pretokenized", "cpu"), stage_config("speed_5_amp", "cpu")
     assert fast.amp and fast.compile and fast.batch_size == amp.batch_size and fast.distributed is None
     lean = stage_config("lean_1_fsdp_bf16", "cpu")
@@ -129,8 +195,8 @@ def test_stage_references_match_the_documented_ladder():
         pytest.skip("shared/reference/ladder.json is not beside this checkout")
     documented = json.loads(ladder_json.read_text())
     for ladder in DOCUMENTED:
-        for stage, doc in zip(LADDERS[ladder], documented[ladder]["stages"], strict=True):
-            ref = load_stage(stage).REFERENCE
+        for stage, doc in zip(stages_of(ladder), documented[ladder]["stages"], strict=True):
+            ref = declaration(stage).reference
             assert ref["seconds"] == doc["seconds"]
             if "peak_mib" in doc:
                 assert ref["peak_mib"] == doc["peak_mib"]

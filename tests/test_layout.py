@@ -13,7 +13,7 @@ from conftest import REPO
 
 from gpt import optimizations
 from gpt.config import TrainConfig
-from gpt.ladder import LADDERS, parent_of, stage_config, trains_to_a_loss_only
+from gpt.ladder import all_stages, parent_of, stage_config, trains_to_a_loss_only
 
 MAX_FUNCTION_LINES = 80
 # An optimization's field may be named in its config, its home and where it truly acts (the model for the
@@ -87,7 +87,7 @@ def test_no_import_cycle_in_gpt_not_even_through_annotation_only_imports():
 # function and annotation-only ones count, as for the cycles). A new module is placed here, or the test fails.
 LAYERS = [
     # the ground: plain helpers over plain values, importing nothing from the project
-    ("ground", {"gpt.errors", "gpt.files", "gpt.formatting", "gpt.loss_curve"}),
+    ("ground", {"gpt.errors", "gpt.files", "gpt.formatting", "gpt.loss_curve", "gpt.command_line"}),
     # settings, devices, records, data, clocks and memory readings: what every run stands on
     (
         "basics",
@@ -250,7 +250,7 @@ def test_every_field_a_stage_changes_belongs_to_exactly_one_optimization():
     owned = [f for opt in optimizations.OPTIMIZATIONS for f in opt.fields]
     assert len(owned) == len(set(owned))  # no field in two optimizations
     assert set(owned) <= {f.name for f in fields(TrainConfig)}
-    for stage in (s for stages in LADDERS.values() for s in stages if parent_of(s)):
+    for stage in (s for s in all_stages() if parent_of(s)):
         # the speedrun's training changes also set the run's own settings (learning rate, betas, budget): they are
         # judged by the time to the target, and those settings have no home but the stage script that sets them
         run_settings = SPEEDRUN_RUN_SETTINGS if trains_to_a_loss_only(stage) else set()

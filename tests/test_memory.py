@@ -22,7 +22,7 @@ from gpt.allocator_snapshot import UNIT as CUDA_ALLOCATION_UNIT
 from gpt.allocator_snapshot import MiB
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.ladder import LADDERS, ladder_of, load_stage, parent_of, stage_config
+from gpt.ladder import all_stages, declaration, ladder_of, parent_of, stage_config, stages_of
 from gpt.memory.__main__ import main
 from gpt.memory.estimator import _cuda_rules, estimate
 from gpt.memory.planner import (
@@ -346,8 +346,8 @@ def test_every_ladder_stage_is_covered_or_excused():
     } | COMPILED
     assert all(stage_config(s, "smoke").compile for s in COMPILED)
     # the speedrun trains to a loss only: no timed step, no measured peak to compare an estimate with
-    speedrun = set(LADDERS["speedrun"])
-    assert set(IN_PROCESS + TWO_PROCESSES) | excused | speedrun == {s for stages in LADDERS.values() for s in stages}
+    speedrun = set(stages_of("speedrun"))
+    assert set(IN_PROCESS + TWO_PROCESSES) | excused | speedrun == set(all_stages())
 
 
 # ---- CUDA allocator snapshots (gpt/allocator_snapshot.py) -------------------------------------------------------
@@ -642,10 +642,10 @@ def test_cpu_memory_profile_shows_the_documented_mechanisms():
     things: activations (memory_0, memory_1), AdamW's foreach temporaries (memory_2), the gradients and the
     moments (memory_3), half the model state per process (memory_4)."""
     vocab = 80  # the characters of the default corpus (data/prepare.py --tokenizer char)
-    stages = LADDERS["memory"]
+    stages = stages_of("memory")
     est = {s: estimate(stage_config(s, "cpu"), vocab, "cpu") for s in stages}
     for prev, stage in zip(stages, stages[1:]):
-        documented = [load_stage(s).REFERENCE["peak_mib"] for s in (prev, stage)]
+        documented = [declaration(s).reference["peak_mib"] for s in (prev, stage)]
         change = 100 * (est[stage].peak_mib / est[prev].peak_mib - 1)
         assert abs(change - 100 * (documented[1] / documented[0] - 1)) <= 10, (stage, change)
     b = {s: e.breakdown_mib for s, e in est.items()}

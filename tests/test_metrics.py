@@ -12,7 +12,7 @@ import torch
 from gpt import flops, machine_cache, peak_memory, protocol
 from gpt.allocator_snapshot import MiB
 from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
-from gpt.ladder import LADDERS, stage_config
+from gpt.ladder import stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
 from gpt.peak_memory import StepMarks, memory_method, peak_breakdown, traced_memory
 
@@ -26,7 +26,7 @@ def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before(
     assert memory_method(torch.device("cpu"), None) == memory_method(torch.device("cpu"), "default") == "memtracker"
     methods = {
         stage: memory_method(CUDA, compile_mode(stage_config(stage, "reference", device="cuda"), CUDA))
-        for stage in LADDERS["speed"] + LADDERS["memory"]
+        for stage in stages_of("speed") + stages_of("memory")
     }
     # torch.compile comes in at speed_4 and uses CUDA graphs ("reduce-overhead") on CUDA from there on
     graphs = {"speed_4_compile", "speed_5_amp", "speed_6_ddp"}

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 from gpt import run_all
-from gpt.ladder import LADDERS, ladder_of, parent_of, stage_config
+from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
 from gpt.records import record_path, record_problems, write_record
 from gpt.report.document import write_report
 
@@ -140,7 +140,7 @@ def write_ladder(out: Path, records: list[dict]) -> None:
 
 
 def test_fake_records_are_valid():
-    for stage in LADDERS["speed"] + LADDERS["memory"]:
+    for stage in stages_of("speed") + stages_of("memory"):
         assert not record_problems(fake_record(stage))
 
 
@@ -517,7 +517,7 @@ def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_p
     """fast_1's 'vs previous' is against speed_5_amp and every fast stage's 'vs baseline' against speed_0; the
     anchor column gives build-nanogpt's change where a stage has one; a stage with no effect on this device
     says so instead of a gain; the lean ladder, with no figures to compare with, has no reference column."""
-    speed = [fake_record(s, seconds=8.0 / (i + 1)) for i, s in enumerate(LADDERS["speed"][:6])]  # speed_5: 1.33 s
+    speed = [fake_record(s, seconds=8.0 / (i + 1)) for i, s in enumerate(stages_of("speed")[:6])]  # speed_5: 1.33 s
     fast = [
         fake_record("fast_1_pretokenized", seconds=1.0),
         fake_record("fast_2_bf16", seconds=1.01, no_effect_reason="no effect on cpu: nothing to replace"),
@@ -648,7 +648,7 @@ def stub_stages(tmp_path, monkeypatch):
 
 def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages, monkeypatch):
     out, behave, calls = stub_stages
-    speed = LADDERS["speed"]
+    speed = stages_of("speed")
     for i, stage in enumerate(speed):
         behave(stage, "ok", fake_record(stage, seconds=8.0 / (i + 1)))
     behave("speed_6_ddp", "ok", fake_record("speed_6_ddp", status="skipped", reason="needs 2 GPUs, found 1"))
@@ -693,12 +693,12 @@ def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
             "--no-profiler",
         ]
     )
-    assert len(commands) == len(LADDERS["speed"]) and all(cmd[-1] == "--no-profiler" for cmd in commands)
+    assert len(commands) == len(stages_of("speed")) and all(cmd[-1] == "--no-profiler" for cmd in commands)
 
 
 def test_interrupt_stops_the_ladder_and_still_writes_the_report(stub_stages, monkeypatch):
     out, behave, calls = stub_stages
-    for stage in LADDERS["memory"]:
+    for stage in stages_of("memory"):
         behave(stage, "ok", fake_record(stage))
     real_run_stage = run_all.run_stage
 
@@ -759,7 +759,7 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
     )
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--out", str(out), "--wandb", "disabled"]
     for end, warned in ((103e9, False), (130e9, True)):
-        for stage in LADDERS["speed"]:
+        for stage in stages_of("speed"):
             behave(stage, "ok", fake_record(stage))
         monkeypatch.setattr(run_all, "matmul_rate", lambda dtype, seconds, rounds, end=end: end)
         monkeypatch.setattr(run_all.torch, "get_num_threads", lambda: 2)
@@ -781,7 +781,7 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     monkeypatch.setattr(run_all, "REPO_ROOT", tmp_path)  # the default folder: <repo>/runs/smoke-cpu-quick
     monkeypatch.setattr(run_all, "publish", lambda *a: pytest.fail("a quick run published its records"))
     quick_out = tmp_path / "runs" / "smoke-cpu-quick"
-    speed = LADDERS["speed"]
+    speed = stages_of("speed")
     for stage in speed:
         behave(stage, "ok", fake_record(stage))
     behave("speed_1_batch_size", "hang")
@@ -835,7 +835,7 @@ def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     speedrun = sorted(p.stem for p in (out / "speedrun").glob("speedrun_*.json"))
-    assert speedrun == LADDERS["speedrun"]
+    assert speedrun == stages_of("speedrun")
     for path in [*out.glob("speed_*.json"), *out.glob("fast_*.json"), *(out / "speedrun").glob("*.json")]:
         record = json.loads(path.read_text())
         assert record["status"] == "ok" and record["run"]["quick"], path
@@ -854,7 +854,7 @@ def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
     assert [line.split()[0] for line in lines] == ["fast_6_chunked_loss", "lean_2_chunked_loss"]
     assert "computes the full loss here: the chunked loss on a cpu needs PyTorch 2.12" in lines[0]
     assert "cannot run here: the chunked loss on a cpu needs PyTorch 2.12" in lines[1]
-    assert run_all.loss_stages(["speedrun"]) == ["speed_0_baseline", *LADDERS["speedrun"]]
+    assert run_all.loss_stages(["speedrun"]) == ["speed_0_baseline", *stages_of("speedrun")]
 
 
 @pytest.mark.parametrize("how", ["interrupted", "--only"])
@@ -869,7 +869,7 @@ def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(ho
     monkeypatch.setattr(run_all, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(run_all, "published_dir", lambda profile, device: committed)
     for ladder in ("speed", "fast"):
-        for stage in LADDERS[ladder]:
+        for stage in stages_of(ladder):
             behave(stage, "ok", fake_record(stage))
     if how == "interrupted":
         real = run_all.run_stage
@@ -917,7 +917,7 @@ def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_st
     assert calls() == []
     folder = out / "speedrun"
     reasons = {p.stem: json.loads(p.read_text())["reason"] for p in folder.glob("speedrun_*.json")}
-    assert sorted(reasons) == LADDERS["speedrun"] and all(
+    assert sorted(reasons) == stages_of("speedrun") and all(
         r.startswith("not run: the quick run's") for r in reasons.values()
     )
 

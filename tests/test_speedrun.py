@@ -16,7 +16,7 @@ from test_time_to_loss import learning_budget
 from gpt import optimizations, run_all, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device
-from gpt.ladder import LADDERS, lineage, load_stage, stage_config, trains_to_a_loss_only
+from gpt.ladder import declaration, lineage, load_stage, stage_config, stages_of, trains_to_a_loss_only
 from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import uses_cuda_graphs
@@ -26,7 +26,7 @@ from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
 
 MEASUREMENT = REPO / "docs" / "measurement.md"
 
-SPEEDRUN = LADDERS["speedrun"]
+SPEEDRUN = stages_of("speedrun")
 
 
 def test_every_speedrun_stage_trains_to_a_loss_on_the_baselines_settings():
@@ -36,8 +36,8 @@ def test_every_speedrun_stage_trains_to_a_loss_on_the_baselines_settings():
         assert trains_to_a_loss_only(stage) and lineage(stage)[0] == "speed_0_baseline"
         cfg = stage_config(stage, "cpu")
         assert cfg.train_tokens and cfg.data_dir == base.data_dir and cfg.eval_windows == base.eval_windows
-        module = load_stage(stage)
-        assert module.KIND in KINDS and module.CHANGE and module.__doc__.startswith(f"Speedrun, stage {stage[9]}")
+        declared = declaration(stage)
+        assert declared.kind in KINDS and declared.change and declared.doc.startswith(f"Speedrun, stage {stage[9]}")
     assert not trains_to_a_loss_only("speed_0_baseline")
 
 

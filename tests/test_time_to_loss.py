@@ -598,7 +598,7 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
     """The fifth section's order: speed_0 with three seeds, the target from its curve, then the other speed and
     fast stages with it; each job's record in <out>/time_to_loss/, each command the stage script's own."""
     from gpt import run_all
-    from gpt.ladder import LADDERS
+    from gpt.ladder import stages_of
 
     commands = []
 
@@ -651,7 +651,7 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
         == 0
     )
     stages = [Path(c[1]).stem for c in commands]
-    others = [s for ladder in ("speed", "fast") for s in LADDERS[ladder]][1:]
+    others = [s for ladder in ("speed", "fast") for s in stages_of(ladder)][1:]
     assert stages == ["speed_0_baseline"] * 3 + others
     assert [c[c.index("--seed") + 1] for c in commands[1:3]] == ["3408", "3409"] and "--seed" not in commands[0]
     assert all("--time-to-loss" in c for c in commands)

@@ -14,11 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from gpt import allocator_snapshot, optimizations, reuse
+from gpt import allocator_snapshot, reuse
 from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
 from gpt.errors import CannotSimulate, UserError, exit_on_user_error
-from gpt.ladder import LADDERS, lineage, load_stage, stage_config
+from gpt.ladder import all_stages, declaration, lineage, stage_config
 from gpt.memory.estimator import TARGET_DEVICES, estimate
 from gpt.memory.planner import (
     NOTES,
@@ -39,7 +39,7 @@ from gpt.memory.planner import (
     snapshot_breakdown,
     vocabulary_of,
 )
-from gpt.optimizations.parallel import is_distributed, with_processes
+from gpt.optimizations.parallel import is_distributed
 from gpt.peak_memory import MEMORY_PARTS
 from gpt.profiles import PROFILES
 from gpt.records import write_record
@@ -216,22 +216,18 @@ def estimate_config(args):
         raise UserError(f"{args.stage} runs one process; --world-size applies to the DDP/FSDP stages")
     if world is not None and is_distributed(base) and world < 2:
         raise UserError(f"--world-size must be at least 2 for {args.stage}, got {world}")
-    world = world or base.world_size
-    batch = args.batch_size or base.batch_size
     cfg = stage_config(
         args.stage,
         args.profile,
+        processes=world,
+        one_step=True,
         preset=args.preset,
         n_layer=args.n_layer,
         n_head=args.n_head,
         n_embd=args.n_embd,
         batch_size=args.batch_size,
         block_size=args.block_size,
-        samples=max(batch, 1) * world * base.world_size,
-    )  # divisible before and after
-    cfg = with_processes(cfg, world)
-    cfg.samples = cfg.batch_size * cfg.world_size
-    optimizations.validate(cfg)
+    )
     vocab = args.vocab_size
     if vocab is None:
         if args.profile == "reference":
@@ -269,7 +265,7 @@ def cmd_estimate(args) -> int:
         f"batch {cfg.batch_size}{micro}, dropout {cfg.dropout}"
         f"{', reference code emulated' if args.reference_code else ''}"
     )
-    print(f"  changes: {'; '.join(load_stage(name).CHANGE for name in lineage(args.stage))}")
+    print(f"  changes: {'; '.join(declaration(name).change for name in lineage(args.stage))}")
     print(f"predicted peak: {_mib(est.peak_mib)} MiB")
     for key in MEMORY_PARTS:
         print(f"  {key.replace('_', ' '):<16} {_mib(est.breakdown_mib[key]):>12} MiB")
@@ -478,7 +474,7 @@ def cmd_compare(args) -> int:
     runs = Path(args.runs)
     if not runs.is_dir():
         raise UserError(f"no runs directory {runs}")
-    known = {s for stages in LADDERS.values() for s in stages}
+    known = set(all_stages())
     records = []
     for path in sorted(runs.glob("*.json")):
         if path.stem in known:

@@ -31,15 +31,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt import allocator_snapshot, optimizations
+from gpt import allocator_snapshot
 from gpt.allocator_snapshot import STACK_CATEGORIES, MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import CannotSimulate, UserError
-from gpt.ladder import LADDERS, load_stage, stage_config
+from gpt.ladder import declaration, stage_config, stages_of
 from gpt.memory.estimator import estimate
 from gpt.model import GPT, MLP, GPTConfig
-from gpt.optimizations.parallel import with_processes
 
 REFERENCE_VOCAB = 65  # character-level tiny Shakespeare
 # The reference's own allocator snapshots of one training step after its warm-up (H100), committed in its repo
@@ -106,9 +105,7 @@ def reference_config(stage: str, processes: int | None = None, **overrides) -> T
     """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention,
     dropout 0.1), on `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only
     matters for timing, and must divide by the batch."""
-    cfg = with_processes(stage_config(stage, "reference", **overrides), processes)
-    cfg.samples = cfg.batch_size * cfg.world_size
-    return optimizations.validate(cfg)
+    return stage_config(stage, "reference", processes=processes, one_step=True, **overrides)
 
 
 class Runner:
@@ -169,9 +166,9 @@ def reference_ladder(
     `snapshots` (from reference_snapshots) has one, what its traced step allocated."""
     runner = runner or Runner()
     rows = []
-    for stage in LADDERS["memory"]:
-        module = load_stage(stage)
-        rows.append({"stage": stage, "change": module.CHANGE, "documented_mib": module.REFERENCE["peak_mib"]})
+    for stage in stages_of("memory"):
+        declared = declaration(stage)
+        rows.append({"stage": stage, "change": declared.change, "documented_mib": declared.reference["peak_mib"]})
         if stage in (snapshots or {}):
             path, report = snapshots[stage]
             rows[-1].update(snapshot=report, snapshot_file=path.name)

@@ -17,7 +17,11 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.files import write_atomically
+<<<<<<< HEAD
 from gpt.ladder import LADDER_GOAL, STARTS_FROM, ladder_of
+=======
+from gpt.ladder import LADDERS
+>>>>>>> declarations
 from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.figures import machines_section, plot_thesis, thesis_lines
@@ -138,9 +142,14 @@ def ladder_section(
     drawn_in: str | None = None,
 ) -> list[str]:
     """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
+<<<<<<< HEAD
     stage, and its plots, which also draw `more` (the stages of a ladder that continues from this one); a ladder
     `drawn_in` another's figures links to them instead."""
     done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
+=======
+    stage, and its plots."""
+    done, time_goal = sum(r.ok for r in rungs), LADDERS[name].goal == "time"
+>>>>>>> declarations
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
     lines += speed_table(rungs) if time_goal else memory_table(rungs)

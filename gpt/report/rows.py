@@ -1,12 +1,11 @@
 """The report's rows: the records of a run directory, each stage as a `Rung` of its ladder beside its parent,
 its baseline and what its stage script documents."""
 
-import functools
 from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.formatting import fmt_pct
-from gpt.ladder import LADDERS, lineage, load_stage, parent_of
+from gpt.ladder import LADDERS, all_stages, declaration, lineage, parent_of
 from gpt.peak_memory import MEMORY_PARTS
 from gpt.records import peak_memory_pair, read_record, record_path
 
@@ -18,7 +17,7 @@ SHOWN_MEMORY_PARTS = tuple(p for p in MEMORY_PARTS if p not in ("buffers", "othe
 def load_records(runs: Path) -> dict[str, dict]:
     """Stage name -> record, for the stages of every ladder that have a record in `runs`."""
     found = {}
-    for stage in (s for stages in LADDERS.values() for s in stages):
+    for stage in all_stages():
         record = read_record(record_path(runs, stage))
         if record is not None:
             found[stage] = record
@@ -44,17 +43,17 @@ def comparable(a: dict | None, b: dict | None) -> bool:
 class Rung:
     """One stage of a ladder as the report sees it: the record (or None), its parent (for the first stage of
     a ladder beyond the book: the stage it continues from), the baseline of its lineage (speed_0 or
-    memory_0), and what the stage script documents."""
+    memory_0), and what the stage script declares (gpt/ladder.py:declaration)."""
 
-    def __init__(self, stage: str, records: dict[str, dict], script):
+    def __init__(self, stage: str, records: dict[str, dict]):
         parent, first = parent_of(stage), lineage(stage)[0]
-        self.stage, self.change, self.reference = stage, script(stage).CHANGE, script(stage).REFERENCE
+        self.stage, self.change, self.reference = stage, declaration(stage).change, declaration(stage).reference
         self.record = records.get(stage)
         self.parent_stage, self.baseline_stage = parent, (first if parent else None)
         self.parent = records.get(parent) if parent else None
         self.baseline = records.get(first) if parent else None
-        self.parent_reference = script(parent).REFERENCE if parent else None
-        self.baseline_reference = script(first).REFERENCE if parent else None
+        self.parent_reference = declaration(parent).reference if parent else None
+        self.baseline_reference = declaration(first).reference if parent else None
 
     @property
     def ok(self) -> bool:
@@ -98,10 +97,10 @@ class Rung:
 
 def ladders_of(records: dict[str, dict]) -> dict[str, list[Rung]]:
     """The ladders that have at least one record, each as its full list of rungs (missing stages too)."""
-    ladders, script = {}, functools.cache(load_stage)  # a stage script's CHANGE and REFERENCE
-    for name, stages in LADDERS.items():
-        if any(s in records for s in stages):
-            ladders[name] = [Rung(s, records, script) for s in stages]
+    ladders = {}
+    for name, ladder in LADDERS.items():
+        if any(s in records for s in ladder.stages):
+            ladders[name] = [Rung(s, records) for s in ladder.stages]
     return ladders
 
 

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from gpt.formatting import fmt_num, table
-from gpt.ladder import LADDERS, load_stage, parent_of
+from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.plots import pyplot
@@ -16,7 +16,7 @@ from gpt.report.rows import display, ok
 from gpt.report.tables import columns_line
 
 LADDER = "speedrun"
-BASELINE = LADDERS["speed"][0]
+BASELINE = stages_of("speed")[0]
 KINDS = {"systems": "keeps the model", "training": "changes the training", "model": "changes the model"}
 NOISE_SCALE_FILE = "noise_scale.json"  # gpt/noise_scale.py's record, beside the stages' records
 
@@ -34,7 +34,7 @@ class Speedrun:
         self.folder = time_to_loss_dir(runs, LADDER)
         self.baseline = _runs_of(time_to_loss_dir(runs), BASELINE)
         self.target = baseline_model_loss(self.baseline)
-        self.stages = {s: _runs_of(self.folder, s) for s in LADDERS[LADDER]}
+        self.stages = {s: _runs_of(self.folder, s) for s in stages_of(LADDER)}
         self.noise_scale = read_record(self.folder / NOISE_SCALE_FILE)
 
     @property
@@ -189,6 +189,7 @@ def speedrun_table(sr: Speedrun) -> list[str]:
         first += [tokens_cell(sr, BASELINE), record_cell(sr, BASELINE)]
     else:  # no target without every seed of it: the stages' rows say whether they ran
         unfinished = next((r for r in sr.baseline if not ok(r)), None)
+<<<<<<< HEAD
         status = "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}"
         first = [status, "", "", "", ""]
     rows = [["0", change, *first]] + [stage_row(sr, stage, base) for stage in sr.stages]
@@ -197,6 +198,65 @@ def speedrun_table(sr: Speedrun) -> list[str]:
         "",
         *table(["#", "change", "training s", "wall s", f"x vs {BASELINE[:7]}", "tokens", "record"], rows),
     ]
+=======
+        rows = [
+            [
+                BASELINE,
+                "baseline: its time-to-loss settings",
+                "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}",
+                "",
+                "",
+                "",
+                "",
+            ]
+        ]
+    for stage, records in sr.stages.items():
+        declared = declaration(stage)
+        change = f"{declared.change} ({KINDS[declared.kind]})"
+        if not records:
+            rows.append([stage, change, "not run", "", "", "", ""])
+            continue
+        failed = [r for r in records if not ok(r)]
+        if failed:
+            rows.append(
+                [stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}", "", "", "", ""]
+            )
+            continue
+        seconds, tokens = sr.seconds(stage), sr.tokens(stage)
+        reached = [s for s in seconds if s is not None]
+        seeds = f"{len(reached)}/{len(seconds)} seeds"
+        if not sr.holds(stage):
+            finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
+            rows.append(
+                [stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "", wall_cell(sr, stage)]
+            )
+            continue
+        parent = parent_of(stage)
+        parent_s = [s for s in sr.seconds(parent) if s is not None]
+        rows.append(
+            [
+                stage,
+                change,
+                _spread(tokens),
+                f"{_spread(seconds)}; {seeds}",
+                speedup_range(parent_s, seconds) if sr.holds(parent) else "",
+                speedup_range(base, seconds) if None not in base else "",
+                wall_cell(sr, stage),
+            ]
+        )
+    return table(
+        [
+            "stage",
+            "change (kind)",
+            "tokens to target",
+            "training s to target (range); seeds reaching it",
+            "training vs parent",
+            f"training vs {BASELINE[:7]}",
+            f"wall s; vs {BASELINE[:7]}",
+        ],
+        rows,
+    )
+>>>>>>> declarations
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:

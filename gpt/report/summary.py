@@ -3,7 +3,7 @@ this run beside the largest of the documented (or anchor) run, and what training
 to loss sentence stands under the speed and fast tables, beside their 'x faster'."""
 
 from gpt.formatting import fmt_num, fmt_pct
-from gpt.ladder import LADDER_GOAL, TRAINED_TO_A_LOSS, parent_of
+from gpt.ladder import LADDERS, parent_of
 from gpt.report.findings import changes
 from gpt.report.rows import Rung
 from gpt.report.speedrun import Speedrun, speedrun_findings
@@ -24,7 +24,7 @@ def largest_documented(rungs: list[Rung], key: str) -> str:
 
 
 def ladder_line(name: str, rungs: list[Rung]) -> str:
-    time_goal = LADDER_GOAL[name] == "time"
+    time_goal = LADDERS[name].goal == "time"
     key, ref_key, what = (
         ("seconds_mean", "seconds", "time") if time_goal else ("peak_memory_mib", "peak_mib", "peak memory")
     )
@@ -89,7 +89,7 @@ def summary(ladders: dict[str, list[Rung]], runs: LossRuns, speedrun: Speedrun) 
 
 def loss_caveat(name: str, runs: LossRuns) -> list[str]:
     """Under a ladder that was also trained to a loss: its 'x faster' is per sample, and what the time to loss says."""
-    sentence = loss_sentence(runs) if name in TRAINED_TO_A_LOSS else None
+    sentence = loss_sentence(runs) if LADDERS[name].to_a_loss == "also" else None
     if not sentence:
         return []
     return [f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."]

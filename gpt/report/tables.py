@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_num, fmt_pct, fmt_share, table
-from gpt.ladder import STARTS_FROM, lineage
+from gpt.ladder import LADDERS, lineage
 from gpt.records import read_record
 from gpt.report.rows import MACHINE_FILE, Rung, display, ok, pct, samples_label
 from gpt.report.where_time_goes import bottleneck
@@ -328,7 +328,7 @@ def memory_table(rungs: list[Rung]) -> list[str]:
 
 def ladder_intro(name: str, rungs: list[Rung]) -> str:
     """What the ladder's comparisons mean."""
-    start = STARTS_FROM.get(name)
+    start = LADDERS[name].starts_from
     text = (
         "Each stage keeps every earlier change"
         + (f", on top of `{start}` and the stages before it" if start else "")

@@ -6,7 +6,7 @@ per-step gain does not carry over to the model it trains."""
 from pathlib import Path
 
 from gpt.formatting import fmt_num, fmt_pct, table
-from gpt.ladder import LADDERS, STARTS_FROM, TRAINED_TO_A_LOSS, ladder_of, load_stage, parent_of
+from gpt.ladder import LADDERS, declaration, ladder_names, ladder_of, parent_of, stages_of
 from gpt.loss_curve import (
     BASELINE_SEEDS,
     TARGET_AT,
@@ -22,7 +22,7 @@ from gpt.report.rows import ok
 from gpt.report.tables import columns_line
 from gpt.report.where_time_goes import NO_GAIN_PCT
 
-BASELINE = LADDERS[TRAINED_TO_A_LOSS[0]][0]  # speed_0_baseline: the target and the seeds come from it
+BASELINE = stages_of(*ladder_names("also"))[0]  # speed_0_baseline: the target and the seeds come from it
 
 
 class LossRuns:
@@ -30,7 +30,7 @@ class LossRuns:
 
     def __init__(self, runs: Path):
         folder = time_to_loss_dir(runs)
-        self.stages = [s for ladder in TRAINED_TO_A_LOSS for s in LADDERS[ladder]]
+        self.stages = stages_of(*ladder_names("also"))
         self.records = {s: r for s in self.stages if (r := read_record(record_path(folder, s)))}
         self.seeds = [r for r in (read_record(p) for p in sorted(folder.glob(f"{BASELINE}.seed*.json"))) if ok(r)]
         base = self.records.get(BASELINE)
@@ -113,7 +113,7 @@ def loss_table(runs: LossRuns) -> list[str]:
     rows = []
     for stage in runs.stages:
         r = runs.records.get(stage)
-        change = "baseline (the settings above)" if stage == BASELINE else load_stage(stage).CHANGE
+        change = "baseline (the settings above)" if stage == BASELINE else declaration(stage).change
         if not ok(r):
             status = "not run" if r is None else f"**{r.get('status')}**: {r.get('reason', '')}"
             rows.append([stage, change, status] + [""] * 4)
@@ -245,7 +245,7 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
         if not keeping or not theirs:
             continue
         times = {s: runs.vs(s, kept)[1] for s in keeping}  # each keeping stage's seconds to that loss
-        last, start = keeping[-1], STARTS_FROM.get(ladder_of(keeping[-1]))
+        last, start = keeping[-1], LADDERS[ladder_of(keeping[-1])].starts_from
         reached = [
             f"by `{s}` in {fmt_num(times[s])} s ({speedup(theirs, times[s])} as fast)"
             if times[s]
@@ -361,12 +361,11 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
         ]
     )
     lines += [""] + [f"- {n}" for n in notes]
-    for ladder in TRAINED_TO_A_LOSS:
-        stages = list(
-            dict.fromkeys([BASELINE, *([STARTS_FROM[ladder]] if ladder in STARTS_FROM else []), *LADDERS[ladder]])
-        )
+    for ladder in ladder_names("also"):
+        start = LADDERS[ladder].starts_from
+        stages = list(dict.fromkeys([BASELINE, *([start] if start else []), *stages_of(ladder)]))
         name = f"time_to_loss_{ladder}.png"
-        if not any(ok(runs.records.get(s)) for s in LADDERS[ladder]):
+        if not any(ok(runs.records.get(s)) for s in stages_of(ladder)):
             continue  # none of the ladder's own stages trained: no figure of the baseline alone
         if plot_curves(runs, stages, plots / name, f"{ladder.capitalize()} ladder trained to a loss"):
             lines += ["", f"![{ladder} ladder: validation loss against time and tokens]({rel}/{name})"]
