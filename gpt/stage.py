@@ -196,13 +196,8 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")) if to_a_loss else {}),
     )
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
-<<<<<<< HEAD
-    if distributed.under_torchrun():  # launched by hand (e.g. several machines): the launcher decides
-        optimizations.validate(parallel.with_processes(cfg, int(os.environ["WORLD_SIZE"])))
     if trains_to_a_loss_only(stage) and args.target_loss is None:
         cfg.target_loss = default_speedrun_target(stage, out, profile, dev)
-=======
->>>>>>> declarations
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)

@@ -1011,5 +1011,5 @@ def test_the_memory_figure_runs_on_into_the_lean_ladder(tmp_path, monkeypatch):
     md = write_report(tmp_path).read_text()
     assert drawn.keys() == {"memory.png", "memory_timeline.png"}
     for rungs in drawn.values():
-        assert [r.stage for r in rungs] == LADDERS["memory"] + LADDERS["lean"]
+        assert [r.stage for r in rungs] == stages_of("memory", "lean")
     assert "plots/lean" not in md

@@ -17,11 +17,7 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.files import write_atomically
-<<<<<<< HEAD
-from gpt.ladder import LADDER_GOAL, STARTS_FROM, ladder_of
-=======
-from gpt.ladder import LADDERS
->>>>>>> declarations
+from gpt.ladder import LADDERS, ladder_of
 from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.figures import machines_section, plot_thesis, thesis_lines
@@ -99,9 +95,9 @@ def folded(ladders: dict[str, list[Rung]]) -> dict[str, str]:
     return {
         name: host
         for name in ladders
-        if (start := STARTS_FROM.get(name))
+        if (start := LADDERS[name].starts_from)
         and (host := ladder_of(start)) in ladders
-        and LADDER_GOAL[name] == LADDER_GOAL[host] == "memory"
+        and LADDERS[name].goal == LADDERS[host].goal == "memory"
         and any(r.ok for r in ladders[host])  # the host draws figures
     }
 
@@ -142,14 +138,9 @@ def ladder_section(
     drawn_in: str | None = None,
 ) -> list[str]:
     """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
-<<<<<<< HEAD
     stage, and its plots, which also draw `more` (the stages of a ladder that continues from this one); a ladder
     `drawn_in` another's figures links to them instead."""
-    done, time_goal = sum(r.ok for r in rungs), LADDER_GOAL[name] == "time"
-=======
-    stage, and its plots."""
     done, time_goal = sum(r.ok for r in rungs), LADDERS[name].goal == "time"
->>>>>>> declarations
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
     lines += speed_table(rungs) if time_goal else memory_table(rungs)
@@ -162,7 +153,7 @@ def ladder_section(
     if drawn_in:
         return lines + [
             "",
-            f"Its stages are drawn in the {drawn_in} ladder's figures, after `{STARTS_FROM[name]}`: "
+            f"Its stages are drawn in the {drawn_in} ladder's figures, after `{LADDERS[name].starts_from}`: "
             f"[{PLOTS}/{drawn_in}.png]({PLOTS}/{drawn_in}.png).",
         ]
     shown = [*rungs, *more]

@@ -6,7 +6,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from gpt.ladder import LADDERS, TRAINED_TO_A_LOSS, parent_of
+from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.published import NOTE, PUBLISHED
 from gpt.records import read_record
 from gpt.report.plots import pyplot, short
@@ -134,7 +134,7 @@ def records_folders(runs: Path) -> list[Path]:
 def timed_rungs(folder: Path) -> list[Rung]:
     """The speed and fast ladders' stages of one records folder (fast continuing from speed_5), every stage listed."""
     ladders = ladders_of(load_records(folder))
-    return [r for name in TRAINED_TO_A_LOSS for r in ladders.get(name, [])]
+    return [r for name in ladder_names("also") for r in ladders.get(name, [])]
 
 
 def machine_of(folder: Path, rungs: list[Rung]) -> str:
@@ -191,7 +191,7 @@ def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:
     if anchor:
         series.append((f"{ANCHOR} (fast stages' anchor)", anchor))
         caption.append(f"{ANCHOR}: the fast stages' anchor, ms per step on one data-centre GPU (GPT-2 124M)")
-    stages = [s for name in TRAINED_TO_A_LOSS for s in LADDERS[name] if parent_of(s)]
+    stages = [s for s in stages_of(*ladder_names("also")) if parent_of(s)]
     plot_machines(series, stages, plots / MACHINES)
     return [
         "",

@@ -151,8 +151,8 @@ def task_line(sr: Speedrun) -> str:
 def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
     """One stage's row (not the baseline's): a failed or missing run says so; a stage that does not hold gives
     its seeds' final losses."""
-    module = load_stage(stage)
-    number, change = stage.split("_")[1], f"{module.CHANGE} ({KINDS[module.KIND]})"
+    declared = declaration(stage)
+    number, change = stage.split("_")[1], f"{declared.change} ({KINDS[declared.kind]})"
     records = sr.stages[stage]
     if not records:
         return [number, change, "not run", "", "", "", ""]
@@ -189,7 +189,6 @@ def speedrun_table(sr: Speedrun) -> list[str]:
         first += [tokens_cell(sr, BASELINE), record_cell(sr, BASELINE)]
     else:  # no target without every seed of it: the stages' rows say whether they ran
         unfinished = next((r for r in sr.baseline if not ok(r)), None)
-<<<<<<< HEAD
         status = "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}"
         first = [status, "", "", "", ""]
     rows = [["0", change, *first]] + [stage_row(sr, stage, base) for stage in sr.stages]
@@ -198,65 +197,6 @@ def speedrun_table(sr: Speedrun) -> list[str]:
         "",
         *table(["#", "change", "training s", "wall s", f"x vs {BASELINE[:7]}", "tokens", "record"], rows),
     ]
-=======
-        rows = [
-            [
-                BASELINE,
-                "baseline: its time-to-loss settings",
-                "not run" if unfinished is None else f"**{unfinished.get('status')}**: {unfinished.get('reason', '')}",
-                "",
-                "",
-                "",
-                "",
-            ]
-        ]
-    for stage, records in sr.stages.items():
-        declared = declaration(stage)
-        change = f"{declared.change} ({KINDS[declared.kind]})"
-        if not records:
-            rows.append([stage, change, "not run", "", "", "", ""])
-            continue
-        failed = [r for r in records if not ok(r)]
-        if failed:
-            rows.append(
-                [stage, change, f"**{failed[0].get('status')}**: {failed[0].get('reason', '')}", "", "", "", ""]
-            )
-            continue
-        seconds, tokens = sr.seconds(stage), sr.tokens(stage)
-        reached = [s for s in seconds if s is not None]
-        seeds = f"{len(reached)}/{len(seconds)} seeds"
-        if not sr.holds(stage):
-            finals = ", ".join(f"{r['metrics']['val_loss_final']:.3f}" for r in records)
-            rows.append(
-                [stage, change, "not reached", f"final val loss {finals}; {seeds}", "", "", wall_cell(sr, stage)]
-            )
-            continue
-        parent = parent_of(stage)
-        parent_s = [s for s in sr.seconds(parent) if s is not None]
-        rows.append(
-            [
-                stage,
-                change,
-                _spread(tokens),
-                f"{_spread(seconds)}; {seeds}",
-                speedup_range(parent_s, seconds) if sr.holds(parent) else "",
-                speedup_range(base, seconds) if None not in base else "",
-                wall_cell(sr, stage),
-            ]
-        )
-    return table(
-        [
-            "stage",
-            "change (kind)",
-            "tokens to target",
-            "training s to target (range); seeds reaching it",
-            "training vs parent",
-            f"training vs {BASELINE[:7]}",
-            f"wall s; vs {BASELINE[:7]}",
-        ],
-        rows,
-    )
->>>>>>> declarations
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
