@@ -7,7 +7,20 @@ cross-entropy in fp32 from the model's logits, whatever loss the stage trains wi
 up to ~1%, README), computed in `model.eval()` under `torch.no_grad()` with the stage's autocast, on the training
 device. Under DDP/FSDP every rank evaluates its share (the same number of batches on each, as FSDP's collectives
 need) and the sums are all-reduced.
+
+A run that stops at its target (the speedrun's stages, cfg.stop_at_target) need not read every window while its
+loss is clearly above the target: `TowardTarget` first reads an estimate on the first ESTIMATE_SHARE-th of each
+process's windows, and reads the rest too (the full windows: the full evaluation's batches and sums) whenever the
+estimate, less MARGIN_SE of its standard errors over the windows and less its fall since the previous evaluation,
+is at or below the target. The target is only ever declared reached on the full windows, and at the same evaluation
+as with every window every time unless the estimate's windows read more than MARGIN_SE standard errors (plus that
+fall) above all of them, about 3e-5 per evaluation for a normal spread (tests/test_time_to_loss.py: a constructed
+case). The same loop (`train_and_evaluate`) serves training to a loss and the noise scale (gpt/noise_scale.py).
 """
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -17,6 +30,9 @@ from gpt.data import TokenWindowDataset, load_prepared
 from gpt.errors import UserError
 
 EVAL_SEED = 20261125  # the windows' own seed: the same windows whatever the training seed
+ESTIMATE_SHARE = 4  # an estimate reads the first quarter of each process's windows (rounded to whole batches)
+MIN_ESTIMATE_WINDOWS = 30  # fewer windows give no trustworthy standard error: every evaluation is then full
+MARGIN_SE = 4.0  # "near the target": within this many standard errors of the estimate (plus the last fall)
 
 
 class ValidationSet:
@@ -43,27 +59,125 @@ class ValidationSet:
         return torch.stack(x).to(device), torch.stack(y).to(device)
 
 
+@dataclass
+class WindowSums:
+    """Sums over some evaluated windows (all processes together): their cross-entropy and targets, their count, and
+    the sum of the squares of their mean losses (every window has block_size targets: the loss is the windows'
+    mean loss)."""
+
+    loss: float
+    tokens: float
+    windows: int
+    square: float
+
+    def __add__(self, other: "WindowSums") -> "WindowSums":
+        return WindowSums(
+            self.loss + other.loss, self.tokens + other.tokens, self.windows + other.windows, self.square + other.square
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.loss / self.tokens
+
+    def standard_error(self, population: int) -> float:
+        """The standard error of these windows' mean loss as an estimate of the mean over the `population` windows
+        they are part of (drawn without replacement: the finite-population factor), from their own spread."""
+        n = self.windows
+        variance = max(0.0, (self.square - n * self.mean**2) / (n - 1))
+        return math.sqrt(variance / n * (1 - n / population))
+
+
 @torch.no_grad()
-def validation_loss(
-    raw: torch.nn.Module, val: ValidationSet, batch_size: int, amp, device: torch.device, rank: int = 0, world: int = 1
-) -> float:
-    """Mean cross-entropy per token over the validation windows. `raw` is the GPT itself (not its compiled or DDP
-    wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
+def window_sums(
+    raw: torch.nn.Module,
+    val: ValidationSet,
+    batch_size: int,
+    amp,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+    part: slice = slice(None),
+) -> WindowSums:
+    """The sums over `part` of every process's share of the windows. `raw` is the GPT itself (not its compiled or
+    DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
     was_training = raw.training
     raw.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    tokens = torch.zeros((), dtype=torch.float64, device=device)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, targets, windows, squared window losses
     try:
-        for starts in val.share(rank, world).split(batch_size):
+        for starts in val.share(rank, world)[part].split(batch_size):
             x, y = val.batch(starts, device)
             with amp.autocast():
                 logits, _ = raw(x)
-            total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").double()
-            tokens += y.numel()
+            logits = logits.float()
+            sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").double()
+            sums[1] += y.numel()
+            sums[2] += len(starts)
+            per_window = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").double().mean(1)
+            sums[3] += per_window.square().sum()  # the spread over windows, for an estimate's standard error
     finally:
         raw.train(was_training)
     if world > 1:
-        both = torch.stack([total, tokens])
-        dist.all_reduce(both)
-        total, tokens = both
-    return (total / tokens).item()
+        dist.all_reduce(sums)
+    loss, tokens, windows, square = sums.tolist()
+    return WindowSums(loss, tokens, round(windows), square)
+
+
+def validation_loss(
+    raw: torch.nn.Module, val: ValidationSet, batch_size: int, amp, device: torch.device, rank: int = 0, world: int = 1
+) -> float:
+    """Mean cross-entropy per token over the validation windows (window_sums': every window)."""
+    return window_sums(raw, val, batch_size, amp, device, rank, world).mean
+
+
+def estimate_windows(per_rank: int, batch_size: int, world: int) -> int | None:
+    """How many of each process's `per_rank` windows an estimate reads: ESTIMATE_SHARE-th of them, rounded to whole
+    batches (at least one; so the estimate and the rest are the full evaluation's batches); None where that is not
+    fewer than all of them or gives fewer than MIN_ESTIMATE_WINDOWS in all."""
+    k = max(1, round(per_rank / ESTIMATE_SHARE / batch_size)) * batch_size
+    return k if k < per_rank and k * world >= MIN_ESTIMATE_WINDOWS else None
+
+
+def near_target(estimate: WindowSums, population: int, target: float, previous: float | None) -> bool:
+    """Whether an estimate's loss may be at or below the target, or fall to it by the next evaluation: within
+    MARGIN_SE standard errors of the target plus the fall since the previous evaluation on the same windows
+    (`previous`: its loss there; the curve falls more slowly as it goes, so the last fall bounds the next one in
+    practice, and the evaluation before a crossing reads every window too)."""
+    fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
+    return estimate.mean - MARGIN_SE * estimate.standard_error(population) - fall <= target
+
+
+class TowardTarget:
+    """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window):
+    each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and
+    the rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked.
+    The sums over every window are the full evaluation's, batch for batch (up to float64 rounding)."""
+
+    def __init__(self, per_rank: int, batch_size: int, world: int, target: float | None):
+        self.population, self.target = per_rank * world, target
+        self.k = estimate_windows(per_rank, batch_size, world) if target is not None else None
+        self.previous: float | None = None  # the previous evaluation's loss on the estimate's windows
+
+    def __call__(self, sums: Callable[[slice], WindowSums], full: bool = False) -> WindowSums:
+        """This evaluation: `sums(part)` reads `part` of each process's windows."""
+        if self.k is None:
+            return sums(slice(None))
+        estimate = sums(slice(0, self.k))
+        near = full or near_target(estimate, self.population, self.target, self.previous)
+        self.previous = estimate.mean
+        return estimate + sums(slice(self.k, None)) if near else estimate
+
+
+def train_and_evaluate(
+    steps: int, interval: int, steps_done: Callable[[], int], train: Callable[[int], None], evaluate: Callable[[], bool]
+) -> None:
+    """The loop of a run evaluated every `interval` optimizer steps: `evaluate()` before the first step, at every
+    multiple of `interval` and after the last step (`steps`); `train(n)` between two evaluations, with the n steps
+    to the next one (it may run fewer: a start-up step on its own, the loop then asks again). It ends after the
+    last step's evaluation, or at the first evaluation that returns True (a run that stops at its target)."""
+    while True:
+        done = steps_done()
+        if (done % interval == 0 or done == steps) and evaluate():
+            return
+        if done == steps:
+            return
+        train(min(interval - done % interval, steps - done))

@@ -41,7 +41,7 @@ from gpt.config import TrainConfig
 from gpt.data import prepare_if_missing
 from gpt.devices import device_name, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.evaluation import ValidationSet
+from gpt.evaluation import ValidationSet, train_and_evaluate
 from gpt.ladder import stage_config
 from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
@@ -148,14 +148,13 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
     val = ValidationSet(cfg.data_dir, cfg.block_size, cfg.eval_windows)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))
     evaluations = []  # (step, val_loss)
+
+    def evaluate() -> bool:
+        evaluations.append((trainer.step.steps_done, validation_loss_of(trainer, val)))
+        return False  # the whole budget, every window: the curve's every point is a full evaluation
+
     try:
-        while True:
-            done = trainer.step.steps_done
-            if done % interval == 0 or done == steps:
-                evaluations.append((done, validation_loss_of(trainer, val)))
-            if done == steps:
-                break
-            trainer.run(min(interval - done % interval, steps - done))
+        train_and_evaluate(steps, interval, lambda: trainer.step.steps_done, trainer.run, evaluate)
     finally:
         norms.remove()
         trainer.step.progress.close()

@@ -370,6 +370,7 @@ def print_loss_summary(record: dict, out: Path) -> None:
         f"({m['tokens_per_s']:,.0f} tokens/s); not in it: start-up {m['startup_s']:.1f} s"
         + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
         + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s"
+        + (f" ({m['estimates']} of them estimates on fewer windows)" if m.get("estimates") else "")
     )
     if m.get("process_s") is not None and m.get("import_setup_s") is not None:  # the wall clock's split
         parts = {

@@ -9,6 +9,10 @@ evaluation only: no `.item()` and no synchronisation between two of them.
     record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
         start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr (AdamW's), and
         muon_lr (Muon's) where Muon updates the blocks' matrices
+        windows, estimate: how many validation windows the point read, and whether that is fewer than all of them:
+        a run that stops at its target reads an estimate on a quarter of them while its loss is clearly above
+        the target, never at or near it (gpt/evaluation.py: TowardTarget); `estimates` counts those
+        points, `windows_evaluated` the windows read in all
     startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
         the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
         graphs' recording), each timed on its own
@@ -20,6 +24,7 @@ evaluation only: no `.item()` and no synchronisation between two of them.
 """
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,7 +34,7 @@ from gpt.clocks import process_age_s
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
-from gpt.evaluation import ValidationSet, validation_loss
+from gpt.evaluation import TowardTarget, ValidationSet, WindowSums, train_and_evaluate, validation_loss, window_sums
 from gpt.loss_curve import crossing
 from gpt.optimizations import parallel
 from gpt.optimizations.compilation import compile_mode
@@ -74,12 +79,15 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     world, clock = cfg.world_size, TrainingClock(device)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))  # steps between two evaluations
     losses: list[torch.Tensor] = []
-    curve, eval_s = [], 0.0
+    curve, eval_s, startup_steps, cache = [], 0.0, [], None
+    # cudagraph trees run a compiled graph once unrecorded (the first step), then record it (the second step)
+    startup_count = 2 if trainer.step.cuda_graphs else 1
+    evaluation = evaluation_of(trainer, val, cfg)
 
-    def evaluate():
+    def evaluate() -> bool:
         nonlocal eval_s
         t0 = time.perf_counter()
-        val_loss = validation_loss_of(trainer, val)
+        sums = evaluation(trainer.step.steps_done in (0, steps))  # the curve's ends read every window
         eval_s += time.perf_counter() - t0
         rates = learning_rates(trainer.optimizer)
         curve.append(
@@ -88,29 +96,29 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
                 "tokens": trainer.step.tokens_seen,
                 "seconds": clock.seconds,
                 "train_loss": _mean_across_ranks(losses, device, world),
-                "val_loss": val_loss,
+                "val_loss": sums.mean,
+                "windows": sums.windows,
+                "estimate": sums.windows < len(val.share(0, world)) * world,
                 **(rates if trainer.step.steps_done else dict.fromkeys(rates)),
             }
         )  # no rate before a step
         losses.clear()
+        return at_target(cfg, curve)
 
-    evaluate()  # the untrained model: where every curve starts
-    forget_compilations()
-    startup_steps = [clock.measure(lambda: losses.extend(trainer.run(1)))]  # on its own: compilation, start-up
-    cache = compile_cache_state() if compile_mode(cfg, device) else None
-    # cudagraph trees run a compiled graph once unrecorded (the first step), then record it (the second step)
-    startup_count = 2 if trainer.step.cuda_graphs else 1
-    while True:
+    def run_steps(todo: int) -> None:
+        nonlocal cache
         done = trainer.step.steps_done
-        if done % interval == 0 or done == steps:
-            evaluate()
-        if done == steps or at_target(cfg, curve):
-            break
-        if done < startup_count:  # a start-up step: on its own too
-            startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))
-            continue
-        todo = min(interval - done % interval, steps - done)
-        clock.measure(lambda: losses.extend(trainer.run(todo)))  # noqa: B023 (measure calls it at once)
+        if done >= startup_count:
+            clock.measure(lambda: losses.extend(trainer.run(todo)))
+            return
+        if done == 0:
+            forget_compilations()
+        startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))  # on its own: compilation
+        if done == 0 and compile_mode(cfg, device):
+            cache = compile_cache_state()
+
+    # the untrained model is evaluated first: where every curve starts
+    train_and_evaluate(steps, interval, lambda: trainer.step.steps_done, run_steps, evaluate)
     trainer.step.progress.close()
     metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done, cache)
     return {
@@ -120,9 +128,32 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
-    """A run that stops at its target (cfg.stop_at_target) has reached it: its last evaluation is at or below it. The
-    crossing is read from the curve up to there, so stopping changes no figure but the final loss."""
-    return cfg.stop_at_target and cfg.target_loss is not None and curve[-1]["val_loss"] <= cfg.target_loss
+    """A run that stops at its target (cfg.stop_at_target) has reached it: its last evaluation, on the full windows
+    (never an estimate on fewer), is at or below it. The crossing is read from the curve up to there, so stopping
+    changes no figure but the final loss."""
+    last = curve[-1]
+    return (
+        cfg.stop_at_target
+        and cfg.target_loss is not None
+        and not last.get("estimate")
+        and last["val_loss"] <= cfg.target_loss
+    )
+
+
+def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) -> Callable[[bool], WindowSums]:
+    """The run's evaluation, `evaluate(full)` -> the window sums now: a run that stops at its target reads an
+    estimate on fewer windows while its loss is clearly above the target (gpt/evaluation.py: TowardTarget); the
+    first and last evaluations (`full`), and every evaluation of a run that trains its whole budget, read every
+    window."""
+    batch, world = trainer.cfg.micro_batch_size, cfg.world_size
+    toward = TowardTarget(
+        len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
+    )
+
+    def sums(part: slice) -> WindowSums:
+        return window_sums(trainer.raw, val, batch, trainer.amp, trainer.device, trainer.rank, world, part)
+
+    return lambda full: toward(sums, full)
 
 
 def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
@@ -162,7 +193,7 @@ def budget_metrics(
     `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
     mean of the others; with no other, the fastest of them) is start-up."""
     n = len(startup_steps)
-    steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps)
+    steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps, default=0.0)
     extra = [max(0.0, s - steady_s) for s in startup_steps]
     startup_s = sum(extra)
     for point in curve:  # the start-up of the steps done by then: a point between two start-up steps has one's only
@@ -174,10 +205,12 @@ def budget_metrics(
         "tokens": final["tokens"],
         "train_seconds": train_s - startup_s,
         "startup_s": startup_s,
-        "first_step_s": startup_steps[0],
+        "first_step_s": startup_steps[0] if startup_steps else None,
         "compile_cache": compile_cache,
         "eval_seconds": eval_s,
         "evaluations": len(curve),
+        "estimates": sum(bool(p.get("estimate")) for p in curve),  # evaluations on fewer windows (evaluation_of)
+        "windows_evaluated": sum(p["windows"] for p in curve),
         "tokens_per_s": final["tokens"] / max(train_s - startup_s, 1e-9),
         "val_loss_initial": curve[0]["val_loss"],
         "val_loss_final": final["val_loss"],

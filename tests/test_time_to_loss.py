@@ -18,7 +18,7 @@ from test_ladder_equivalence import tiny_config
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.evaluation import ValidationSet
+from gpt.evaluation import ValidationSet, WindowSums, estimate_windows
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.profiles import profile_settings
@@ -139,6 +139,94 @@ def test_a_run_that_stops_at_its_target_is_the_full_runs_curve_up_to_the_crossin
     assert stopped["tokens"] == whole["curve"][3]["tokens"] == stopped["steps"] * cfg.tokens_per_step
     assert whole["steps"] == 4096 // cfg.tokens_per_step > stopped["steps"]
     assert stopped["target"]["tokens"] == whole["target"]["tokens"]
+
+
+# ---- cheaper evaluations toward the target ---------------------------------------------------------------------
+
+WINDOWS = 200  # the cpu profile's validation windows
+
+
+def constructed_losses(shift: float, steps: int = 60) -> torch.Tensor:
+    """Per-window losses at each step (rows): a curve falling ever more slowly, 2 + 2 exp(-t/10), plus each window's
+    own offset (spread 0.3) and a little noise per evaluation; the estimate's windows (the first quarter) sit `shift`
+    above the rest (below where negative), so the estimate alone would reach the target late (or early)."""
+    g = torch.Generator().manual_seed(7)
+    offsets = 0.3 * torch.randn(WINDOWS, generator=g, dtype=torch.float64)
+    quarter, rest = offsets[: WINDOWS // 4], offsets[WINDOWS // 4 :]
+    quarter += shift - quarter.mean()  # the estimate reads `shift` off the full windows' loss (the noise's aside)
+    rest -= shift / 3 + rest.mean()
+    level = 2 + 2 * torch.exp(-torch.arange(steps + 1, dtype=torch.float64) / 10)
+    return level[:, None] + offsets + 0.01 * torch.randn(steps + 1, WINDOWS, generator=g, dtype=torch.float64)
+
+
+def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int | None, list[dict]]:
+    """The evaluation at which a run stopping at `target` declares it reached, through time_to_loss's own choice of
+    windows (evaluation_of), stopping rule (at_target) and loop (train_and_evaluate), on `losses` instead of a model;
+    and its curve."""
+    steps = len(losses) - 1
+    trainer = SimpleNamespace(
+        step=SimpleNamespace(steps_done=0), cfg=SimpleNamespace(micro_batch_size=10), raw=None, amp=None, device=None
+    )
+    trainer.rank = 0
+
+    def sums(raw, val, batch, amp, device, rank, world, part):
+        w = losses[trainer.step.steps_done][part]
+        return WindowSums(float(w.sum()), float(len(w)), len(w), float(w.square().sum()))
+
+    monkeypatch.setattr(time_to_loss, "window_sums", sums)
+    val = SimpleNamespace(share=lambda rank, world: torch.arange(WINDOWS))
+    cfg = SimpleNamespace(stop_at_target=True, target_loss=target, world_size=1)
+    curve = []
+
+    evaluation = time_to_loss.evaluation_of(trainer, val, cfg)
+
+    def evaluate() -> bool:
+        s = evaluation(trainer.step.steps_done in (0, steps))
+        curve.append({"step": trainer.step.steps_done, "val_loss": s.mean, "estimate": s.windows < WINDOWS})
+        return time_to_loss.at_target(cfg, curve)
+
+    def advance(n):
+        trainer.step.steps_done += n
+
+    time_to_loss.train_and_evaluate(steps, 1, lambda: trainer.step.steps_done, advance, evaluate)
+    reached = time_to_loss.at_target(cfg, curve)
+    return (curve[-1]["step"] if reached else None), curve
+
+
+@pytest.mark.parametrize("shift", [-0.06, 0.0, 0.06])
+def test_the_target_is_declared_at_the_same_evaluation_as_with_every_window_every_time(shift, monkeypatch):
+    """On a constructed case whose estimate's windows read up to ~1.6 standard errors above or below the rest: for
+    every target along the curve, the run declares the target reached at the first evaluation whose full windows
+    are at or below it, as a run reading every window every time does; never on an estimate (no estimate is at or
+    below the target), with the evaluation before the crossing a full one too; and with estimates while the loss is
+    far above, the saving. Fails with no margin (the estimate above the target while the full windows reach it:
+    declared late) and where an estimate may declare the target (declared early)."""
+    losses = constructed_losses(shift)
+    full = losses.mean(1)
+    moved, on_estimates, before_estimated, estimates = [], [], [], 0
+    for target in torch.linspace(float(full.min()) + 1e-3, float(full[1]), 150).tolist():
+        every_window = next((t for t, loss in enumerate(full.tolist()) if loss <= target), None)
+        declared, curve = declared_on(losses, target, monkeypatch)
+        if declared != every_window:
+            moved.append((target, every_window, declared))
+        on_estimates += [target for p in curve if p["estimate"] and p["val_loss"] <= target]
+        if declared and (curve[-2]["estimate"] or curve[-2]["val_loss"] != pytest.approx(float(full[declared - 1]))):
+            before_estimated.append(target)
+        estimates += sum(p["estimate"] for p in curve)
+    assert moved == []
+    assert on_estimates == []
+    assert before_estimated == []
+    assert estimates > 0
+
+
+def test_an_estimate_needs_enough_windows_and_leaves_the_full_evaluation_s_batches():
+    assert estimate_windows(200, 48, 1) == 48  # a quarter, 50, in whole batches of 48: one
+    assert estimate_windows(200, 10, 1) == 50
+    assert estimate_windows(32, 2, 1) is None  # 8 windows: too few for a standard error
+    assert estimate_windows(60, 5, 2) == 15  # 30 windows in all across two processes: enough
+    assert estimate_windows(40, 5, 2) is None  # 20: too few
+    assert estimate_windows(200, 200, 1) is None  # one batch holds them all: nothing to save
+    assert estimate_windows(200, 16, 1) == 48  # 50 is 3.1 batches of 16: three
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
