@@ -15,7 +15,6 @@ changes (the planner's H100 estimates, the noise-scale curve) are reused from re
 """
 
 import argparse
-import fcntl
 import os
 import signal
 import subprocess
@@ -44,6 +43,7 @@ from gpt.records import environment, read_record, record_path, time_to_loss_dir,
 from gpt.report.document import write_report
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
+from gpt.supervision import Progress, TimeLimitReached, clock, last_line, lock_output, run_stage
 
 KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `failed` is retried
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
@@ -136,36 +136,6 @@ def prepare_data(profile: str, sections: list[str]) -> None:
         prepare_if_missing(data_dir)
 
 
-LOCK_FILE = ".run_all.lock"
-
-
-def lock_output(out: Path):
-    """Make this run the only ladder writing to `out`, so that two runs never interleave their records.
-    The lock file holds the holder's pid; the lock itself is the kernel's (flock), released when the
-    holder exits however it ends, so a lock file left by a dead run is simply taken over. Returns the
-    open file, which holds the lock until this process exits."""
-    path = out / LOCK_FILE
-    while True:
-        f = open(path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise UserError(
-                f"another ladder (pid {holder}) is writing to {out}: wait for it to finish, "
-                "or give this one another --out"
-            ) from None
-        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-            break
-        f.close()  # the file was replaced while this process waited for it: lock the new one
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
-
-
 def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
     """One line for each stage that cannot run here, and each that gives way to the full loss for want of a chunked
     implementation, before the first stage runs (the records and results.md say it again)."""
@@ -238,65 +208,6 @@ def remeasure_cpu_peak(out: Path, rounds: int) -> None:
 def _update_machine(out: Path, **fields) -> None:
     path = out / MACHINE_FILE
     write_record(path, {**(read_record(path) or {}), **fields})
-
-
-# ---------------------------------------------------------------------------------------------------------
-# running one stage
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a stage and everything it started (torchrun, its ranks, DataLoader workers): they share the
-    stage's own process group. SIGINT first so each can exit cleanly, then SIGKILL for what remains."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    try:
-        for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _last_line(log: Path) -> str:
-    """The last meaningful line of a stage's log (an error message, usually); progress bars skipped."""
-    try:
-        lines = log.read_text(errors="replace").replace("\r", "\n").splitlines()
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in lines if ln.strip() and "%|" not in ln]  # "%|" marks a tqdm bar
-    return lines[-1][:200] if lines else ""
-
-
-class TimeLimitReached(Exception):
-    """The quick run's limit came while a stage ran: the stage was stopped."""
-
-
-def run_stage(cmd: list[str], log: Path, show, deadline: quick.Deadline | None = None) -> int:
-    """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
-    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
-    `deadline` passed first."""
-    with open(log, "w") as f:
-        # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
-        proc = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, start_new_session=True
-        )
-        t0 = time.monotonic()
-        try:
-            while True:
-                try:
-                    return proc.wait(timeout=1)
-                except subprocess.TimeoutExpired:
-                    show(time.monotonic() - t0)
-                    if deadline and deadline.passed():
-                        raise TimeLimitReached from None
-        except BaseException:
-            _stop(proc)
-            raise
 
 
 @dataclass
@@ -387,24 +298,6 @@ def outcome(record: dict) -> str:
     )
 
 
-def clock(seconds: float) -> str:
-    return time.strftime("%H:%M:%S" if seconds >= 3600 else "%M:%S", time.gmtime(seconds))
-
-
-# ---------------------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """The numbering of the stage lines across the sections ([i/N]), and the run's total clock."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.start = total, 0, time.monotonic()
-
-    def prefix(self, job: Job) -> str:
-        self.done += 1
-        return f"[{self.done:>2}/{self.total}] {job.name:<24}"
-
-
 def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
     """Run the jobs in order with a progress line each; returns (failed stages, interrupted). In a quick run a job
     the time limit leaves no room for is recorded as not run, and one running when it comes is stopped."""
@@ -414,7 +307,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
     start, failures = progress.start, 0
     for job in jobs:
         stage, path, log = job.stage, job.record, job.log
-        prefix = progress.prefix(job)
+        prefix = progress.prefix(job.name)
         if args.resume and not needs_run(read_record(path), profile, device, job):
             print(f"{prefix} kept: {outcome(read_record(path))}")
             continue
@@ -457,7 +350,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
             elif rc < 0:
                 reason = f"killed by {signal.Signals(-rc).name}"
             else:
-                reason = f"exit code {rc} without a record: {_last_line(log)}"
+                reason = f"exit code {rc} without a record: {last_line(log)}"
             record = failed_record(job, profile, device, reason)
             write_record(path, record)
         quick.mark(path, time.monotonic() - t0, deadline is not None)
@@ -628,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
     profile = args.profile or default_profile(device)
     out = (args.out or REPO_ROOT / "runs" / (f"{profile}-{device}" + "-quick" * args.quick)).resolve()
+    with lock_output(writable_dir(out)):  # released however the run ends, so a test's next run can take it
+        return run(args, device, profile, out)
+
+
+def run(args, device: str, profile: str, out: Path) -> int:
+    """The run main() holds the lock for: the sections asked for, in order, then the planner and the report."""
     sections = [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
     ladders = [s for s in sections if s in timed_ladders()]
     extra = (
@@ -642,7 +541,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
-    lock = lock_output(writable_dir(out))  # noqa: F841 (held until main returns)
     print(
         f"== GPT ladder: {' and '.join(s.replace('_', ' ') for s in sections)}, profile {profile} on {device} "
         f"({device_name(torch.device(device))}); records and logs in {out}"

@@ -23,7 +23,7 @@ import torch
 from conftest import REPO
 from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
 
-from gpt import run_all
+from gpt import run_all, supervision
 from gpt.ladder import STAGES_DIR, all_stages, stages_of, timed_ladders
 from gpt.records import record_problems
 from gpt.run_all import stage_command as real_stage_command
@@ -219,7 +219,7 @@ def test_a_second_ladder_into_the_same_directory_is_refused(stub_stages, capsys)
         holder.stdin.close()
         holder.wait(timeout=30)
     # its lock file remains, naming a process that is gone: the next ladder takes it over
-    assert (out / run_all.LOCK_FILE).read_text().strip() == str(holder.pid)
+    assert (out / supervision.LOCK_FILE).read_text().strip() == str(holder.pid)
     assert run_all.main([*SPEED_ARGS, "--out", str(out)]) == 0
     assert calls() == stages_of("speed")
 

@@ -125,6 +125,7 @@ LAYERS = [
             "gpt.published",
             "gpt.quick",
             "gpt.ngram_floor",
+            "gpt.supervision",
         },
     ),
     # the memory planner: the stages' training code run on fake tensors
