@@ -3,8 +3,8 @@
 Two of run_all's computations give the same answer on every machine: the memory planner's H100 estimates
 (`python -m gpt.memory reference` and `fit`: fake tensors, CUDA's rules, no measurement) and the gradient noise scale
 along speed_0's run (a property of the recipe and the data: `python -m gpt.noise_scale`; its step times t(B), which
-are the machine's, are measured afresh every time). On the project's 2-core CPU they took about 6.5 of run_all's 51
-minutes (the run of 2026-11-26), every time to reproduce the figures already committed in records/.
+are the machine's, are measured afresh every time). On 2 CPU cores they are minutes of every run (docs/running.md),
+spent reproducing the figures already committed in records/.
 
 So a record of either carries its provenance: the SHA-256 of every source file of this repository that its process had
 imported (the stage scripts with them), the torch version, the data it read and its arguments (`key`). run_all reuses

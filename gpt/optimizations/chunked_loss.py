@@ -187,12 +187,8 @@ def loss_chunking(device_type: str):
     """How F.linear_cross_entropy (a torch.nn.LinearCrossEntropyOptions) chunks and accumulates. CUDA: the
     library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
     inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the
-    shape's aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype.
-    Measured on one AMX CPU (2 cores, 8192 x 192 bf16 inputs, 50304 classes, forward + backward): the
-    library's CPU default (fp32 accumulation, chunks sized like the input: 4 rows here) took 3.1 s with
-    256-row chunks and more with its own, bf16 accumulation 1.1 s (128 rows: 1.3 s, 512: 1.1 s, 1024: 1.5 s),
-    against 1.3 s for the unchunked loss compiled by torch.compile; the weight gradient's error against fp64
-    was 4.9e-3 with bf16 accumulation, 4.7e-3 with fp32, 2.4e-3 unchunked (bf16's own rounding is 2e-3)."""
+    shape's aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype (the
+    measurements that chose both: docs/design.md, "The figures behind the rules")."""
     if device_type == "cuda":
         return torch.nn.LinearCrossEntropyOptions()
     return torch.nn.LinearCrossEntropyOptions(

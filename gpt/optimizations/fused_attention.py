@@ -3,12 +3,11 @@
 Both attentions are here, and gpt/model.py:CausalSelfAttention.forward calls the one its config names. The
 explicit one writes the score matrix, masks it, softmaxes it, applies dropout and reads it again for the product
 with v; the fused kernel (FlashAttention on recent GPUs, a fused CPU kernel) computes the softmax block by block
-and never stores it. The fused kernel is not faster at every shape: on a CPU, at the character-level shape of
-training to a loss (head size 32, 64 positions), its bf16 backward took 5x the explicit attention's time on the
-machines this was built on. So a run for time computes with SDPA only where it was measured faster on its device
-(a GPU too) at the stage's own shape and precision (`measured_attention_choice`, kept in gpt/machine_cache.py), and
-otherwise keeps the explicit attention, with both times as the record's `no_effect`: the rule speed_5 follows for
-bf16.
+and never stores it. The fused kernel is not faster at every shape (on a CPU at the character-level shape of
+training to a loss it is slower: docs/design.md, "The figures behind the rules"). So a run for time computes with
+SDPA only where it was measured faster on its device (a GPU too) at the stage's own shape and precision
+(`measured_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps the explicit attention, with both
+times as the record's `no_effect`: the rule speed_5 follows for bf16.
 gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
 gpt/memory/estimator.py:_cuda_sdpa.
 """

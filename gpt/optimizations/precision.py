@@ -75,9 +75,8 @@ def bf16_is_fast(device_type: str) -> tuple[bool, str]:
 
 def cpu_bf16_is_faster() -> tuple[bool, str]:
     """The CPU's one rule for computing in bf16 (autocast, FSDP's mixed precision): only where this CPU
-    multiplies bf16 matrices faster than fp32 ones, measured. Seen on the machines this was built on:
-    2.2x and 7x faster (AVX512-BF16, AMX), half as fast (AVX512-BF16 without AMX) and ~100x slower
-    (AVX2 only: no bf16 instructions). Returns (faster, the two rates for the record)."""
+    multiplies bf16 matrices faster than fp32 ones, measured (how far apart CPUs are: docs/design.md, "The
+    figures behind the rules"). Returns (faster, the two rates for the record)."""
     from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
 
     bf16, fp32 = (measure_cpu_matmul_flops(dt) / 1e9 for dt in (torch.bfloat16, torch.float32))
