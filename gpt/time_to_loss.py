@@ -95,6 +95,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
                 "step": trainer.step.steps_done,
                 "tokens": trainer.step.tokens_seen,
                 "seconds": clock.seconds,
+                "wall_s": process_age_s(),  # the process's wall clock at this evaluation: W&B's other x-axis
                 "train_loss": _mean_across_ranks(losses, device, world),
                 "val_loss": sums.mean,
                 "windows": sums.windows,

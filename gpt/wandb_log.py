@@ -135,10 +135,16 @@ def run_name(record: dict) -> str:
 
 def _log_curve(run, record: dict) -> None:
     """A run to a loss: train and validation loss at every evaluation, against tokens (the x-axis every stage
-    shares: stages with different batches meet at equal tokens), with the step and the training seconds logged
-    beside so the W&B panel's x-axis can switch to either. Same names in every stage: one panel overlays them."""
+    shares: stages with different batches meet at equal tokens), with the step, the training seconds and the
+    process's wall clock since its launch logged beside so the W&B panel's x-axis can switch to any. Same names in
+    every stage: one panel overlays them."""
     run.define_metric("curve/tokens")
-    optional = {"train/loss": "train_loss", "curve/lr": "lr", "curve/muon_lr": "muon_lr"}  # None or absent: unlogged
+    optional = {  # None or absent (older records): unlogged
+        "train/loss": "train_loss",
+        "curve/lr": "lr",
+        "curve/muon_lr": "muon_lr",
+        "curve/wall_seconds": "wall_s",
+    }
     for name in ("val/loss", "curve/step", "curve/seconds", *optional):
         run.define_metric(name, step_metric="curve/tokens")
     for point in record["metrics"]["curve"]:

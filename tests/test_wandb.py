@@ -141,3 +141,27 @@ def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
     ]
     rows = [h for h in history if "val/loss" in h]
     assert [(h.get("curve/lr"), h.get("curve/muon_lr")) for h in rows] == [(None, None), (1e-3, 0.03)]
+
+
+def test_a_curve_logs_the_wall_clock_beside_the_training_seconds(wandb_dir):
+    """Each evaluation's process wall clock (`wall_s`) is W&B's curve/wall_seconds, so a speedrun panel switches its
+    x-axis between training seconds and the wall clock a user waits; a point without it (an older record) logs none."""
+    points = [
+        {"step": 0, "tokens": 0, "seconds": 0.0, "wall_s": 12.5, "train_loss": None, "val_loss": 4.0, "lr": None},
+        {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3},
+    ]
+    record = {
+        **fake_record("speedrun_6_bigram"),
+        "mode": "time_to_loss",
+        "seed": None,
+        "metrics": {"curve": points, "steps": 2, "tokens": 256},
+    }
+    wandb_log.log_run(record, mode="offline")
+    (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
+    history = [
+        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in read_offline_run(run_file)
+        if r.HasField("history")
+    ]
+    rows = [h for h in history if "val/loss" in h]
+    assert [(h.get("curve/seconds"), h.get("curve/wall_seconds")) for h in rows] == [(0.0, 12.5), (1.0, None)]
