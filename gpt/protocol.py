@@ -29,18 +29,7 @@ from gpt.config import TrainConfig
 from gpt.devices import device_name, resolve_device, synchronize
 from gpt.flops import fastest_peak_flops, mfu, peak_flops
 from gpt.optimizations import parallel
-from gpt.optimizations.chunked_loss import implementation_of, loss_used
-from gpt.optimizations.compilation import compile_mode
-from gpt.optimizations.feeding import non_blocking
-from gpt.optimizations.fused_attention import attention_used
-from gpt.peak_memory import (
-    cpu_step_memory,
-    cuda_peaks_mib,
-    cuda_step_memory,
-    memory_method,
-    release_cuda_cache,
-    reset_cuda_peak,
-)
+from gpt.peak_memory import cpu_step_memory, cuda_peaks_mib, cuda_step_memory, release_cuda_cache, reset_cuda_peak
 from gpt.records import SCHEMA_VERSION, environment
 from gpt.step_profiler import extra_steps, profile_steps
 
@@ -122,7 +111,7 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
         if i == 0:
             synchronize(device)
             warm.first_step_s, warm.first_loss = time.perf_counter() - t0, loss.item()
-            warm.compile_cache = compile_cache_state() if compile_mode(cfg, device) else None
+            warm.compile_cache = compile_cache_state() if trainer.choices.compile_mode else None
             release_cuda_cache(device)
             reset_cuda_peak(device)  # warm.cuda_peaks: the steps after compilation's own transients
     synchronize(device)
@@ -214,7 +203,7 @@ def peak_memory(trainer: train.Trainer, timed: Timed, memory: dict) -> float | N
     """The record's peak: on CUDA the allocator's peak over the timed repeats, allocated or reserved as
     memory_method says; on the CPU the memory step's (MemTracker's) peak."""
     if timed.cuda_peaks:
-        method = memory_method(trainer.device, compile_mode(trainer.cfg, trainer.device))
+        method = trainer.choices.memory_method
         return timed.cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]
     return memory["breakdown_mib"]["total"] if memory else None
 
@@ -278,37 +267,8 @@ def run_facts(trainer: train.Trainer, label: str) -> dict:
             "count": cfg.world_size,
             "threads_per_process": torch.get_num_threads(),
         },
-        "choices": choices(trainer),
+        "choices": trainer.choices.record(),
         "env": environment(),
-    }
-
-
-def choices(trainer: train.Trainer) -> dict:
-    """The decisions the run made on this device (a CPU keeps fp32 where bf16 is slower, and so on)."""
-    cfg, device, amp = trainer.cfg, trainer.device, trainer.amp
-    return {
-        "amp_dtype": str(amp.dtype).removeprefix("torch."),
-        "amp_why": amp.why,
-        "compute_dtype": str(parallel.compute_dtype(cfg, device, amp.dtype)).removeprefix("torch."),
-        "grad_scaler": amp.scaler is not None,
-        "fp32_matmuls": trainer.fp32_matmuls,
-        "compile_mode": compile_mode(cfg, device),
-        "pinned_memory_non_blocking": non_blocking(cfg, device),
-        "distributed_backend": parallel.backend(cfg, device),
-        "memory_method": memory_method(device, compile_mode(cfg, device)),
-        "loss_impl": implementation_of(trainer.raw.config),
-        # what the model computes with where a run for time measured the config's choice slower here, or missing
-        **model_choices(cfg, device, trainer.raw.config),
-    }
-
-
-def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
-    """The attention and the loss the model computes with, and why where it is not what the config asks for."""
-    return {
-        "attention": model_config.attention,
-        "attention_why": attention_used(cfg, device.type)[1],
-        "loss": model_config.loss,
-        "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1],
     }
 
 
@@ -330,7 +290,7 @@ def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:
         "warmup_s": warm.seconds,
         # compilation happens in the first step; what it adds over a steady step is its cost
         "compile_s": (warm.first_step_s - steady)
-        if compile_mode(cfg, trainer.device) and warm.first_step_s is not None
+        if trainer.choices.compile_mode and warm.first_step_s is not None
         else None,
         "compile_cache": warm.compile_cache,
         "data_wait_pct": 100 * sum(timed.waits) / sum(timed.repeat_s),
@@ -361,7 +321,7 @@ def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
     """MFU against the peak of the dtype the run computes in (autocast's or FSDP's mixed precision's), and against
     the device's fastest."""
     device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
-    flops, flops_source = peak_flops(device, parallel.compute_dtype(trainer.cfg, device, trainer.amp.dtype))
+    flops, flops_source = peak_flops(device, trainer.choices.compute_dtype)
     best_flops, best_source = fastest_peak_flops(device)
     rate = tokens_per_s(trainer.cfg, timed)
     return {

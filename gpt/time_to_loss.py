@@ -37,7 +37,6 @@ from gpt.errors import UserError
 from gpt.evaluation import TowardTarget, ValidationSet, WindowSums, train_and_evaluate, validation_loss, window_sums
 from gpt.loss_curve import crossing
 from gpt.optimizations import parallel
-from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.muon import learning_rates
 from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
@@ -115,7 +114,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         if done == 0:
             forget_compilations()
         startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))  # on its own: compilation
-        if done == 0 and compile_mode(cfg, device):
+        if done == 0 and trainer.choices.compile_mode:
             cache = compile_cache_state()
 
     # the untrained model is evaluated first: where every curve starts

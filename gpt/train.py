@@ -12,6 +12,8 @@ import torch
 from tqdm import tqdm
 
 from gpt import distributed, optimizations
+from gpt.choices import RunChoices
+from gpt.choices import resolve as resolve_choices
 from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler
@@ -143,6 +145,7 @@ class Trainer:
     amp: MixedPrecision
     fp32_matmuls: str
     step: Stepper
+    choices: RunChoices  # every per-device decision, resolved once (gpt/choices.py)
 
     def run(self, steps: int, feed: FeedClock | None = None, mark=None) -> list[torch.Tensor]:
         """The training loop: `steps` steps on the next batches, as every run trains (the timed repeats, training to
@@ -169,4 +172,5 @@ def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> T
     batches = iter(make_loader(dataset, sampler, cfg, device))
     progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
     step = Stepper(model, optimizer, batches, cfg, device, amp, progress)
-    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step)
+    choices = resolve_choices(cfg, device, amp, fp32_matmuls, raw.config)
+    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step, choices)

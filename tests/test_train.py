@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from gpt import protocol, train
+from gpt import choices, protocol, train
 from gpt.config import TrainConfig
 from gpt.optimizations import compilation
 from gpt.records import record_problems
@@ -141,7 +141,7 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     reduce_overhead = lambda cfg, device: "reduce-overhead" if cfg.compile else None  # noqa: E731
     monkeypatch.setattr(compilation, "compile_mode", reduce_overhead)
-    monkeypatch.setattr(protocol, "compile_mode", reduce_overhead)
+    monkeypatch.setattr(choices, "compile_mode", reduce_overhead)  # the run's choices ask it once
     cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
     eager = protocol.run(tiny_config(char_data, **cfg))["metrics"]["losses"]
     assert marks == []

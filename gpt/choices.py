@@ -1,0 +1,80 @@
+"""The decisions a run makes on its device, resolved once when it is prepared (gpt/train.py:prepare), carried by
+its Trainer and written by its record as `choices`.
+
+A stage's config says what it asks for; the device decides what runs: a CPU keeps fp32 where its bf16 matmuls are
+slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
+stage's shape (or is missing on this torch), CUDA graphs only on CUDA, a process group's backend from the device.
+Each answer comes from its optimization's home; this object asks each once, so the protocol, the training to a loss
+and the record read the same answer (issue 42: compile_mode alone was asked 5 times in one protocol run)."""
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt.config import TrainConfig
+from gpt.optimizations import parallel
+from gpt.optimizations.chunked_loss import implementation_of, loss_used
+from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.feeding import non_blocking
+from gpt.optimizations.fused_attention import attention_used
+from gpt.optimizations.precision import MixedPrecision
+from gpt.peak_memory import memory_method
+
+
+@dataclass(frozen=True)
+class RunChoices:
+    """What runs here for what the config asks, and why where the two differ."""
+
+    amp: MixedPrecision
+    compute_dtype: torch.dtype
+    fp32_matmuls: str
+    compile_mode: str | None
+    non_blocking: bool
+    backend: str | None
+    memory_method: str
+    loss_impl: str | None
+    model: dict  # attention, attention_why, loss, loss_why: model_choices()
+
+    def record(self) -> dict:
+        """The record's `choices` (docs/records.md)."""
+        return {
+            "amp_dtype": str(self.amp.dtype).removeprefix("torch."),
+            "amp_why": self.amp.why,
+            "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
+            "grad_scaler": self.amp.scaler is not None,
+            "fp32_matmuls": self.fp32_matmuls,
+            "compile_mode": self.compile_mode,
+            "pinned_memory_non_blocking": self.non_blocking,
+            "distributed_backend": self.backend,
+            "memory_method": self.memory_method,
+            "loss_impl": self.loss_impl,
+            # what the model computes with where a run for time measured the config's choice slower here, or missing
+            **self.model,
+        }
+
+
+def resolve(cfg: TrainConfig, device: torch.device, amp: MixedPrecision, fp32_matmuls: str, model_config) -> RunChoices:
+    """Every per-device decision of a run, each asked of its home once: `amp` and `fp32_matmuls` as the run set them
+    up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""
+    mode = compile_mode(cfg, device)
+    return RunChoices(
+        amp=amp,
+        compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype),
+        fp32_matmuls=fp32_matmuls,
+        compile_mode=mode,
+        non_blocking=non_blocking(cfg, device),
+        backend=parallel.backend(cfg, device),
+        memory_method=memory_method(device, mode),
+        loss_impl=implementation_of(model_config),
+        model=model_choices(cfg, device, model_config),
+    )
+
+
+def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
+    """The attention and the loss the model computes with, and why where it is not what the config asks for."""
+    return {
+        "attention": model_config.attention,
+        "attention_why": attention_used(cfg, device.type)[1],
+        "loss": model_config.loss,
+        "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1],
+    }
