@@ -119,6 +119,18 @@ def test_missing_wandb_is_one_warning_line(monkeypatch, capsys):
     ]
 
 
+def logged_curve(record: dict, wandb_dir) -> list[dict]:
+    """The curve rows an offline W&B run of `record` holds (those with a validation loss), read back from its file."""
+    wandb_log.log_run(record, mode="offline")
+    (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
+    history = [
+        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in read_offline_run(run_file)
+        if r.HasField("history")
+    ]
+    return [h for h in history if "val/loss" in h]
+
+
 def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
     """A curve point of a Muon stage holds AdamW's learning rate as `lr` and Muon's as `muon_lr`: W&B gets both, each
     under its own name (curve/lr the same in every stage), and no Muon rate where the point has none."""
@@ -132,14 +144,7 @@ def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
         "seed": None,
         "metrics": {"curve": points, "steps": 2, "tokens": 256},
     }
-    wandb_log.log_run(record, mode="offline")
-    (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-    history = [
-        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
-        for r in read_offline_run(run_file)
-        if r.HasField("history")
-    ]
-    rows = [h for h in history if "val/loss" in h]
+    rows = logged_curve(record, wandb_dir)
     assert [(h.get("curve/lr"), h.get("curve/muon_lr")) for h in rows] == [(None, None), (1e-3, 0.03)]
 
 
@@ -156,12 +161,5 @@ def test_a_curve_logs_the_wall_clock_beside_the_training_seconds(wandb_dir):
         "seed": None,
         "metrics": {"curve": points, "steps": 2, "tokens": 256},
     }
-    wandb_log.log_run(record, mode="offline")
-    (run_file,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-    history = [
-        {i.nested_key[0] if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
-        for r in read_offline_run(run_file)
-        if r.HasField("history")
-    ]
-    rows = [h for h in history if "val/loss" in h]
+    rows = logged_curve(record, wandb_dir)
     assert [(h.get("curve/seconds"), h.get("curve/wall_seconds")) for h in rows] == [(0.0, 12.5), (1.0, None)]
