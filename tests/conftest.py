@@ -1,6 +1,7 @@
 """Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,12 @@ import torch
 from gpt.optimizations import chunked_loss
 
 REPO = Path(__file__).resolve().parent.parent
+# Each optimization's tests live beside its name (tests/optimizations/test_<home>.py); the suite's files import one
+# another's helpers by module name (`from equivalence import tiny_config`, tests/equivalence.py; `from test_precision
+# import check_fp16_tracks_fp32` in tests/test_gpu.py), so both folders are on the path whichever file pytest runs.
+for folder in (REPO / "tests", REPO / "tests" / "optimizations"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 TEST_TIMEOUT_S = 600
@@ -55,6 +62,12 @@ def private_machine_cache(tmp_path_factory):
 TORCH_CHUNKED_LOSS = chunked_loss.installed("torch")
 NO_TORCH_CHUNKED_LOSS = f"needs F.linear_cross_entropy of {chunked_loss.torch_op_needed()}"
 needs_torch_chunked_loss = pytest.mark.skipif(not TORCH_CHUNKED_LOSS, reason=NO_TORCH_CHUNKED_LOSS)
+
+# Tests of Muon (tests/optimizations/test_muon.py, test_schedule.py) through torch.optim.Muon, PyTorch 2.9 and newer.
+HAS_MUON = hasattr(torch.optim, "Muon")
+needs_muon = pytest.mark.skipif(
+    not HAS_MUON, reason=f"needs torch.optim.Muon (PyTorch 2.9+; this is {torch.__version__})"
+)
 
 
 def load_prepare_module():

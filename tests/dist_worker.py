@@ -1,4 +1,4 @@
-"""A few training steps through the project's own code, for tests/test_ladder_equivalence.py.
+"""A few training steps through the project's own code, for the equivalence tests (tests/equivalence.py).
 
 `run_steps` is the one training loop of the equivalence tests: the test process calls it for the
 single-process runs, and this file is also the torchrun entry point of the DDP / FSDP runs:

@@ -19,18 +19,15 @@ from dataclasses import fields
 
 import pytest
 import torch
-from test_beyond_equivalence import BF16_CHUNKED_WEIGHT_GRAD
-from test_ladder_equivalence import (
-    check_fp16_tracks_fp32,
-    check_two_processes_match_one,
-    max_diff,
-    tiny_config,
-    with_pytorchs_early_stop,
-)
+from equivalence import max_diff, tiny_config
+from test_checkpointing import with_pytorchs_early_stop
+from test_chunked_loss import BF16_CHUNKED_WEIGHT_GRAD
+from test_muon import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
 from test_noise_scale import check_smoke_measurement, measure_smoke
+from test_parallel import check_two_processes_match_one
+from test_precision import check_fp16_tracks_fp32
 from test_report import details
 from test_speedrun import check_the_groups_follow_wsd, check_the_last_stage_learns_compiled, trace_last_stage
-from test_speedrun_optimizer import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
 from test_time_to_loss import LEARNING_STAGES, learning_budget
 from test_train import run_stage
 
@@ -49,7 +46,7 @@ from gpt.report.document import write_report
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
-# The 2-GPU runs against one GPU, as on the CPU (tests/test_ladder_equivalence.py), with bounds 10x the CPU's
+# The 2-GPU runs against one GPU, as on the CPU (tests/optimizations/test_parallel.py), with bounds 10x the CPU's
 # (not yet measured): GPU kernels reduce in other orders than the CPU's, and cuBLAS picks other algorithms for a
 # batch of 4 than for 8. A wrong batch or a missing all-reduce moves the weights by ~lr (5e-4), far beyond them.
 GPU_DIST_GRAD_TOL = (1e-4, 1e-6)  # (rtol, atol)
@@ -137,17 +134,17 @@ def test_two_gpus_match_one_gpu_on_the_combined_batch(mode, stage_settings, char
 @two_gpus
 def test_two_gpus_with_cpu_offload_match_one_gpu(char_data, tmp_path):
     """lean_3 where it does something. The CPU suite runs the same comparison on 2 gloo processes
-    (tests/test_beyond_equivalence.py:test_cpu_offload_on_two_processes_matches_one_process), but there the shards
+    (tests/optimizations/test_parallel.py:test_cpu_offload_on_two_processes_matches_one_process), but there the shards
     are copied host to host, unpinned (a CPU-only torch has no pinned memory): only here do they go to pinned host
     memory and back to the GPU around each all-gather, the gradients to the host, and AdamW step on host shards
     while the model computes on the GPU (with host collectives beside NCCL: gpt/distributed.py:backend_for)."""
-    from test_beyond_equivalence import LEAN_3
+    from test_parallel import LEAN_3
 
     check_two_processes_match_one("fsdp", LEAN_3, char_data, tmp_path, "cuda", GPU_DIST_GRAD_TOL, GPU_DIST_PARAM_TOL)
 
 
 def test_fp16_with_grad_scaler_trains_like_fp32(char_data):
-    """The CPU test's bounds (tests/test_ladder_equivalence.py), with what speed_5 really uses on CUDA."""
+    """The CPU test's bounds (tests/optimizations/test_precision.py), with what speed_5 really uses on CUDA."""
     amp = mixed_precision(tiny_config(char_data, amp=True, device="cuda"), torch.device("cuda"))
     assert amp.dtype == torch.float16 and isinstance(amp.scaler, torch.amp.GradScaler)
     check_fp16_tracks_fp32(char_data, amp, "cuda")
@@ -377,7 +374,7 @@ def test_stages_train_to_a_loss_on_cuda(stage, char_data):
 
 def test_muons_newton_schulz_in_bf16_on_cuda_is_near_orthogonal_and_near_float32():
     """torch's Muon orthogonalises in bf16 on the GPU's tensor cores (cuBLAS may also reduce in bf16): the bound is
-    the CPU twin's, derived from bf16's precision (tests/test_speedrun_optimizer.py: NEWTON_SCHULZ_BF16)."""
+    the CPU twin's, derived from bf16's precision (tests/optimizations/test_muon.py: NEWTON_SCHULZ_BF16)."""
     check_newton_schulz_in_bf16("cuda")
 
 

@@ -1,16 +1,15 @@
 """The speedrun ladder (gpt/ladder.py "speedrun", stages/speedrun_*.py, run_all's section, the report's): its plumbing,
 its target and its judgement, the one claim of its systems stage, that it keeps the model, and its last stage trained
 as the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/test_gpu.py). The training changes'
-own mechanics are tested beside their homes (tests/test_speedrun_optimizer.py, tests/test_noise_scale.py,
-tests/test_architecture.py)."""
+own mechanics are tested beside their homes (tests/optimizations/test_muon.py, test_schedule.py, test_architecture.py,
+test_ngram_embedding.py) and the noise scale in tests/test_noise_scale.py."""
 
 from dataclasses import dataclass
 
 import pytest
 import torch
 from conftest import REPO, needs_torch_chunked_loss
-from test_beyond_equivalence import real_rows
-from test_ladder_equivalence import NO_CLIP, tiny_config, train_with_grads
+from equivalence import NO_CLIP, real_rows, tiny_config, train_with_grads
 from test_time_to_loss import learning_budget
 
 from gpt import optimizations, run_all, time_to_loss, train
@@ -61,7 +60,7 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     compile add up the same sums in another order: measured < 1e-6 of the largest gradient). A stage that changed
     the batch, the data or the loss would differ by the gradient's own size. goal="memory" keeps SDPA and the
     chunked loss whatever their speed here, so the changed code really runs; bf16 stays off (fp32 on this CPU
-    unless bf16 is faster: then the check is bf16's, bounded in tests/test_beyond_equivalence.py)."""
+    unless bf16 is faster: then the check is bf16's, bounded in tests/optimizations/test_precision.py)."""
     common = dict(lr=1e-3, grad_clip=NO_CLIP, goal="memory")
     base = tiny_config(char_data, **common)
     systems = tiny_config(char_data, **common)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import REPO
-from test_ladder_equivalence import tiny_config
+from equivalence import tiny_config
 
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig

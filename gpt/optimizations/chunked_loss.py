@@ -11,7 +11,7 @@ The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first o
 on the device; the model's config and the record (choices.loss_impl) name the one that ran.
 
 All three give the loss and gradients of the full loss up to float summation order
-(tests/test_beyond_equivalence.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
+(tests/optimizations/test_chunked_loss.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
 - the padded vocabulary's rows get probability 0: a -inf logit bias (torch, liger), or, for Cut
   Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
   with the bias);
@@ -24,7 +24,7 @@ All three give the loss and gradients of the full loss up to float summation ord
   ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
   gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks: at fast_6's
   reference shape (128 chunks), 2.6e-2 of the largest entry against 3.4e-3 for the bf16 full loss, on a CPU
-  (tests/test_beyond_equivalence.py:test_bf16_chunked_weight_gradient_at_the_stages_shape).
+  (tests/optimizations/test_chunked_loss.py:test_bf16_chunked_weight_gradient_at_the_stages_shape).
 Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
 
 Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS

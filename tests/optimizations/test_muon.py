@@ -1,7 +1,7 @@
-"""The speedrun ladder's optimizer and schedule (gpt/optimizations/muon.py, schedule.py): Muon gets exactly the
-blocks' matrices and AdamW everything else, one step of the combined optimizer is the two torch optimizers' steps,
-wsd's shape and that both optimizers follow it, one line for bad settings, and a Muon run that learns; the
-Newton-Schulz iteration and a Muon step in bf16 against float32 (on the CPU here, on CUDA in tests/test_gpu.py)."""
+"""Muon (gpt/optimizations/muon.py, the speedrun ladder): Muon gets exactly the blocks' matrices and AdamW everything
+else, one step of the combined optimizer is the two torch optimizers' steps, one line for bad settings (the
+schedule's too), and a Muon run that learns; the Newton-Schulz iteration and a Muon step in bf16 against float32 (on
+the CPU here, on CUDA in tests/test_gpu.py)."""
 
 import copy
 import math
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import HAS_MUON, REPO, needs_muon
 from test_time_to_loss import smoke_to_a_loss
 
 from gpt import optimizations, time_to_loss, train
@@ -20,10 +20,6 @@ from gpt.errors import UserError
 from gpt.optimizations.muon import MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
 from gpt.optimizations.schedule import learning_rate, set_learning_rates
 
-HAS_MUON = hasattr(torch.optim, "Muon")
-needs_muon = pytest.mark.skipif(
-    not HAS_MUON, reason=f"needs torch.optim.Muon (PyTorch 2.9+; this is {torch.__version__})"
-)
 # The blocks' matrices, named independently of the code under test.
 HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
@@ -123,79 +119,6 @@ def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
         p.grad = torch.full_like(p, math.inf)
     scaler.step(optimizer)  # an overflow: neither steps
     assert all(torch.equal(p, b) for p, b in zip(raw.parameters(), before))
-
-
-# ---- the schedule ------------------------------------------------------------------------------------------
-
-
-def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
-    # the decay: the last 2200 tokens, from 8800
-    cfg = optimizations.validate(
-        TrainConfig(
-            lr=1e-3, min_lr=1e-4, lr_warmup_tokens=1000, lr_decay_tokens=11000, lr_schedule="wsd", lr_cooldown=0.2
-        )
-    )
-    assert learning_rate(cfg, 0) == 0.0
-    assert learning_rate(cfg, 500) == pytest.approx(5e-4)  # half way up
-    assert learning_rate(cfg, 1000) == learning_rate(cfg, 5000) == learning_rate(cfg, 8800) == 1e-3  # stable
-    assert learning_rate(cfg, 8800 + 1100) == pytest.approx((1e-3 + 1e-4) / 2)  # half way down, linearly
-    assert learning_rate(cfg, 8800 + 550) == pytest.approx(1e-3 - 0.25 * 9e-4)
-    assert learning_rate(cfg, 11000) == pytest.approx(1e-4) == learning_rate(cfg, 50000)  # the floor, and after
-
-
-@needs_muon
-def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_data):
-    """Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the
-    same share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
-    budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
-    cfg = smoke_to_a_loss(
-        char_data,
-        matrix_optimizer="muon",
-        lr_schedule="wsd",
-        lr_cooldown=0.5,
-        muon_lr=0.03,
-        train_tokens=budget,
-        lr_decay_tokens=budget,
-    )
-    trainer = train.prepare(cfg, torch.device("cpu"), 40, "test")
-    muon, adamw = trainer.optimizer.muon.param_groups, trainer.optimizer.adamw.param_groups
-    shares = []
-    for step in (1, 10, 20, 30, 40):  # warm-up, stable, decay
-        while trainer.step.steps_done < step:
-            trainer.run(1)
-        tokens = trainer.step.tokens_seen
-        share = learning_rate(cfg, tokens) / cfg.lr
-        shares.append(share)
-        assert all(g["lr"] == learning_rate(cfg, tokens) for g in adamw), step
-        assert all(g["lr"] == pytest.approx(share * cfg.muon_lr, rel=1e-12) for g in muon), step
-    assert shares[0] < 1 and 1.0 in shares and shares[-1] < 1
-
-
-@needs_muon
-def test_the_curve_records_adamws_learning_rate_and_muons_beside_it(char_data):
-    """A run to a loss with Muon: each point's `lr` is AdamW's (the run's lr setting, as every other stage's curve
-    has it), its `muon_lr` Muon's at the same share of muon_lr; before the first step neither exists. AdamW's
-    warm-up peak is 1e-3 here and Muon's 0.03: the two cannot be mistaken for each other."""
-    budget = 8 * 4 * 32  # 8 steps of the smoke batch, evaluated every 2
-    cfg = smoke_to_a_loss(
-        char_data,
-        matrix_optimizer="muon",
-        lr_schedule="wsd",
-        lr_cooldown=0.5,
-        muon_lr=0.03,
-        train_tokens=budget,
-        lr_decay_tokens=budget,
-        lr_warmup_tokens=budget // 4,
-        eval_every_tokens=budget // 4,
-    )
-    curve = time_to_loss.run(cfg)["metrics"]["curve"]
-    for point in curve[1:]:
-        share = learning_rate(cfg, point["tokens"]) / cfg.lr
-        assert point["lr"] == pytest.approx(share * cfg.lr, rel=1e-12), point
-        assert point["muon_lr"] == pytest.approx(share * cfg.muon_lr, rel=1e-12), point
-    assert (curve[0]["lr"], curve[0]["muon_lr"]) == (None, None)
-    adamw_only = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "matrix_optimizer": "adamw"}))
-    assert all("muon_lr" not in p for p in adamw_only["metrics"]["curve"])
 
 
 # ---- bad settings: one line, exit 2, through a stage script -------------------------------------------------
@@ -332,6 +255,8 @@ def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkey
 # cuBLAS): 0.025 to 0.041 (shapes 256x1024, 1024x256, 96x32, 32x128, 3 seeds each). An iteration fewer moves the
 # result by 0.096 to 0.45, none at all by ~1.
 NEWTON_SCHULZ_BF16 = 20 * 2**-8
+
+
 # What the quintic's coefficients aim for (Keller Jordan's Muon; torch/optim/_muon.py): not U Vᵀ itself but U S' Vᵀ
 # with S' within about (0.5, 1.5); here p⁵ gives 0.68 to 1.14 for every singular value above 1% of |G|_F.
 ORTHOGONAL_BAND = (0.5, 1.5)
