@@ -228,8 +228,8 @@ def stage_config(
     to_a_loss = to_a_loss or ladder.to_a_loss == "only"
     if to_a_loss and ladder.to_a_loss == "never":
         raise UserError(
-            f"{stage} is not trained to a loss: the {ladder.name} ladder keeps its parent's trajectory (tests/"
-            "test_ladder_equivalence.py), so its time to loss is its time per token"
+            f"{stage} is not trained to a loss: the {ladder.name} ladder keeps its parent's trajectory (the "
+            "equivalence tests of its homes, tests/optimizations/), so its time to loss is its time per token"
         )
     settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder.name))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])

@@ -5,7 +5,7 @@ Parent: memory_0_baseline. Reference (1x H100): 25194 MiB (-31%), 17.2 s.
 Only one micro-batch's activations are alive at a time, so activation memory halves, while the update
 is the same: each micro-batch loss is divided by 2 and the gradients add up to the gradient of the batch
 of 32. (The reference's own version reset the gradients inside the loop and fed one micro-batch twice, so
-it accumulated nothing; tests/test_ladder_equivalence.py proves this one is exact.)
+it accumulated nothing; tests/optimizations/test_accumulation.py proves this one is exact.)
 Code: gpt/train.py:train_step (the micro-batch loop).
 """
 

@@ -5,7 +5,7 @@ Parent: speed_1_batch_size. Reference (1x H100): 1.87 s per 10240 samples (-18%)
 The per-sample text cleaning and tokenisation moves into 4 worker processes that prepare the next
 batches while the model trains, instead of running between steps. It helps when the CPU has cores to
 spare; on a machine whose cores already run the training itself (a CPU-only run), workers compete with
-it. Batches are identical to num_workers=0 (tests/test_ladder_equivalence.py).
+it. Batches are identical to num_workers=0 (tests/optimizations/test_feeding.py).
 Code: gpt/optimizations/feeding.py:make_loader (num_workers).
 """
 

@@ -355,7 +355,7 @@ def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] |
         + no_effect_findings(runs, timed or {})
         + [
             "The memory and lean ladders are not trained here: each of their stages keeps its parent's trajectory "
-            "(tests/test_ladder_equivalence.py, tests/test_beyond_equivalence.py), so its time to loss is its time per "
+            "(the equivalence tests of their homes, tests/optimizations/), so its time to loss is its time per "
             "token, in the tables above. `lean_1_fsdp_bf16` computes in bf16 and so changes the numerics; it is not "
             "trained either: at GPT-2-large's depth its run to a loss would take longer than the whole ladder here."
         ]
