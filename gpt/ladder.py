@@ -62,6 +62,8 @@ LADDERS = {
         "speedrun_4_architecture",
         "speedrun_5_wsd",
         "speedrun_6_bigram",
+        "speedrun_7_budget",
+        "speedrun_8_muon_schedule",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

@@ -15,7 +15,8 @@
     architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary (speedrun;
                         the code is the model's)
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
-    schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun)
+    schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
+                        own: no learning-rate warm-up, momentum warm-up (speedrun)
     ngram_embedding.py  a learned embedding of each (previous token, token) pair (speedrun; the code is the model's)
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
@@ -66,6 +67,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     muon.MUON,
     schedule.SCHEDULE,
     ngram_embedding.BIGRAM_EMBEDDING,
+    schedule.MUON_SCHEDULE,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
