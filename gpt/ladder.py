@@ -64,6 +64,7 @@ LADDERS = {
         "speedrun_6_bigram",
         "speedrun_7_budget",
         "speedrun_8_muon_schedule",
+        "speedrun_9_x0_shortcut",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

@@ -50,6 +50,7 @@ class GPTConfig:
     zero_init_proj: bool = False  # the attention's and MLP's c_proj start at 0: each block starts as the identity
     positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
     bigram_rows: int = 0  # >0: a zero-initialised table of (previous token, token) embeddings added to wte's (bigram)
+    x0_shortcut: bool = False  # each block's input a_i * x + b_i * x0 (x0: the embedding), learned, a = 1, b = 0 first
 
     @property
     def padded_vocab_size(self) -> int:
@@ -74,7 +75,7 @@ class GPTConfig:
         ):
             if getattr(self, name) not in choices:
                 raise UserError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
-        for name in ("qk_norm", "zero_init_proj"):
+        for name in ("qk_norm", "zero_init_proj", "x0_shortcut"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
@@ -235,6 +236,9 @@ class GPT(nn.Module):
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
+        if config.x0_shortcut:  # modded-nanogpt's x0 lambdas: a shortcut from the embedding to every block's input
+            self.resid_scales = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_scales = nn.Parameter(torch.zeros(config.n_layer))
         # Weight tying (as GPT-2): the output head reuses the token embedding, saving vocab x n_embd params.
         self.lm_head.weight = self.transformer.wte.weight
         # Padding rows (vocab_multiple) are never a target: a -inf logit bias gives them probability 0, so the
@@ -264,6 +268,9 @@ class GPT(nn.Module):
                 module.mask.copy_(torch.ones_like(module.mask).tril())
         if self.transformer.bigram is not None:  # zero: the model starts as the one without it
             self.transformer.bigram.weight.zero_()
+        if self.config.x0_shortcut:  # the model starts as the one without the shortcut
+            self.resid_scales.fill_(1.0)
+            self.x0_scales.zero_()
         if self.vocab_mask is not None:
             self.transformer.wte.weight[vocab:].zero_()
             self.vocab_mask.zero_()[vocab:] = float("-inf")
@@ -285,8 +292,10 @@ class GPT(nn.Module):
             x = x + self.transformer.bigram(bigram_index(idx, self.config.vocab_size, self.config.bigram_rows))
         if self.transformer.wpe is not None:  # rotary positions: the attention rotates q and k instead
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
-        x = self.transformer.drop(x)
-        for block in self.transformer.h:
+        x = x0 = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            if self.config.x0_shortcut:
+                x = self.resid_scales[i] * x + self.x0_scales[i] * x0
             x = block(x)
         x = self.transformer.ln_f(x)
         if targets is not None and self.config.loss == "chunked":
@@ -342,7 +351,7 @@ class GPT(nn.Module):
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"
-            for name in (*ARCHITECTURE_FIELDS, "bigram_rows")
+            for name in (*ARCHITECTURE_FIELDS, "bigram_rows", "x0_shortcut")
             if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)
         ]
         if not_gpt2:

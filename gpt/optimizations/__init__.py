@@ -12,8 +12,8 @@
     chunked_loss.py     the chunked linear + cross-entropy (fast_6, lean_2)
     accumulation.py     gradient accumulation (memory_1; the loop is gpt/train.py:train_step's)
     checkpointing.py    activation checkpointing (memory_2)
-    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary (speedrun;
-                        the code is the model's)
+    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary; the x0
+                        shortcut (speedrun; the code is the model's)
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
     schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
                         own: no learning-rate warm-up, momentum warm-up (speedrun)
@@ -68,6 +68,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     schedule.SCHEDULE,
     ngram_embedding.BIGRAM_EMBEDDING,
     schedule.MUON_SCHEDULE,
+    architecture.X0_SHORTCUT,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
