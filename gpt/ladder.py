@@ -65,6 +65,7 @@ LADDERS = {
         "speedrun_7_budget",
         "speedrun_8_muon_schedule",
         "speedrun_9_x0_shortcut",
+        "speedrun_10_trigram",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

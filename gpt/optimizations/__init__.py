@@ -17,7 +17,8 @@
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
     schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
                         own: no learning-rate warm-up, momentum warm-up (speedrun)
-    ngram_embedding.py  a learned embedding of each (previous token, token) pair (speedrun; the code is the model's)
+    ngram_embedding.py  a learned embedding of each (previous token, token) pair, and of each hashed triple (speedrun;
+                        the code is the model's)
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
@@ -69,6 +70,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     ngram_embedding.BIGRAM_EMBEDDING,
     schedule.MUON_SCHEDULE,
     architecture.X0_SHORTCUT,
+    ngram_embedding.TRIGRAM_EMBEDDING,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
