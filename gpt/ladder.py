@@ -66,6 +66,7 @@ LADDERS = {
         "speedrun_8_muon_schedule",
         "speedrun_9_x0_shortcut",
         "speedrun_10_trigram",
+        "speedrun_11_budget",
     ],
 }
 # A ladder beyond the book continues from this stage of a documented ladder (its settings and profile).

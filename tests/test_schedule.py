@@ -103,3 +103,14 @@ def test_speedrun_8_changes_only_muons_schedule():
     changed = {k: v for k, v in cfg.to_dict().items() if parent.to_dict()[k] != v}
     assert changed == {"muon_lr_warmup": False, "muon_momentum_warmup_tokens": 76_800}
     assert learning_rate(cfg, 0) == 0.0 and learning_rate(cfg, 0, warmup=False) == cfg.lr  # AdamW's warms up
+
+
+def test_speedrun_11s_budget_is_60_percent_of_speedrun_10s():
+    """speedrun_11_budget on the cpu profile: 165,888 tokens (54 steps of 3,072), the decay from 99,532.8 tokens
+    (step 32), the warm-up a tenth of the budget; nothing else changes against speedrun_10."""
+    parent, cfg = stage_config("speedrun_10_trigram", "cpu"), stage_config("speedrun_11_budget", "cpu")
+    assert parent.train_tokens == 276_480 and cfg.train_tokens == cfg.lr_decay_tokens == 165_888
+    assert cfg.train_tokens // cfg.tokens_per_step == 54 and cooldown_start(cfg) == pytest.approx(99_532.8)
+    assert cfg.lr_warmup_tokens == 16_588 and cfg.eval_every_tokens == 4_147
+    changed = {k for k, v in cfg.to_dict().items() if parent.to_dict()[k] != v}
+    assert changed == {"train_tokens", "lr_decay_tokens", "lr_warmup_tokens", "eval_every_tokens"}
