@@ -5,7 +5,8 @@ blocks, a 4x GELU MLP and an output head that shares its weight with the token e
 Module names follow Hugging Face's GPT-2, so a HF checkpoint loads by name (see GPT.from_hf).
 Five GPTConfig fields switch to today's small-GPT blocks instead (mlp, norm, qk_norm, zero_init_proj,
 positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's. bigram_rows adds a
-learned embedding of each (previous token, token) pair (gpt/optimizations/ngram_embedding.py); GPT-2 has none.
+learned embedding of each (previous token, token) pair, trigram_rows one of each hashed triple
+(gpt/optimizations/ngram_embedding.py); GPT-2 has neither.
 Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
 """
 
@@ -50,6 +51,10 @@ class GPTConfig:
     zero_init_proj: bool = False  # the attention's and MLP's c_proj start at 0: each block starts as the identity
     positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
     bigram_rows: int = 0  # >0: a zero-initialised table of (previous token, token) embeddings added to wte's (bigram)
+    trigram_rows: int = (
+        0  # >0: a zero-initialised table of hashed (token-2, token-1, token) embeddings, beside bigram's
+    )
+    x0_shortcut: bool = False  # each block's input a_i * x + b_i * x0 (x0: the embedding), learned, a = 1, b = 0 first
 
     @property
     def padded_vocab_size(self) -> int:
@@ -57,8 +62,10 @@ class GPTConfig:
 
     def __post_init__(self):
         # Validate here so that every way of building a config (preset, checkpoint, by hand) is checked.
-        if isinstance(self.bigram_rows, bool) or not isinstance(self.bigram_rows, int) or self.bigram_rows < 0:
-            raise UserError(f"bigram_rows must be a non-negative integer, got {self.bigram_rows!r}")
+        for name in ("bigram_rows", "trigram_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{name} must be a non-negative integer, got {value!r}")
         for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "vocab_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -74,7 +81,7 @@ class GPTConfig:
         ):
             if getattr(self, name) not in choices:
                 raise UserError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
-        for name in ("qk_norm", "zero_init_proj"):
+        for name in ("qk_norm", "zero_init_proj", "x0_shortcut"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
@@ -109,6 +116,15 @@ def bigram_index(idx, vocab_size: int, rows: int):
     if rows >= (vocab_size + 1) * vocab_size:
         return prev * vocab_size + idx
     return torch.bitwise_xor(prev * 36313, idx * 27191) % rows  # nanochat's and modded-nanogpt's style of hash
+
+
+def trigram_index(idx, vocab_size: int, rows: int):
+    """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`
+    (always hashed: the exact table would have (vocab_size + 1)^2 * vocab_size rows). Positions before a window's start
+    read the dedicated index vocab_size, as in bigram_index, so nothing leaks from outside the window."""
+    prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
+    prev2 = F.pad(idx[:, :-2], (2, 0), value=vocab_size)
+    return torch.bitwise_xor(torch.bitwise_xor(prev2 * 10007, prev * 36313), idx * 27191) % rows
 
 
 class RMSNorm(nn.RMSNorm):
@@ -228,6 +244,7 @@ class GPT(nn.Module):
                 dict(
                     wte=nn.Embedding(vocab, config.n_embd),
                     bigram=nn.Embedding(config.bigram_rows, config.n_embd) if config.bigram_rows else None,
+                    trigram=nn.Embedding(config.trigram_rows, config.n_embd) if config.trigram_rows else None,
                     wpe=nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None,
                     drop=nn.Dropout(config.dropout),
                     h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
@@ -235,6 +252,9 @@ class GPT(nn.Module):
                 )
             )
             self.lm_head = nn.Linear(config.n_embd, vocab, bias=False)
+        if config.x0_shortcut:  # modded-nanogpt's x0 lambdas: a shortcut from the embedding to every block's input
+            self.resid_scales = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_scales = nn.Parameter(torch.zeros(config.n_layer))
         # Weight tying (as GPT-2): the output head reuses the token embedding, saving vocab x n_embd params.
         self.lm_head.weight = self.transformer.wte.weight
         # Padding rows (vocab_multiple) are never a target: a -inf logit bias gives them probability 0, so the
@@ -249,8 +269,8 @@ class GPT(nn.Module):
         it refills the parameters and the naive attention mask."""
         vocab = self.config.vocab_size
         for module in self.modules():
-            if module is self.transformer.bigram:  # zero below, and off the random stream: the other weights
-                continue  # are drawn as in the model without the table
+            if module is self.transformer.bigram or module is self.transformer.trigram:  # zero below, and off the
+                continue  # random stream: the other weights are drawn as in the model without the tables
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 weight = module.weight
                 if weight is self.transformer.wte.weight:  # only the real rows: padding rows start (and stay) 0,
@@ -264,6 +284,11 @@ class GPT(nn.Module):
                 module.mask.copy_(torch.ones_like(module.mask).tril())
         if self.transformer.bigram is not None:  # zero: the model starts as the one without it
             self.transformer.bigram.weight.zero_()
+        if self.transformer.trigram is not None:
+            self.transformer.trigram.weight.zero_()
+        if self.config.x0_shortcut:  # the model starts as the one without the shortcut
+            self.resid_scales.fill_(1.0)
+            self.x0_scales.zero_()
         if self.vocab_mask is not None:
             self.transformer.wte.weight[vocab:].zero_()
             self.vocab_mask.zero_()[vocab:] = float("-inf")
@@ -283,10 +308,14 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if self.transformer.bigram is not None:
             x = x + self.transformer.bigram(bigram_index(idx, self.config.vocab_size, self.config.bigram_rows))
+        if self.transformer.trigram is not None:
+            x = x + self.transformer.trigram(trigram_index(idx, self.config.vocab_size, self.config.trigram_rows))
         if self.transformer.wpe is not None:  # rotary positions: the attention rotates q and k instead
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
-        x = self.transformer.drop(x)
-        for block in self.transformer.h:
+        x = x0 = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            if self.config.x0_shortcut:
+                x = self.resid_scales[i] * x + self.x0_scales[i] * x0
             x = block(x)
         x = self.transformer.ln_f(x)
         if targets is not None and self.config.loss == "chunked":
@@ -309,21 +338,22 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding=False):
         """Unique parameters (the tied wte/lm_head matrix counts once). non_embedding=True leaves out
-        the embedding tables (token, position, bigram), the convention of the scaling-law papers."""
+        the embedding tables (token, position, bigram, trigram), the convention of the scaling-law papers."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             n -= self._lookup_params() + self.transformer.wte.weight.numel()
         return n
 
     def _lookup_params(self):
-        """The tables only looked up, never multiplied: the position and the bigram embeddings."""
-        return sum(t.weight.numel() for t in (self.transformer.wpe, self.transformer.bigram) if t is not None)
+        """The tables only looked up, never multiplied: the position, the bigram and the trigram embeddings."""
+        tables = (self.transformer.wpe, self.transformer.bigram, self.transformer.trigram)
+        return sum(t.weight.numel() for t in tables if t is not None)
 
     def flops_per_token(self):
         """Training FLOPs per token, forward plus backward (PaLM paper appendix B; nanoGPT's MFU).
 
         6 * N: each weight does one multiply-add (2 FLOPs) per token in the forward pass and twice that
-        in the backward pass. N leaves out the position and bigram tables (lookups, no matmul) but keeps wte,
+        in the backward pass. N leaves out the position and n-gram tables (lookups, no matmul) but keeps wte,
         which is counted once as the lm_head matmul. 12 * n_layer * n_embd * block_size: the attention
         matmuls q @ k^T and att @ v, 2 * 2 * T * n_embd FLOPs per token and layer in the forward pass,
         times 3 for forward plus backward; counted over the full block, causal mask or not, as PaLM does.
@@ -342,7 +372,7 @@ class GPT(nn.Module):
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"
-            for name in (*ARCHITECTURE_FIELDS, "bigram_rows")
+            for name in (*ARCHITECTURE_FIELDS, "bigram_rows", "trigram_rows", "x0_shortcut")
             if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)
         ]
         if not_gpt2:

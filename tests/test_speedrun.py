@@ -494,11 +494,15 @@ def check_the_groups_follow_wsd(trace: StageTrace) -> None:
         done = min(1.0, (tokens - decay_from) / (cfg.lr_decay_tokens - decay_from))
         return 1.0 - done * (1.0 - cfg.min_lr / cfg.lr)
 
+    def muon_share(tokens: int) -> float:  # muon_lr_warmup False (speedrun_8): Muon's groups start at the peak
+        return share(tokens) if cfg.muon_lr_warmup or tokens >= cfg.lr_warmup_tokens else 1.0
+
     shares = [share(step * cfg.tokens_per_step) for step in range(1, SPEEDRUN_STEPS + 1)]
     assert len(trace.adamw_lrs) == len(trace.muon_lrs) == SPEEDRUN_STEPS
     for step, (s, adamw, muon) in enumerate(zip(shares, trace.adamw_lrs, trace.muon_lrs), 1):
         assert adamw == pytest.approx([s * cfg.lr] * len(adamw), rel=1e-9), step
-        assert muon == pytest.approx([s * cfg.muon_lr] * len(muon), rel=1e-9), step
+        m = muon_share(step * cfg.tokens_per_step)
+        assert muon == pytest.approx([m * cfg.muon_lr] * len(muon), rel=1e-9), step
     stable = [i for i, s in enumerate(shares) if s == 1.0]
     assert 0 < stable[0] and stable[-1] < SPEEDRUN_STEPS - 2 and stable == list(range(stable[0], stable[-1] + 1))
     assert shares[: stable[0]] == sorted(shares[: stable[0]]) and shares[0] < 1  # the warm-up rises

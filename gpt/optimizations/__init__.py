@@ -12,11 +12,13 @@
     chunked_loss.py     the chunked linear + cross-entropy (fast_6, lean_2)
     accumulation.py     gradient accumulation (memory_1; the loop is gpt/train.py:train_step's)
     checkpointing.py    activation checkpointing (memory_2)
-    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary (speedrun;
-                        the code is the model's)
+    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary; the x0
+                        shortcut (speedrun; the code is the model's)
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
-    schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun)
-    ngram_embedding.py  a learned embedding of each (previous token, token) pair (speedrun; the code is the model's)
+    schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
+                        own: no learning-rate warm-up, momentum warm-up (speedrun)
+    ngram_embedding.py  a learned embedding of each (previous token, token) pair, and of each hashed triple (speedrun;
+                        the code is the model's)
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
@@ -66,6 +68,9 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     muon.MUON,
     schedule.SCHEDULE,
     ngram_embedding.BIGRAM_EMBEDDING,
+    schedule.MUON_SCHEDULE,
+    architecture.X0_SHORTCUT,
+    ngram_embedding.TRIGRAM_EMBEDDING,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 

@@ -52,6 +52,28 @@ def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict
     return dict(MODERN) if cfg.architecture == "modern" else {}
 
 
+def _check_x0(cfg: TrainConfig) -> None:
+    if not isinstance(cfg.x0_shortcut, bool):
+        raise UserError(f"x0_shortcut must be true or false, got {cfg.x0_shortcut!r}")
+
+
+def _x0_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
+    return {"x0_shortcut": True} if cfg.x0_shortcut else {}
+
+
+# The x0 shortcut (speedrun_9): each block's input is a_i * x + b_i * x0, x0 the embedding (token and bigram, after
+# dropout), a_i and b_i learned scalars per block starting at 1 and 0, so the model starts as the one without it
+# (modded-nanogpt's "x0 lambdas"): every block can read the input tokens directly, however much the blocks before it
+# wrote over them. AdamW trains the scalars (no weight decay: not a Linear's weight), Muon never (not a matrix).
+X0_SHORTCUT = Optimization(
+    name="x0 shortcut (the embedding mixed into every block's input by learned scalars)",
+    fields=("x0_shortcut",),
+    code="gpt/model.py:GPT.forward (GPTConfig.x0_shortcut: GPT.resid_scales, GPT.x0_scales)",
+    checks=_check_x0,
+    model=_x0_settings,
+)
+
+
 MODERN_ARCHITECTURE = Optimization(
     name="today's small-GPT architecture (ReLU², RMSNorm, QK-norm, zero-init projections, rotary)",
     fields=("architecture",),

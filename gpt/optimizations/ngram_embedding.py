@@ -11,6 +11,14 @@ token), so nothing reaches a window from outside it. The table is an embedding: 
 without weight decay, gpt/optimizations/adamw.py), never Muon (gpt/optimizations/muon.py: the blocks' matrices only).
 
 `bigram_embedding=True` sets GPTConfig's bigram_rows; the code is the model's (gpt/model.py: bigram_index, GPT).
+
+The trigram embedding (speedrun_10) does the same for each (token-2, token-1, token) triple, added beside the bigram
+table: an exact table would have (vocab + 1)^2 x vocab rows (525,000 for the characters), so the triples are hashed
+into TRIGRAM_ROWS rows (modded-nanogpt's and nanochat's hashed n-gram embeddings). Zero at the start, AdamW without
+weight decay, never Muon, as the bigram table. It costs per-step work the bigram table already costs: AdamW updates
+all its TRIGRAM_ROWS x n_embd entries every step (1,048,576 at n_embd 128, more than the rest of the model), while a
+batch reads a few thousand rows. `trigram_embedding=True` sets GPTConfig's trigram_rows (gpt/model.py:
+trigram_index, GPT).
 """
 
 from gpt.config import TrainConfig
@@ -18,6 +26,7 @@ from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
 
 BIGRAM_MAX_ROWS = 2**16  # an exact table up to a vocabulary of 255; a larger one (GPT-2's) is hashed into this
+TRIGRAM_ROWS = 8192  # the hashed trigram table's rows (the one size tried: docs/speedrun.md)
 
 
 def bigram_rows(vocab_size: int) -> int:
@@ -41,4 +50,22 @@ BIGRAM_EMBEDDING = Optimization(
     code="gpt/model.py:bigram_index, GPT.forward (GPTConfig.bigram_rows)",
     checks=_check,
     model=_model_settings,
+)
+
+
+def _check_trigram(cfg: TrainConfig) -> None:
+    if not isinstance(cfg.trigram_embedding, bool):
+        raise UserError(f"trigram_embedding must be true or false, got {cfg.trigram_embedding!r}")
+
+
+def _trigram_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
+    return {"trigram_rows": TRIGRAM_ROWS} if cfg.trigram_embedding else {}
+
+
+TRIGRAM_EMBEDDING = Optimization(
+    name="hashed trigram embedding",
+    fields=("trigram_embedding",),
+    code="gpt/model.py:trigram_index, GPT.forward (GPTConfig.trigram_rows)",
+    checks=_check_trigram,
+    model=_trigram_settings,
 )

@@ -15,16 +15,17 @@ from gpt.errors import UserError
 from gpt.optimizations.optimization import Optimization
 
 SCHEDULES = ("cosine", "wsd")
+MUON_MOMENTUM_START = 0.85  # Muon's momentum at the first step, with muon_momentum_warmup_tokens (modded-nanogpt's)
 
 
-def learning_rate(cfg: TrainConfig, tokens: int) -> float:
+def learning_rate(cfg: TrainConfig, tokens: int, warmup: bool = True) -> float:
     """The learning rate of the step that brings training to `tokens` tokens: a linear warm-up from 0 to cfg.lr over
     lr_warmup_tokens, then the decay to min_lr at lr_decay_tokens, min_lr after. lr_decay_tokens 0: cfg.lr throughout.
     cosine: a cosine decay from the end of the warm-up. wsd: cfg.lr until the last lr_cooldown share of
-    lr_decay_tokens, then a linear decay."""
+    lr_decay_tokens, then a linear decay. warmup=False: cfg.lr during the warm-up too (the decay unchanged)."""
     if not cfg.lr_decay_tokens:
         return cfg.lr
-    if tokens < cfg.lr_warmup_tokens:
+    if tokens < cfg.lr_warmup_tokens and warmup:
         return cfg.lr * tokens / cfg.lr_warmup_tokens
     if cfg.lr_schedule == "wsd":
         start = cooldown_start(cfg)
@@ -43,10 +44,27 @@ def cooldown_start(cfg: TrainConfig) -> float:
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, cfg: TrainConfig, tokens: int) -> None:
     """Every param group at the schedule's share of its own peak learning rate (AdamW's groups: cfg.lr, so exactly
-    learning_rate; Muon's: muon_lr, the same shape). The peak is each group's lr when first seen."""
+    learning_rate; Muon's: muon_lr, the same shape). The peak is each group's lr when first seen. Muon's groups
+    (torch.optim.Muon's, told apart by their Newton-Schulz steps) skip the warm-up where muon_lr_warmup is False,
+    and take muon_momentum(cfg, tokens) where muon_momentum_warmup_tokens is set."""
     rate = learning_rate(cfg, tokens)
+    muon_rate = rate if cfg.muon_lr_warmup else learning_rate(cfg, tokens, warmup=False)
     for group in optimizer.param_groups:
-        group["lr"] = rate * (group.setdefault("peak_lr", group["lr"]) / cfg.lr)  # x 1.0 for cfg.lr: exact
+        is_muon = "ns_steps" in group
+        share = muon_rate if is_muon else rate
+        group["lr"] = share * (group.setdefault("peak_lr", group["lr"]) / cfg.lr)  # x 1.0 for cfg.lr: exact
+        if is_muon and cfg.muon_momentum_warmup_tokens:
+            group["momentum"] = muon_momentum(cfg, tokens)
+
+
+def muon_momentum(cfg: TrainConfig, tokens: int) -> float:
+    """Muon's momentum of the step that brings training to `tokens` tokens: from MUON_MOMENTUM_START linearly to
+    muon_momentum over muon_momentum_warmup_tokens, then muon_momentum (modded-nanogpt's momentum warm-up: a short
+    memory while the gradients turn fast, early on)."""
+    if not cfg.muon_momentum_warmup_tokens:
+        return cfg.muon_momentum
+    ratio = min(1.0, tokens / cfg.muon_momentum_warmup_tokens)
+    return MUON_MOMENTUM_START + ratio * (cfg.muon_momentum - MUON_MOMENTUM_START)
 
 
 def _check_schedule(cfg: TrainConfig) -> None:
@@ -65,6 +83,29 @@ def _check_schedule(cfg: TrainConfig) -> None:
             f"wsd's decay would start at {cooldown_start(cfg):g} tokens, before the warm-up ends at "
             f"{cfg.lr_warmup_tokens} tokens: lower lr_cooldown"
         )
+
+
+def _check_muon_schedule(cfg: TrainConfig) -> None:
+    if not isinstance(cfg.muon_lr_warmup, bool):
+        raise UserError(f"muon_lr_warmup must be true or false, got {cfg.muon_lr_warmup!r}")
+    tokens = cfg.muon_momentum_warmup_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise UserError(f"muon_momentum_warmup_tokens must be a non-negative integer, got {tokens!r}")
+    if (tokens or not cfg.muon_lr_warmup) and cfg.matrix_optimizer != "muon":
+        raise UserError("muon_lr_warmup and muon_momentum_warmup_tokens are Muon's schedule: they need Muon")
+    if tokens and cfg.muon_momentum < MUON_MOMENTUM_START:
+        raise UserError(
+            f"the momentum warm-up rises from {MUON_MOMENTUM_START} to muon_momentum ({cfg.muon_momentum}): "
+            "muon_momentum must be at least that"
+        )
+
+
+MUON_SCHEDULE = Optimization(
+    name="Muon's schedule (no learning-rate warm-up, momentum warm-up)",
+    fields=("muon_lr_warmup", "muon_momentum_warmup_tokens"),
+    code="gpt/optimizations/schedule.py:set_learning_rates, muon_momentum",
+    checks=_check_muon_schedule,
+)
 
 
 SCHEDULE = Optimization(

@@ -262,3 +262,42 @@ def test_a_modern_smoke_run_learns(char_data):
     assert {k: record["model"][k] for k in MODERN} == MODERN
     assert m["loss_first"] == pytest.approx(np.log(record["model"]["vocab_size"]), abs=0.3)
     assert np.mean(m["losses"][-10:]) < m["loss_first"] - 0.5
+
+
+# ---- the x0 shortcut (speedrun_9): the embedding mixed into every block's input --------------------------------------
+
+
+def test_the_x0_shortcut_starts_as_the_model_without_it_and_learns_its_scalars():
+    """Built from the same seed, the model with the shortcut computes the same loss at the start (a = 1, b = 0), has
+    2 x n_layer more parameters, and its scalars get gradients: b_0 and a_0 the same one (block 0's input x is x0)."""
+    x = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]))
+    torch.manual_seed(0)
+    plain = GPT(tiny(**MODERN))
+    torch.manual_seed(0)
+    with_x0 = GPT(tiny(**MODERN, x0_shortcut=True))
+    loss = with_x0(x, x)[1]
+    assert torch.equal(loss, plain(x, x)[1])
+    assert with_x0.num_params() == plain.num_params() + 2 * TINY["n_layer"]
+    assert with_x0.resid_scales.tolist() == [1.0] * TINY["n_layer"] and with_x0.x0_scales.tolist() == [0.0, 0.0]
+    loss.backward()
+    assert with_x0.x0_scales.grad.abs().min() > 0 and with_x0.resid_scales.grad.abs().min() > 0
+    assert torch.equal(with_x0.x0_scales.grad[0], with_x0.resid_scales.grad[0])
+
+
+def test_the_x0_scales_are_adamws_without_weight_decay_never_muons(char_data):
+    from gpt import train
+    from gpt.config import TrainConfig
+
+    cfg = optimizations.validate(
+        TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon", x0_shortcut=True)
+    )
+    raw, _, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
+    scales = {id(raw.resid_scales), id(raw.x0_scales)}
+    assert not scales & {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
+    no_decay = [g for g in optimizer.adamw.param_groups if g["weight_decay"] == 0.0]
+    assert scales <= {id(p) for g in no_decay for p in g["params"]}
+
+
+def test_the_x0_shortcut_is_refused_on_a_hugging_face_checkpoint(tmp_path):
+    with pytest.raises(UserError, match="x0_shortcut"):
+        GPT.from_hf(tmp_path, x0_shortcut=True)

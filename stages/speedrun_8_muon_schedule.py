@@ -1,0 +1,28 @@
+"""Speedrun, stage 8: Muon's own schedule: no learning-rate warm-up for its matrices, and its momentum warmed up.
+
+Parent: speedrun_7_budget. No anchor figure: a speedrun stage is judged against speed_0 in the same run. Changes the
+training (not the model): the target stays speed_0's final loss.
+
+Muon's update is orthogonalised, so its size does not depend on the gradient's scale, and the modded-nanogpt
+speedruns train its matrices at the peak rate from the first step (AdamW's groups keep their warm-up, whose second
+moments need it). Its momentum instead starts short, 0.85, while the gradients turn fast, and rises linearly to
+0.95 (Keller Jordan, modded-nanogpt's record log). Here over the profile's warm-up of 100 baseline steps, 76,800
+tokens (25 steps of the speedrun's batch). Code: gpt/optimizations/schedule.py:set_learning_rates, muon_momentum.
+"""
+
+from gpt.stage import stage_main
+
+MOMENTUM_WARMUP_TOKENS = 76_800  # 100 steps of speed_0's batch (12 x 64), the profile's warm-up in tokens
+
+REFERENCE = {}  # no anchor: judged against speed_0 in the same run
+CHANGE = "Muon without learning-rate warm-up, its momentum warmed up from 0.85 to 0.95"
+KIND = "training"
+
+
+def change(cfg):
+    cfg.muon_lr_warmup = False
+    cfg.muon_momentum_warmup_tokens = MOMENTUM_WARMUP_TOKENS
+
+
+if __name__ == "__main__":
+    stage_main(__file__)
