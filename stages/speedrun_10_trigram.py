@@ -10,8 +10,6 @@ It costs per-step work: AdamW updates its 1,048,576 entries every step (not time
 gpt/model.py (trigram_index), switched on by gpt/optimizations/ngram_embedding.py.
 """
 
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "a learned hashed trigram embedding (8,192 rows) added beside the bigram one"
 KIND = "model"
@@ -21,5 +19,7 @@ def change(cfg):
     cfg.trigram_embedding = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

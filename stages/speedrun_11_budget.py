@@ -10,9 +10,6 @@ seed (docs/speedrun.md, its log: swept on the seeds 1, 2, 3, not on the reported
 gpt/profiles.py:budget_settings, gpt/optimizations/schedule.py.
 """
 
-from gpt.profiles import budget_settings
-from gpt.stage import stage_main
-
 BUDGET = 0.6  # of the parent's token budget (276,480 -> 165,888 tokens): the log in docs/speedrun.md
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
@@ -21,9 +18,13 @@ KIND = "training"
 
 
 def change(cfg):
+    from gpt.profiles import budget_settings  # here, not at the top: loading this script imports nothing from gpt
+
     for key, value in budget_settings(int(cfg.train_tokens * BUDGET), cfg.lr_warmup_tokens).items():
         setattr(cfg, key, value)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -10,8 +10,6 @@ moments need it). Its momentum instead starts short, 0.85, while the gradients t
 tokens (25 steps of the speedrun's batch). Code: gpt/optimizations/schedule.py:set_learning_rates, muon_momentum.
 """
 
-from gpt.stage import stage_main
-
 MOMENTUM_WARMUP_TOKENS = 76_800  # 100 steps of speed_0's batch (12 x 64), the profile's warm-up in tokens
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
@@ -24,5 +22,7 @@ def change(cfg):
     cfg.muon_momentum_warmup_tokens = MOMENTUM_WARMUP_TOKENS
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -10,8 +10,6 @@ record log, its "x0 lambdas"; nanochat likewise). Code: gpt/model.py (GPTConfig.
 gpt/optimizations/architecture.py:X0_SHORTCUT.
 """
 
-from gpt.stage import stage_main
-
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run
 CHANGE = "an x0 shortcut: each block's input a learned mix of the residual stream and the embedding"
 KIND = "model"
@@ -21,5 +19,7 @@ def change(cfg):
     cfg.x0_shortcut = True
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run as a script: the command line every stage shares
+    from gpt.stage import stage_main
+
     stage_main(__file__)

@@ -917,7 +917,7 @@ def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_st
     assert calls() == []
     folder = out / "speedrun"
     reasons = {p.stem: json.loads(p.read_text())["reason"] for p in folder.glob("speedrun_*.json")}
-    assert sorted(reasons) == stages_of("speedrun") and all(
+    assert sorted(reasons) == sorted(stages_of("speedrun")) and all(
         r.startswith("not run: the quick run's") for r in reasons.values()
     )
 
