@@ -51,9 +51,7 @@ class GPTConfig:
     zero_init_proj: bool = False  # the attention's and MLP's c_proj start at 0: each block starts as the identity
     positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
     bigram_rows: int = 0  # >0: a zero-initialised table of (previous token, token) embeddings added to wte's (bigram)
-    trigram_rows: int = (
-        0  # >0: a zero-initialised table of hashed (token-2, token-1, token) embeddings, beside bigram's
-    )
+    trigram_rows: int = 0  # >0: a zero-initialised table of hashed (token-2, token-1, token) embeddings
     x0_shortcut: bool = False  # each block's input a_i * x + b_i * x0 (x0: the embedding), learned, a = 1, b = 0 first
 
     @property

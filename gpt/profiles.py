@@ -43,6 +43,12 @@ def budget_settings(tokens: int, warmup_tokens: int) -> dict:
     )
 
 
+def cut_budget(cfg, share: float) -> None:
+    """A speedrun stage's shorter budget: `share` of the config's own, its schedule and evaluations with it."""
+    for key, value in budget_settings(int(cfg.train_tokens * share), cfg.lr_warmup_tokens).items():
+        setattr(cfg, key, value)
+
+
 def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, warmup_steps: int = 100, **shape) -> dict:
     tokens = steps * batch * block
     return dict(

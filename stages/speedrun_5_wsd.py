@@ -20,12 +20,11 @@ KIND = "training"
 
 
 def change(cfg):
-    from gpt.profiles import budget_settings  # here, not at the top: loading this script imports nothing from gpt
+    from gpt.profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
 
     cfg.lr_schedule = "wsd"
     cfg.lr_cooldown = COOLDOWN
-    for key, value in budget_settings(int(cfg.train_tokens * BUDGET), cfg.lr_warmup_tokens).items():
-        setattr(cfg, key, value)
+    cut_budget(cfg, BUDGET)
 
 
 if __name__ == "__main__":  # run as a script: the command line every stage shares

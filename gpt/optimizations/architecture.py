@@ -35,7 +35,7 @@ by time to the baseline's loss (the speedrun ladder's log).
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optimizations.optimization import Optimization
+from gpt.optimizations.optimization import Optimization, check_flag
 
 ARCHITECTURES = ("gpt2", "modern")
 
@@ -53,8 +53,7 @@ def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict
 
 
 def _check_x0(cfg: TrainConfig) -> None:
-    if not isinstance(cfg.x0_shortcut, bool):
-        raise UserError(f"x0_shortcut must be true or false, got {cfg.x0_shortcut!r}")
+    check_flag(cfg, "x0_shortcut")
 
 
 def _x0_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:

@@ -22,8 +22,7 @@ trigram_index, GPT).
 """
 
 from gpt.config import TrainConfig
-from gpt.errors import UserError
-from gpt.optimizations.optimization import Optimization
+from gpt.optimizations.optimization import Optimization, check_flag
 
 BIGRAM_MAX_ROWS = 2**16  # an exact table up to a vocabulary of 255; a larger one (GPT-2's) is hashed into this
 TRIGRAM_ROWS = 8192  # the hashed trigram table's rows (the one size tried: docs/speedrun.md)
@@ -36,8 +35,7 @@ def bigram_rows(vocab_size: int) -> int:
 
 
 def _check(cfg: TrainConfig) -> None:
-    if not isinstance(cfg.bigram_embedding, bool):
-        raise UserError(f"bigram_embedding must be true or false, got {cfg.bigram_embedding!r}")
+    check_flag(cfg, "bigram_embedding")
 
 
 def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
@@ -54,8 +52,7 @@ BIGRAM_EMBEDDING = Optimization(
 
 
 def _check_trigram(cfg: TrainConfig) -> None:
-    if not isinstance(cfg.trigram_embedding, bool):
-        raise UserError(f"trigram_embedding must be true or false, got {cfg.trigram_embedding!r}")
+    check_flag(cfg, "trigram_embedding")
 
 
 def _trigram_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpt.config import TrainConfig
+from gpt.errors import UserError
 
 
 @dataclass
@@ -50,3 +51,9 @@ class Optimization:
     simulate: Callable[[SimulationPlan], None] | None = None  # rewrites the planner's plan (settings, notes)
     unseen_memory: Callable | None = None  # (cfg, raw model, target) -> (MiB, what, where) the simulation misses
     no_speedup: Callable | None = None  # (record, parent record) -> the measured reason it did not help, or None
+
+
+def check_flag(cfg: TrainConfig, name: str) -> None:
+    """A switch field must be a bool: one line naming it otherwise."""
+    if not isinstance(getattr(cfg, name), bool):
+        raise UserError(f"{name} must be true or false, got {getattr(cfg, name)!r}")

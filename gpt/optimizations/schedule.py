@@ -12,7 +12,7 @@ import torch
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optimizations.optimization import Optimization
+from gpt.optimizations.optimization import Optimization, check_flag
 
 SCHEDULES = ("cosine", "wsd")
 MUON_MOMENTUM_START = 0.85  # Muon's momentum at the first step, with muon_momentum_warmup_tokens (modded-nanogpt's)
@@ -86,8 +86,7 @@ def _check_schedule(cfg: TrainConfig) -> None:
 
 
 def _check_muon_schedule(cfg: TrainConfig) -> None:
-    if not isinstance(cfg.muon_lr_warmup, bool):
-        raise UserError(f"muon_lr_warmup must be true or false, got {cfg.muon_lr_warmup!r}")
+    check_flag(cfg, "muon_lr_warmup")
     tokens = cfg.muon_momentum_warmup_tokens
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise UserError(f"muon_momentum_warmup_tokens must be a non-negative integer, got {tokens!r}")
