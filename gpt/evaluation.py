@@ -108,12 +108,13 @@ def window_sums(
             x, y = val.batch(starts, device)
             with amp.autocast():
                 logits, _ = raw(x)
-            logits = logits.float()
-            sums[0] += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").double()
+            # one cross-entropy per token serves the total and each window's mean (the spread over windows, for
+            # an estimate's standard error); summed in float64
+            per_token = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double()
+            sums[0] += per_token.sum()
             sums[1] += y.numel()
             sums[2] += len(starts)
-            per_window = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").double().mean(1)
-            sums[3] += per_window.square().sum()  # the spread over windows, for an estimate's standard error
+            sums[3] += per_token.mean(1).square().sum()
     finally:
         raw.train(was_training)
     if world > 1:

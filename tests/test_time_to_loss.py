@@ -2,6 +2,7 @@
 alone, the time-to-target rule, real learning on the smoke profile, the "changes convergence" mark with a negative
 control, W&B's curves, and one line for bad input. About a minute in all."""
 
+import contextlib
 import json
 import math
 import shutil
@@ -18,7 +19,7 @@ from equivalence import tiny_config
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.evaluation import ValidationSet, WindowSums, estimate_windows
+from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.profiles import profile_settings
@@ -227,6 +228,31 @@ def test_an_estimate_needs_enough_windows_and_leaves_the_full_evaluation_s_batch
     assert estimate_windows(40, 5, 2) is None  # 20: too few
     assert estimate_windows(200, 200, 1) is None  # one batch holds them all: nothing to save
     assert estimate_windows(200, 16, 1) == 48  # 50 is 3.1 batches of 16: three
+
+
+def test_window_sums_are_the_cross_entropy_of_every_window_and_their_spread():
+    """One cross-entropy per token gives both sums. The reference is computed in float64 from the same float32 logits;
+    the only difference allowed is float32 rounding of each token's loss (a relative 1e-7 on losses near log 65 ~ 4,
+    kept through float64 sums), so 1e-6 relative bounds it with a margin, and a missed or doubled window is 1/12 off."""
+    torch.manual_seed(0)
+    windows, block, vocab = 12, 8, 65
+    x_all = torch.randint(vocab, (windows, block))
+    y_all = torch.randint(vocab, (windows, block))
+    head = torch.nn.Embedding(vocab, vocab)
+    model = lambda x: (head(x), None)  # noqa: E731  (a GPT's call: logits, loss)
+    model.eval, model.train, model.training = (lambda: None), (lambda mode=True: None), False
+    val = SimpleNamespace(
+        share=lambda rank, world: torch.arange(windows), batch=lambda starts, device: (x_all[starts], y_all[starts])
+    )
+    amp = SimpleNamespace(autocast=contextlib.nullcontext)
+    sums = window_sums(model, val, 5, amp, torch.device("cpu"))  # batches of 5, 5, 2
+    per_token = torch.nn.functional.cross_entropy(
+        head(x_all).double().transpose(1, 2), y_all, reduction="none"
+    ).detach()
+    assert (sums.tokens, sums.windows) == (windows * block, windows)
+    assert sums.loss == pytest.approx(per_token.sum().item(), rel=1e-6)
+    assert sums.square == pytest.approx(per_token.mean(1).square().sum().item(), rel=1e-6)
+    assert sums.mean == pytest.approx(per_token.mean().item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
