@@ -3,9 +3,10 @@ its Trainer and written by its record as `choices`.
 
 A stage's config says what it asks for; the device decides what runs: a CPU keeps fp32 where its bf16 matmuls are
 slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
-stage's shape (or is missing on this torch), CUDA graphs only on CUDA, a process group's backend from the device.
-Each answer comes from its optimization's home; this object asks each once, so the protocol, the training to a loss
-and the record read the same answer (issue 42: compile_mode alone was asked 5 times in one protocol run)."""
+stage's shape (or is missing on this torch), CUDA graphs only on CUDA, no compilation where it would not pay within
+the run (if the stage asks so), a process group's backend from the device. Each answer comes from its optimization's
+home; this object asks each once, so the protocol, the training to a loss and the record read the same answer
+(issue 42: compile_mode alone was asked 5 times in one protocol run)."""
 
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import torch
 from gpt.config import TrainConfig
 from gpt.optimizations import parallel
 from gpt.optimizations.chunked_loss import implementation_of, loss_used
-from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.compilation import compile_mode, compile_skipped
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_used
 from gpt.optimizations.precision import MixedPrecision
@@ -29,6 +30,7 @@ class RunChoices:
     compute_dtype: torch.dtype
     fp32_matmuls: str
     compile_mode: str | None
+    compile_why: str | None  # why a stage that compiles ran eager here (compile only where it pays), else None
     non_blocking: bool
     backend: str | None
     memory_method: str
@@ -44,6 +46,7 @@ class RunChoices:
             "grad_scaler": self.amp.scaler is not None,
             "fp32_matmuls": self.fp32_matmuls,
             "compile_mode": self.compile_mode,
+            "compile_why": self.compile_why,
             "pinned_memory_non_blocking": self.non_blocking,
             "distributed_backend": self.backend,
             "memory_method": self.memory_method,
@@ -62,6 +65,7 @@ def resolve(cfg: TrainConfig, device: torch.device, amp: MixedPrecision, fp32_ma
         compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype),
         fp32_matmuls=fp32_matmuls,
         compile_mode=mode,
+        compile_why=compile_skipped(cfg, device),
         non_blocking=non_blocking(cfg, device),
         backend=parallel.backend(cfg, device),
         memory_method=memory_method(device, mode),

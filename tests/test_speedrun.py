@@ -21,7 +21,7 @@ from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_
 from gpt.optimizations.compilation import uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import read_record, record_path, time_to_loss_dir, write_record
-from gpt.report.speedrun import KINDS, Speedrun, speedrun_section, speedup_range
+from gpt.report.speedrun import KINDS, Speedrun, speedrun_findings, speedrun_section, speedup_range
 
 MEASUREMENT = REPO / "docs" / "measurement.md"
 
@@ -146,6 +146,21 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
     text = "\n".join(speedrun_section(sr, tmp_path, "plots"))
     assert "speedrun_1_systems.json" in text and "5.54x" in text  # (90.48 + 120) / 2 / 19
     assert "1/2" in text and "not reached" in text  # speedrun_2: one seed of two
+
+
+def test_the_findings_name_the_fewest_training_seconds_when_a_later_stage_gave_some_back(tmp_path):
+    """speedrun_1 reaches the target 2.1 in 19 s, speedrun_2 (its last stage, which holds) in 25 s: the headline is
+    speedrun_2's, and a second finding names speedrun_1's fewer seconds; with speedrun_2 at 15 s there is none."""
+    slower = {
+        "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
+        "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 25, 2.1)]],
+    }
+    write_speedrun(tmp_path / "slower", slower)
+    findings = speedrun_findings(Speedrun(tmp_path / "slower"))
+    assert findings[0].startswith("`speedrun_2_batch_lr` reaches")
+    assert len(findings) == 2 and "fewest training seconds are `speedrun_1_systems`'s, 19.0 s" in findings[1]
+    write_speedrun(tmp_path / "faster", {**slower, "speedrun_2_batch_lr": [[(0, 0, 4.0), (400, 15, 2.1)]]})
+    assert len(speedrun_findings(Speedrun(tmp_path / "faster"))) == 1
 
 
 def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_path):
@@ -419,6 +434,9 @@ def trace_last_stage(char_data, device: str) -> StageTrace:
     stage = SPEEDRUN[-1]
     cfg = learning_budget(stage, char_data, device, steps=SPEEDRUN_STEPS)
     cfg.eval_every_tokens = cfg.tokens_per_step  # an evaluation after every step
+    # the compiled path, which a GPU takes: on a CPU a run this short stays eager (tests/optimizations/
+    # test_compilation.py checks that rule), and the trace would then have no graphs to watch
+    cfg.compile_if_it_pays = False
     optimizations.validate(cfg)
     recorded, evaluations, adamw_lrs, muon_lrs = [0], [], [], []
     real_record, real_prepare = CUDAGraphTreeManager.record_function, train.prepare

@@ -3,7 +3,7 @@
 
     feeding.py          bigger batch (speed_1), DataLoader workers (speed_2), pinned memory (speed_3),
                         pre-tokenised batches gathered on the device (fast_1)
-    compilation.py      torch.compile (speed_4)
+    compilation.py      torch.compile (speed_4); compiled only where it pays within the run (speedrun)
     precision.py        autocast (speed_5), bf16 without a GradScaler and TF32 (fast_2)
     parallel.py         DDP (speed_6) and FSDP (memory_4); FSDP mixed precision (lean_1), CPU offload (lean_3)
     fused_attention.py  SDPA (fast_3; the code is the model's)
@@ -71,6 +71,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     schedule.MUON_SCHEDULE,
     architecture.X0_SHORTCUT,
     ngram_embedding.TRIGRAM_EMBEDDING,
+    compilation.COMPILE_IF_IT_PAYS,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 

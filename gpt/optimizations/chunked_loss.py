@@ -45,6 +45,7 @@ from gpt import machine_cache
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
 from gpt.errors import CannotSimulate, UserError
+from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -288,17 +289,18 @@ def measured_loss_choice(cfg: TrainConfig, vocab_size: int, device_type: str) ->
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
     padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
     dtype = mixed_precision(cfg, device).dtype
+    compiled = compile_mode(cfg, device) is not None
     what = (
         f"head and loss, forward and backward, {rows} rows x {dim} -> {vocab_size} classes"
         + (f" (padded to {padded})" if padded != vocab_size else "")
         + f", {str(dtype).removeprefix('torch.')}"
-        + (", compiled" if cfg.compile else "")
+        + (", compiled" if compiled else "")
     )
 
     def measure():
         # As a compiled model runs them: Inductor fuses the full loss; the chunked op stays eager (the profiled
         # fast_6 step shows it outside the compiled regions; liger and cce run outside compile by design).
-        full = torch.compile(full_cross_entropy) if cfg.compile else full_cross_entropy
+        full = torch.compile(full_cross_entropy) if compiled else full_cross_entropy
         chunked = lambda *a: chunked_cross_entropy(*a, impl=impl)  # noqa: E731
         return [
             time_head_and_loss(fn, rows, dim, vocab_size, padded, dtype, device)["median_ms"] for fn in (full, chunked)

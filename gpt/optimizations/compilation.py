@@ -1,5 +1,6 @@
 """torch.compile (speed_4): the model traced into graphs whose element-wise ops are fused into fewer kernels; on
-CUDA in "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels).
+CUDA in "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). And the rule
+that compiles only where it pays within the run (speedrun_12): a short run to a loss on a CPU stays eager.
 """
 
 import torch
@@ -7,15 +8,36 @@ import torch.nn as nn
 
 from gpt.config import TrainConfig
 from gpt.formatting import fmt_time, steady_steps
-from gpt.optimizations.optimization import Optimization, SimulationPlan
+from gpt.optimizations.optimization import Optimization, SimulationPlan, check_flag
+
+# A CPU run to a loss with fewer optimizer steps than this stays eager under compile_if_it_pays: below it, a cold
+# compilation costs more seconds than its faster steps save. Measured at the speedrun's shape on a 2-core EPYC
+# (docs/design.md, "The figures behind the rules": its derivation, and why a GPU keeps compiling).
+CPU_COMPILE_PAYS_AFTER_STEPS = 3000
 
 
 def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:
     """'reduce-overhead' (CUDA graphs: one launch replays the whole step's kernels) on CUDA, as the
     reference; CUDA graphs do not exist on the CPU, so the CPU gets the default mode. None: not compiled."""
-    if not cfg.compile:
+    if not cfg.compile or compile_skipped(cfg, device):
         return None
     return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
+    """Why a stage that asks to compile only where it pays runs eager here, or None (compiled as asked): a run to a
+    loss on a CPU too short for a cold compilation to earn back its cost. A GPU compiles: its compiled step was not
+    measured against an eager one at this shape here, and a CUDA graph removes the launch overhead that dominates
+    a small model's eager step."""
+    if not (cfg.compile and cfg.compile_if_it_pays) or device.type != "cpu" or not cfg.train_tokens:
+        return None
+    steps = cfg.train_tokens // cfg.tokens_per_step
+    if steps >= CPU_COMPILE_PAYS_AFTER_STEPS:
+        return None
+    return (
+        f"ran eager: {steps:,} steps, fewer than the {CPU_COMPILE_PAYS_AFTER_STEPS:,} after which compiling pays "
+        "on a CPU (a cold compilation costs more than its faster steps save)"
+    )
 
 
 def uses_cuda_graphs(cfg: TrainConfig, device: torch.device) -> bool:
@@ -51,4 +73,19 @@ COMPILE = Optimization(
     time_targets=("gpu_idle", "forward", "backward"),
     simulate=_simulated_eager,
     no_speedup=_no_speedup,
+)
+
+
+def _compiled_anyway(cfg: TrainConfig, device: torch.device) -> str | None:
+    if compile_skipped(cfg, device):
+        return None
+    return "compiled as before: a GPU, or a run long enough for compiling to pay"
+
+
+COMPILE_IF_IT_PAYS = Optimization(
+    name="compile only where it pays",
+    fields=("compile_if_it_pays",),
+    code="gpt/optimizations/compilation.py:compile_skipped",
+    checks=lambda cfg: check_flag(cfg, "compile_if_it_pays"),
+    no_effect=_compiled_anyway,
 )

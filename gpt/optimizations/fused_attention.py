@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from gpt import machine_cache
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
+from gpt.optimizations.compilation import compile_mode
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -59,14 +60,15 @@ def measured_attention_choice(cfg: TrainConfig, device_type: str) -> tuple[str, 
     batch, heads, positions = cfg.micro_batch_size, shape["n_head"], cfg.block_size
     head_size = shape["n_embd"] // heads
     dtype = mixed_precision(cfg, device).dtype
+    compiled = compile_mode(cfg, device) is not None
     what = f"{batch} x {heads} heads x {positions} positions x {head_size}, {str(dtype).removeprefix('torch.')}" + (
-        ", compiled" if cfg.compile else ""
+        ", compiled" if compiled else ""
     )
     here = device_label(device)
     explicit_ms, fused_ms = machine_cache.remembered(
         ATTENTION_CACHE,
         f"{what}|dropout={cfg.dropout}" + ("" if device_type == "cpu" else f"|{here}"),
-        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, cfg.compile, device),
+        lambda: time_attentions(batch, heads, positions, head_size, dtype, cfg.dropout, compiled, device),
     )
     if fused_ms <= explicit_ms:
         return "sdpa", None

@@ -299,11 +299,19 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
         if walls and clock == base_clock
         else ""
     )
-    return [
+    findings = [
         f"`{last}` reaches `{BASELINE}`'s model (validation loss {sr.target:.3f}) in {_spread(seconds)} s of "
         f"training on each of its {len(seconds)} seed(s), against {_spread(base)} s for `{BASELINE}`'s "
         f"{len(base)} seeds: {speedup_range(base, seconds)} sooner.{whole}"
     ]
+    fewest = min(held, key=sr.mean_seconds)
+    if fewest != last:  # a later stage gave training seconds back for something else (the wall clock)
+        findings.append(
+            f"The fewest training seconds are `{fewest}`'s, {_spread(sr.seconds(fewest))} s "
+            f"({speedup_range(base, sr.seconds(fewest))}); the stages after it gave some back, each for what its "
+            "row says."
+        )
+    return findings
 
 
 def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:

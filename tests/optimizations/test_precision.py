@@ -166,7 +166,7 @@ def test_bf16_without_a_scaler_trains_like_fp32(char_data, monkeypatch):
 def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     """speed_5_amp's CPU rule: autocast to bf16 only where bf16 matmuls were measured faster than fp32."""
     rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
-    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype: rates[dtype])
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: rates[dtype])
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
     assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
     assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) == amp.why
