@@ -18,6 +18,7 @@ from gpt.optimizations.chunked_loss import implementation_of, loss_used
 from gpt.optimizations.compilation import compile_mode, compile_skipped
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_used
+from gpt.optimizations.host_memory import host_allocator
 from gpt.optimizations.precision import MixedPrecision
 from gpt.peak_memory import memory_method
 
@@ -35,6 +36,7 @@ class RunChoices:
     backend: str | None
     memory_method: str
     loss_impl: str | None
+    host_allocator: str | None  # what the C allocator does with freed blocks, where a CPU run changed it
     model: dict  # attention, attention_why, loss, loss_why: model_choices()
 
     def record(self) -> dict:
@@ -51,6 +53,7 @@ class RunChoices:
             "distributed_backend": self.backend,
             "memory_method": self.memory_method,
             "loss_impl": self.loss_impl,
+            "host_allocator": self.host_allocator,
             # what the model computes with where a run for time measured the config's choice slower here, or missing
             **self.model,
         }
@@ -70,6 +73,7 @@ def resolve(cfg: TrainConfig, device: torch.device, amp: MixedPrecision, fp32_ma
         backend=parallel.backend(cfg, device),
         memory_method=memory_method(device, mode),
         loss_impl=implementation_of(model_config),
+        host_allocator=host_allocator(cfg, device),
         model=model_choices(cfg, device, model_config),
     )
 

@@ -101,6 +101,7 @@ class TrainConfig:
     x0_shortcut: bool = False  # each block's input a learned mix of the residual stream and the embedding (x0)
     muon_lr_warmup: bool = True  # False: Muon's groups start at their peak rate (no warm-up; AdamW's keeps its own)
     muon_momentum_warmup_tokens: int = 0  # >0: Muon's momentum rises linearly from 0.85 to muon_momentum over these
+    keep_host_memory: bool = False  # CPU: glibc keeps freed blocks for reuse (no page faults for each new tensor)
     compile_if_it_pays: bool = False  # compile only where it pays within the run: a short CPU run to a loss stays eager
 
     # --- where it runs, and what for ---

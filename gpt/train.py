@@ -21,6 +21,7 @@ from gpt.model import GPT, GPTConfig
 from gpt.optimizations.checkpointing import checkpoint_blocks
 from gpt.optimizations.compilation import compile_model, uses_cuda_graphs
 from gpt.optimizations.feeding import make_loader, to_device, training_data
+from gpt.optimizations.host_memory import keep_freed_host_memory
 from gpt.optimizations.muon import build_optimizer
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_precision
@@ -164,6 +165,7 @@ class Trainer:
 def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> Trainer:
     """Data, model, optimizer, precision, and a sampler that draws exactly the `steps` batches the run will take."""
     rank = distributed.rank()
+    keep_freed_host_memory(cfg, device)  # before the run's first tensors: every block freed from here is kept
     dataset = training_data(cfg)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
     amp = mixed_precision(cfg, device)

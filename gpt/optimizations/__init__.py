@@ -17,6 +17,7 @@
     muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
     schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
                         own: no learning-rate warm-up, momentum warm-up (speedrun)
+    host_memory.py      freed host memory kept for reuse by glibc's allocator (speedrun)
     ngram_embedding.py  a learned embedding of each (previous token, token) pair, and of each hashed triple (speedrun;
                         the code is the model's)
 
@@ -35,6 +36,7 @@ from gpt.optimizations import (  # the speedrun ladder
     compilation,
     feeding,
     fused_attention,
+    host_memory,
     muon,
     ngram_embedding,
     padded_vocab,
@@ -72,6 +74,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     architecture.X0_SHORTCUT,
     ngram_embedding.TRIGRAM_EMBEDDING,
     compilation.COMPILE_IF_IT_PAYS,
+    host_memory.HOST_MEMORY,
 )
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 

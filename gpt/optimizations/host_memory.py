@@ -1,0 +1,75 @@
+"""Freed host memory kept for reuse (speedrun): a CPU run's tensors come back from the C allocator without page faults.
+
+PyTorch allocates CPU tensors with the C library's malloc, and glibc serves every block larger than its mmap threshold
+(128 KiB at first, raised as blocks are freed) with a fresh mmap and gives it back with munmap when it is freed. An
+eager step that allocates and frees the same activations again and again then makes the kernel hand out new zeroed
+pages each time: about 10,000 minor page faults a step at the speedrun's shape. A CUDA run has its own caching
+allocator; this is the CPU's missing one, set with mallopt: blocks up to 32 MiB (glibc's largest mmap threshold on
+64-bit) come from the heap, and the heap is never trimmed, so a freed block is reused as it is. The arithmetic is
+untouched: only where the bytes live changes. The setting is the whole process's, from the call on, as a stage's own
+process runs. Measured: docs/design.md, "The figures behind the rules".
+"""
+
+import ctypes
+import ctypes.util
+import functools
+
+import torch
+
+from gpt.config import TrainConfig
+from gpt.optimizations.optimization import Optimization, check_flag
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: HEAP_MAX_SIZE / 2 on 64-bit; larger blocks are still mmapped
+NEVER_TRIM = 2**31 - 1  # the heap's free top is never given back to the OS
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The process's glibc, or None (musl, macOS, Windows: no mallopt with these parameters)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        libc.gnu_get_libc_version()
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
+def host_allocator(cfg: TrainConfig, device: torch.device) -> str | None:
+    """What this run's C allocator does with freed blocks, for the record (None: as the C library does by default)."""
+    if not cfg.keep_host_memory or _why_not(device):
+        return None
+    return f"glibc keeps freed blocks up to {MMAP_THRESHOLD >> 20} MiB in its never-trimmed heap (mallopt)"
+
+
+def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> None:
+    """Set glibc to keep freed blocks for reuse, for the rest of the process, where the run asks and it can."""
+    if not host_allocator(cfg, device):
+        return
+    libc = _glibc()
+    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
+        raise OSError("mallopt refused glibc's documented parameters")
+
+
+def _why_not(device: torch.device) -> str | None:
+    if device.type != "cpu":
+        return "the step's tensors live in CUDA's caching allocator, which already keeps freed blocks"
+    if _glibc() is None:
+        return "this C library is not glibc: no mallopt to keep freed blocks"
+    return None
+
+
+def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
+    return _why_not(device)
+
+
+HOST_MEMORY = Optimization(
+    name="freed host memory kept for reuse",
+    fields=("keep_host_memory",),
+    code="gpt/optimizations/host_memory.py:keep_freed_host_memory (called by gpt/train.py:prepare)",
+    time_targets=("forward", "backward", "optimizer"),
+    checks=lambda cfg: check_flag(cfg, "keep_host_memory"),
+    no_effect=_no_effect,
+)
