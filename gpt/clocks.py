@@ -81,3 +81,13 @@ def process_age_s(proc: Path = Path("/proc")) -> float | None:
     except (OSError, ValueError, IndexError, AttributeError):
         return None
     return age if age >= 0 else None
+
+
+def minor_page_faults() -> int | None:
+    """Minor page faults of this process so far (pages the kernel had to map in, e.g. fresh memory on first touch),
+    or None where the OS does not count them (no `resource` module: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

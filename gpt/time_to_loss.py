@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gpt import distributed, train
-from gpt.clocks import process_age_s
+from gpt.clocks import minor_page_faults, process_age_s
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
@@ -79,6 +79,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))  # steps between two evaluations
     losses: list[torch.Tensor] = []
     curve, eval_s, startup_steps, cache = [], 0.0, [], None
+    faults = [0, 0]  # minor page faults during the steady training steps, and those steps
     # cudagraph trees run a compiled graph once unrecorded (the first step), then record it (the second step)
     startup_count = 2 if trainer.step.cuda_graphs else 1
     evaluation = evaluation_of(trainer, val, cfg)
@@ -109,7 +110,11 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         nonlocal cache
         done = trainer.step.steps_done
         if done >= startup_count:
+            before = minor_page_faults()
             clock.measure(lambda: losses.extend(trainer.run(todo)))
+            if before is not None:
+                faults[0] += minor_page_faults() - before
+                faults[1] += todo
             return
         if done == 0:
             forget_compilations()
@@ -123,7 +128,13 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done, cache)
     return {
         **run_facts(trainer, label),
-        "metrics": {**metrics, "import_setup_s": import_setup_s, "setup_s": setup_s, "process_s": process_age_s()},
+        "metrics": {
+            **metrics,
+            "minor_faults_per_step": faults[0] / faults[1] if faults[1] else None,
+            "import_setup_s": import_setup_s,
+            "setup_s": setup_s,
+            "process_s": process_age_s(),
+        },
     }
 
 

@@ -796,7 +796,7 @@ def test_the_process_age_is_read_from_the_os(tmp_path):
 def test_a_run_to_a_loss_splits_its_wall_clock(char_data, monkeypatch):
     """The record gives the process's own split of its wall clock: before the set-up (imports, arguments), the set-up
     (data, model, run-time measurements, optimizer), the start-up, training and evaluations, and the whole, each
-    within the next."""
+    within the next; and the minor page faults of the steady training steps, per step."""
     cfg = smoke_to_a_loss(char_data)
     m = time_to_loss.run(
         TrainConfig.from_dict(
@@ -808,3 +808,5 @@ def test_a_run_to_a_loss_splits_its_wall_clock(char_data, monkeypatch):
         assert 0 < m["import_setup_s"] < m["process_s"]
         inside = m["import_setup_s"] + m["setup_s"] + m["startup_s"] + m["train_seconds"] + m["eval_seconds"]
         assert inside <= m["process_s"] + 0.05
+        # over the 3 steady steps (the first is start-up); a count, so a whole number of faults over 3 steps
+        assert m["minor_faults_per_step"] >= 0 and (3 * m["minor_faults_per_step"]) % 1 == 0
