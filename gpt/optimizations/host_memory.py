@@ -39,7 +39,7 @@ def _glibc() -> ctypes.CDLL | None:
 
 def host_allocator(cfg: TrainConfig, device: torch.device) -> str | None:
     """What this run's C allocator does with freed blocks, for the record (None: as the C library does by default)."""
-    if not cfg.keep_host_memory or _why_not(device):
+    if not cfg.keep_host_memory or _why_not(cfg, device):
         return None
     return f"glibc keeps freed blocks up to {MMAP_THRESHOLD >> 20} MiB in its never-trimmed heap (mallopt)"
 
@@ -53,16 +53,12 @@ def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> None:
         raise OSError("mallopt refused glibc's documented parameters")
 
 
-def _why_not(device: torch.device) -> str | None:
+def _why_not(cfg: TrainConfig, device: torch.device) -> str | None:
     if device.type != "cpu":
         return "the step's tensors live in CUDA's caching allocator, which already keeps freed blocks"
     if _glibc() is None:
         return "this C library is not glibc: no mallopt to keep freed blocks"
     return None
-
-
-def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
-    return _why_not(device)
 
 
 HOST_MEMORY = Optimization(
@@ -71,5 +67,5 @@ HOST_MEMORY = Optimization(
     code="gpt/optimizations/host_memory.py:keep_freed_host_memory (called by gpt/train.py:prepare)",
     time_targets=("forward", "backward", "optimizer"),
     checks=lambda cfg: check_flag(cfg, "keep_host_memory"),
-    no_effect=_no_effect,
+    no_effect=_why_not,
 )
