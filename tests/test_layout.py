@@ -4,6 +4,7 @@ than a screen (MAX_FUNCTION_LINES), each optimization's knowledge in its one hom
 modules, none in the report), all read from the source (ast); and every module imports on an older torch."""
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from conftest import REPO
 from gpt import optimizations
 from gpt.config import TrainConfig
 from gpt.ladder import all_stages, parent_of, stage_config, trains_to_a_loss_only
+from gpt.optimizations.optimization import Optimization
 
 MAX_FUNCTION_LINES = 80
 # An optimization's field may be named in its config, its home and where it truly acts (the model for the
@@ -274,6 +276,39 @@ def test_an_optimization_is_named_in_few_modules_and_never_in_the_report():
     assert too_many == {}
     homes = {opt.fields[0]: opt.code for opt in optimizations.OPTIMIZATIONS}
     assert all(any(m.startswith("gpt/optimizations/") for m in naming[f]) for f in homes)  # each in its home
+
+
+def test_the_registry_holds_every_optimization_a_home_declares():
+    """Adding an optimization touches no list: each `NAME = Optimization(...)` at a home's top level (read from the
+    source) is in OPTIMIZATIONS, once. Fails on a registry written out by hand that misses one (an
+    `OPTIMIZATIONS[:-1]`, or a home left out of the scan)."""
+    declared = []
+    for path in sorted((REPO / "gpt" / "optimizations").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            call = node.value if isinstance(node, ast.Assign) else None
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Optimization":
+                home = importlib.import_module(f"gpt.optimizations.{path.stem}")
+                declared.append(getattr(home, node.targets[0].id))
+    assert len(declared) >= 27  # the ladders' optimizations when this test was written: the scan finds them
+    assert sorted(map(id, optimizations.OPTIMIZATIONS)) == sorted(map(id, declared))
+
+
+def test_a_stage_that_cannot_run_says_every_reason(monkeypatch):
+    """why_cannot_run asks every optimization, so a user who removes one obstacle is not surprised by the next; the
+    registry's order (the homes' names) decides only the order of the sentence."""
+    blocked = [
+        Optimization(name, (), "", cannot_run=lambda cfg, device, why=why: why)
+        for name, why in (
+            ("a", "it needs two GPUs"),
+            ("b", None),
+            ("c", "it needs liger-kernel"),
+            ("d", "it needs two GPUs"),
+        )
+    ]
+    monkeypatch.setattr(optimizations, "OPTIMIZATIONS", tuple(blocked))
+    assert optimizations.why_cannot_run(TrainConfig(), "cuda") == "it needs two GPUs; it needs liger-kernel"
+    monkeypatch.setattr(optimizations, "OPTIMIZATIONS", tuple(blocked[1:2]))
+    assert optimizations.why_cannot_run(TrainConfig(), "cuda") is None
 
 
 def test_the_check_finds_a_field_named_in_too_many_places(tmp_path):

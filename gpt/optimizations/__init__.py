@@ -1,81 +1,34 @@
 """Every optimization of the ladders, each declared once in its home module beside the code it switches on
 (gpt/optimizations/optimization.py says what a declaration holds), and the questions asked of all of them.
 
-    feeding.py          bigger batch (speed_1), DataLoader workers (speed_2), pinned memory (speed_3),
-                        pre-tokenised batches gathered on the device (fast_1)
-    compilation.py      torch.compile (speed_4); compiled only where it pays within the run (speedrun)
-    precision.py        autocast (speed_5), bf16 without a GradScaler and TF32 (fast_2)
-    parallel.py         DDP (speed_6) and FSDP (memory_4); FSDP mixed precision (lean_1), CPU offload (lean_3)
-    fused_attention.py  SDPA (fast_3; the code is the model's)
-    padded_vocab.py     the vocabulary padded to a multiple of 64 (fast_4; the code is the model's)
-    adamw.py            AdamW foreach=False (memory_3), fused AdamW (fast_5)
-    chunked_loss.py     the chunked linear + cross-entropy (fast_6, lean_2)
-    accumulation.py     gradient accumulation (memory_1; the loop is gpt/train.py:train_step's)
-    checkpointing.py    activation checkpointing (memory_2)
-    architecture.py     today's small-GPT blocks: ReLU², RMSNorm, QK-norm, zero-init projections, rotary; the x0
-                        shortcut (speedrun; the code is the model's)
-    muon.py             Muon for the blocks' matrices, AdamW for the rest (speedrun)
-    schedule.py         the learning-rate schedule: cosine, or warm-up, stable, decay (wsd; speedrun); Muon's
-                        own: no learning-rate warm-up, momentum warm-up (speedrun)
-    host_memory.py      freed host memory kept for reuse by glibc's allocator (speedrun)
-    ngram_embedding.py  a learned embedding of each (previous token, token) pair, and of each hashed triple (speedrun;
-                        the code is the model's)
+Each home's docstring opens with what it holds; docs/design.md maps them. A home's optimizations are found where they
+are declared (`OPTIMIZATIONS`), so adding one touches no list here.
 
 A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
 stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
 memory planner read from here. None of them names a field.
 """
 
+import importlib
+import pkgutil
+
 from gpt.config import TrainConfig
-from gpt.optimizations import (  # the speedrun ladder
-    accumulation,
-    adamw,
-    architecture,
-    checkpointing,
-    chunked_loss,
-    compilation,
-    feeding,
-    fused_attention,
-    host_memory,
-    muon,
-    ngram_embedding,
-    padded_vocab,
-    parallel,
-    precision,
-    schedule,
-)
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 
-# In ladder order: speed, fast, memory, lean, speedrun.
-OPTIMIZATIONS: tuple[Optimization, ...] = (
-    feeding.BIGGER_BATCH,
-    feeding.WORKERS,
-    feeding.PINNED_MEMORY,
-    compilation.COMPILE,
-    precision.AMP,
-    parallel.DATA_PARALLEL,
-    feeding.ON_DEVICE_BATCHES,
-    precision.BF16,
-    precision.TF32,
-    fused_attention.FUSED_ATTENTION,
-    padded_vocab.PADDED_VOCAB,
-    adamw.FUSED_ADAMW,
-    chunked_loss.CHUNKED_LOSS,
-    accumulation.GRADIENT_ACCUMULATION,
-    checkpointing.ACTIVATION_CHECKPOINTING,
-    adamw.FOREACH_OFF,
-    parallel.FSDP_MIXED_PRECISION,
-    parallel.CPU_OFFLOAD,
-    architecture.MODERN_ARCHITECTURE,
-    muon.MUON,
-    schedule.SCHEDULE,
-    ngram_embedding.BIGRAM_EMBEDDING,
-    schedule.MUON_SCHEDULE,
-    architecture.X0_SHORTCUT,
-    ngram_embedding.TRIGRAM_EMBEDDING,
-    compilation.COMPILE_IF_IT_PAYS,
-    host_memory.HOST_MEMORY,
-)
+
+def _declared_in_homes() -> tuple[Optimization, ...]:
+    """Every `Optimization` a module of this package declares at its top level, home by home in the order of their
+    names, each in its home's order. A new optimization is found where it is declared: there is no list to add it to,
+    and no question below depends on the order."""
+    found: dict[int, Optimization] = {}
+    for home in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        for value in vars(importlib.import_module(f"{__name__}.{home}")).values():
+            if isinstance(value, Optimization):
+                found.setdefault(id(value), value)  # one a home imports from another counts once
+    return tuple(found.values())
+
+
+OPTIMIZATIONS: tuple[Optimization, ...] = _declared_in_homes()
 _OWNER = {f: opt for opt in OPTIMIZATIONS for f in opt.fields}
 
 
@@ -110,10 +63,10 @@ def why_no_effect(optimizations: list[Optimization], cfg, device) -> str | None:
 
 
 def why_cannot_run(cfg, device_type: str) -> str | None:
-    """Why a stage with `cfg` cannot run on this machine (a 'skipped' record), or None. The latest optimization of
-    the ladders speaks first: its reason is the one this stage adds."""
-    reasons = (opt.cannot_run(cfg, device_type) for opt in reversed(OPTIMIZATIONS) if opt.cannot_run)
-    return next((r for r in reasons if r), None)
+    """Why a stage with `cfg` cannot run on this machine (a 'skipped' record), or None: every optimization's reason,
+    so that a user who removes one is not met by the next."""
+    reasons = (opt.cannot_run(cfg, device_type) for opt in OPTIMIZATIONS if opt.cannot_run)
+    return "; ".join(dict.fromkeys(r for r in reasons if r)) or None
 
 
 def model_settings(cfg, device_type: str, vocab_size: int) -> dict:
