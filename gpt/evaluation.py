@@ -11,16 +11,20 @@ need) and the sums are all-reduced.
 A run that stops at its target (the speedrun's stages, cfg.stop_at_target) need not read every window while its
 loss is clearly above the target: `TowardTarget` first reads an estimate on the first ESTIMATE_SHARE-th of each
 process's windows, and reads the rest too (the full windows: the full evaluation's batches and sums) whenever the
-estimate, less MARGIN_SE of its standard errors over the windows and less its fall since the previous evaluation,
-is at or below the target. The target is only ever declared reached on the full windows, and at the same evaluation
-as with every window every time unless the estimate's windows read more than MARGIN_SE standard errors (plus that
-fall) above all of them, about 3e-5 per evaluation for a normal spread (tests/test_time_to_loss.py: a constructed
-case). The same loop (`train_and_evaluate`) serves training to a loss and the noise scale (gpt/noise_scale.py).
+estimate's prediction of the full windows' loss, less MARGIN_SE of its standard errors and less its fall since the
+previous evaluation, is at or below the target. The prediction pairs the estimate with the last full evaluation, on
+the same windows: the full windows' loss then, moved by the estimate's windows' mean change since (a window's loss
+changes far less from window to window than it differs, so the standard error is that of the changes; before any full
+evaluation, the estimate's own mean and spread). The target is only ever declared reached on the full windows, and at
+the same evaluation as with every window every time unless the estimate's windows changed by more than MARGIN_SE
+standard errors (plus that fall) less than all of them, about 3e-5 per evaluation for a normal spread
+(tests/test_time_to_loss.py: constructed cases). The same loop (`train_and_evaluate`) serves training to a loss and
+the noise scale (gpt/noise_scale.py).
 """
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -61,14 +65,18 @@ class ValidationSet:
 
 @dataclass
 class WindowSums:
-    """Sums over some evaluated windows (all processes together): their cross-entropy and targets, their count, and
-    the sum of the squares of their mean losses (every window has block_size targets: the loss is the windows'
-    mean loss)."""
+    """Sums over some evaluated windows (all processes together): their cross-entropy and targets, their count, the
+    sum of the squares of their mean losses (every window has block_size targets: the loss is the windows' mean loss),
+    and, read against a reference (the same windows' losses at an earlier evaluation), the sums of each window's
+    change and of its square. `losses` holds this process's windows' own mean losses, to be a later reference."""
 
     loss: float
     tokens: float
     windows: int
     square: float
+    change: float = 0.0
+    change_square: float = 0.0
+    losses: torch.Tensor | None = None
 
     def __add__(self, other: "WindowSums") -> "WindowSums":
         return WindowSums(
@@ -79,12 +87,23 @@ class WindowSums:
     def mean(self) -> float:
         return self.loss / self.tokens
 
+    def moved(self, offset: float) -> "WindowSums":
+        """These sums with their mean loss moved by `offset` (an estimate's prediction of the full windows' loss)."""
+        return replace(self, loss=self.loss + offset * self.tokens)
+
     def standard_error(self, population: int) -> float:
         """The standard error of these windows' mean loss as an estimate of the mean over the `population` windows
         they are part of (drawn without replacement: the finite-population factor), from their own spread."""
-        n = self.windows
-        variance = max(0.0, (self.square - n * self.mean**2) / (n - 1))
-        return math.sqrt(variance / n * (1 - n / population))
+        return _standard_error(self.square, self.mean, self.windows, population)
+
+    def change_standard_error(self, population: int) -> float:
+        """The same for these windows' mean change since their reference, from the spread of their changes."""
+        return _standard_error(self.change_square, self.change / self.windows, self.windows, population)
+
+
+def _standard_error(square: float, mean: float, n: int, population: int) -> float:
+    variance = max(0.0, (square - n * mean**2) / (n - 1))
+    return math.sqrt(variance / n * (1 - n / population))
 
 
 @torch.no_grad()
@@ -97,12 +116,16 @@ def window_sums(
     rank: int = 0,
     world: int = 1,
     part: slice = slice(None),
+    reference: torch.Tensor | None = None,
 ) -> WindowSums:
-    """The sums over `part` of every process's share of the windows. `raw` is the GPT itself (not its compiled or
-    DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
+    """The sums over `part` of every process's share of the windows, and their changes since `reference` (this
+    process's losses of the same windows at an earlier evaluation: WindowSums.losses). `raw` is the GPT itself (not
+    its compiled or DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
     was_training = raw.training
     raw.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, targets, windows, squared window losses
+    # loss, targets, windows, squared window losses, changes from the reference and their squares: one all-reduce
+    sums = torch.zeros(6, dtype=torch.float64, device=device)
+    per_window = [torch.zeros(0, dtype=torch.float64, device=device)]
     try:
         for starts in val.share(rank, world)[part].split(batch_size):
             x, y = val.batch(starts, device)
@@ -113,14 +136,16 @@ def window_sums(
             per_token = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double()
             sums[0] += per_token.sum()
             sums[1] += y.numel()
-            sums[2] += len(starts)
-            sums[3] += per_token.mean(1).square().sum()
+            per_window.append(per_token.mean(1))
     finally:
         raw.train(was_training)
+    losses = torch.cat(per_window)
+    change = losses - reference if reference is not None else torch.zeros_like(losses)
+    sums[2:] = torch.stack([losses.new_tensor(len(losses)), losses.square().sum(), change.sum(), change.square().sum()])
     if world > 1:
         dist.all_reduce(sums)
-    loss, tokens, windows, square = sums.tolist()
-    return WindowSums(loss, tokens, round(windows), square)
+    loss, tokens, windows, square, changed, changed_square = sums.tolist()
+    return WindowSums(loss, tokens, round(windows), square, changed, changed_square, losses)
 
 
 def validation_loss(
@@ -138,34 +163,51 @@ def estimate_windows(per_rank: int, batch_size: int, world: int) -> int | None:
     return k if k < per_rank and k * world >= MIN_ESTIMATE_WINDOWS else None
 
 
-def near_target(estimate: WindowSums, population: int, target: float, previous: float | None) -> bool:
-    """Whether an estimate's loss may be at or below the target, or fall to it by the next evaluation: within
-    MARGIN_SE standard errors of the target plus the fall since the previous evaluation on the same windows
-    (`previous`: its loss there; the curve falls more slowly as it goes, so the last fall bounds the next one in
-    practice, and the evaluation before a crossing reads every window too)."""
+def near_target(
+    estimate: WindowSums, population: int, target: float, previous: float | None, offset: float | None = None
+) -> bool:
+    """Whether an estimate's prediction of the full windows' loss may be at or below the target, or fall to it by the
+    next evaluation: within MARGIN_SE standard errors of the target plus the fall since the previous evaluation on
+    the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the last fall bounds the
+    next one in practice). `offset`: the full windows'
+    loss less the estimate's windows' at the last full evaluation, against which `estimate` read its changes; the
+    prediction is the estimate's loss plus it, within the standard error of the changes (None: no full evaluation
+    yet, the estimate's own loss and spread)."""
     fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
-    return estimate.mean - MARGIN_SE * estimate.standard_error(population) - fall <= target
+    if offset is None:
+        predicted, error = estimate.mean, estimate.standard_error(population)
+    else:
+        predicted, error = estimate.mean + offset, estimate.change_standard_error(population)
+    return predicted - MARGIN_SE * error - fall <= target
 
 
 class TowardTarget:
     """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window):
     each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and
     the rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked.
-    The sums over every window are the full evaluation's, batch for batch (up to float64 rounding)."""
+    The sums over every window are the full evaluation's, batch for batch (up to float64 rounding); an estimate's
+    loss is its prediction of them (never at or below the target: gpt/loss_curve.py:crossing relies on it)."""
 
     def __init__(self, per_rank: int, batch_size: int, world: int, target: float | None):
         self.population, self.target = per_rank * world, target
         self.k = estimate_windows(per_rank, batch_size, world) if target is not None else None
         self.previous: float | None = None  # the previous evaluation's loss on the estimate's windows
+        self.reference: torch.Tensor | None = None  # this process's estimate windows' losses at the last full one
+        self.offset: float | None = None  # the full windows' loss less the estimate's windows' there
 
-    def __call__(self, sums: Callable[[slice], WindowSums], full: bool = False) -> WindowSums:
-        """This evaluation: `sums(part)` reads `part` of each process's windows."""
+    def __call__(self, sums: Callable[[slice, torch.Tensor | None], WindowSums], full: bool = False) -> WindowSums:
+        """This evaluation: `sums(part, reference)` reads `part` of each process's windows, and their changes since
+        `reference`."""
         if self.k is None:
-            return sums(slice(None))
-        estimate = sums(slice(0, self.k))
-        near = full or near_target(estimate, self.population, self.target, self.previous)
+            return sums(slice(None), None)
+        estimate = sums(slice(0, self.k), self.reference)
+        near = full or near_target(estimate, self.population, self.target, self.previous, self.offset)
         self.previous = estimate.mean
-        return estimate + sums(slice(self.k, None)) if near else estimate
+        if not near:  # its loss: the prediction of the full windows', above the target by the margin at least
+            return estimate.moved(self.offset or 0.0)
+        whole = estimate + sums(slice(self.k, None), None)
+        self.reference, self.offset = estimate.losses, whole.mean - estimate.mean
+        return whole
 
 
 def train_and_evaluate(

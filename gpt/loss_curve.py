@@ -9,8 +9,9 @@ writes. No imports from the project: the report, run_all and the runner all stan
 def crossing(curve: list[dict], target: float) -> dict | None:
     """Where the validation loss first reaches `target`: the first evaluation at or below it, and the tokens and
     training seconds there, interpolated linearly between that evaluation and the one before (None: never). In a
-    run that stops at its target, both read every window but where the loss fell further in one interval than an
-    estimate's margin (gpt/evaluation.py: near_target); an estimate is never at or below the target."""
+    run that stops at its target the evaluation at the crossing reads every window, and the one before may be an
+    estimate on fewer: its loss is then its prediction of every window's (gpt/evaluation.py: near_target), never at
+    or below the target."""
     for i, point in enumerate(curve):
         if point["val_loss"] > target:
             continue

@@ -11,7 +11,8 @@ evaluation only: no `.item()` and no synchronisation between two of them.
         muon_lr (Muon's) where Muon updates the blocks' matrices
         windows, estimate: how many validation windows the point read, and whether that is fewer than all of them:
         a run that stops at its target reads an estimate on a quarter of them while its loss is clearly above
-        the target, never at or near it (gpt/evaluation.py: TowardTarget); `estimates` counts those
+        the target, never at or near it, and records its prediction of every window's loss (gpt/evaluation.py:
+        TowardTarget); `estimates` counts those
         points, `windows_evaluated` the windows read in all
     startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
         the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
@@ -161,8 +162,8 @@ def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) 
         len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
     )
 
-    def sums(part: slice) -> WindowSums:
-        return window_sums(trainer.raw, val, batch, trainer.amp, trainer.device, trainer.rank, world, part)
+    def sums(part: slice, reference: torch.Tensor | None) -> WindowSums:
+        return window_sums(trainer.raw, val, batch, trainer.amp, trainer.device, trainer.rank, world, part, reference)
 
     return lambda full: toward(sums, full)
 
