@@ -1,6 +1,7 @@
 """Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
 
 import importlib.util
+import socket
 import sys
 from pathlib import Path
 
@@ -19,6 +20,13 @@ for folder in (REPO / "tests", REPO / "tests" / "optimizations"):
 
 
 TEST_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a test's own process group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its settings

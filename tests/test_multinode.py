@@ -6,14 +6,13 @@ Slow (about two minutes on 2 cores: the DDP stage compiles, in each rank and in 
 """
 
 import json
-import socket
 import subprocess
 import sys
 import uuid
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, free_port
 from test_faults import assert_nothing_left, marked_env, run_marked
 
 from gpt.ladder import STAGES_DIR, parent_of, stage_config
@@ -31,12 +30,6 @@ from gpt.records import record_problems
 APART = 0.1  # of one step: lr
 MAX_SHARE_APART = 0.01
 MAX_MEDIAN = 0.01  # of one step
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_command(stage: str, port: int, job: str, *stage_args: str) -> list[str]:

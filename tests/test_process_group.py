@@ -1,7 +1,6 @@
 """The process group a distributed stage builds (gpt/distributed.py): its backends, and how it is left."""
 
 import os
-import socket
 from datetime import timedelta
 from unittest import mock
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 
 from gpt import distributed
 from gpt.config import TrainConfig
@@ -37,12 +37,6 @@ def clip_host_gradients(rank: int, world: int, port: int, backend: str) -> None:
         assert abs(float(norm.full_tensor() if isinstance(norm, DTensor) else norm) - 3.0 * 8**0.5) < 1e-4
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cpu_offload_group_can_clip_gradients_in_host_memory():

@@ -5,15 +5,20 @@ control, W&B's curves, and one line for bad input. About a minute in all."""
 import contextlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+from dataclasses import astuple
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import REPO, free_port
 from equivalence import tiny_config
 
 from gpt import evaluation, optimizations, time_to_loss, train
@@ -286,6 +291,55 @@ def test_window_sums_are_the_cross_entropy_of_every_window_and_their_spread():
     assert sums.loss == pytest.approx(per_token.sum().item(), rel=1e-6)
     assert sums.square == pytest.approx(per_token.mean(1).square().sum().item(), rel=1e-6)
     assert sums.mean == pytest.approx(per_token.mean().item(), rel=1e-6)
+
+
+def _paired_sums(rank: int, world: int) -> WindowSums:
+    """Twelve windows read by a stand-in model (an embedding's logits) against their losses under an earlier one,
+    this process's share of them, as a run's estimate reads them against its last full evaluation."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(65, (12, 8), generator=g), torch.randint(65, (12, 8), generator=g)
+    val = ValidationSet.__new__(ValidationSet)  # the real share and batch, over these windows
+    val.starts, val.windows = torch.arange(12), list(zip(x, y))
+    amp = SimpleNamespace(autocast=contextlib.nullcontext)
+
+    then, now = (_EmbeddingModel(seed) for seed in (1, 2))
+    reference = window_sums(then, val, 5, amp, torch.device("cpu"), rank, world).losses
+    return window_sums(now, val, 5, amp, torch.device("cpu"), rank, world, reference=reference)
+
+
+class _EmbeddingModel(torch.nn.Module):
+    """A GPT's call (logits, loss) from one embedding: logits that differ with its seed."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.head = torch.nn.Embedding(65, 65)
+        self.head.weight.data = torch.randn(65, 65, generator=torch.Generator().manual_seed(seed))
+
+    def forward(self, x):
+        return self.head(x), None
+
+
+def _paired_sums_on_a_rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        sums = _paired_sums(rank, world)
+        if rank == 0:
+            torch.save(astuple(sums)[:6], out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_paired_sums_on_two_processes_are_one_process_s(tmp_path):
+    """Under DDP or FSDP each process pairs its own windows with its own reference, and the six sums (losses,
+    targets, windows, squares, changes, their squares) are all-reduced: two gloo processes give what one process
+    reading every window gives, up to float64 rounding in another order (1e-12). Fails where the changes are left
+    out of the all-reduce."""
+    out = tmp_path / "sums.pt"
+    mp.start_processes(_paired_sums_on_a_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="spawn")
+    one = astuple(_paired_sums(0, 1))[:6]
+    assert one[2] == 12 and one[4] != 0  # every window, and the two models differ: there are changes to sum
+    assert torch.load(out) == pytest.approx(one, rel=1e-12)
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
