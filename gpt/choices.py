@@ -15,10 +15,9 @@ import torch
 from gpt.config import TrainConfig
 from gpt.optimizations import parallel
 from gpt.optimizations.chunked_loss import implementation_of, loss_used
-from gpt.optimizations.compilation import compile_mode, compile_skipped
+from gpt.optimizations.compilation import compile_choice, uses_cuda_graphs
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_used
-from gpt.optimizations.host_memory import host_allocator
 from gpt.optimizations.precision import MixedPrecision
 from gpt.peak_memory import memory_method
 
@@ -38,6 +37,11 @@ class RunChoices:
     loss_impl: str | None
     host_allocator: str | None  # what the C allocator does with freed blocks, where a CPU run changed it
     model: dict  # attention, attention_why, loss, loss_why: model_choices()
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the step replays CUDA graphs (a compiled CUDA run's "reduce-overhead")."""
+        return uses_cuda_graphs(self.compile_mode)
 
     def record(self) -> dict:
         """The record's `choices` (docs/records.md)."""
@@ -59,21 +63,29 @@ class RunChoices:
         }
 
 
-def resolve(cfg: TrainConfig, device: torch.device, amp: MixedPrecision, fp32_matmuls: str, model_config) -> RunChoices:
-    """Every per-device decision of a run, each asked of its home once: `amp` and `fp32_matmuls` as the run set them
-    up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""
-    mode = compile_mode(cfg, device)
+def resolve(
+    cfg: TrainConfig,
+    device: torch.device,
+    amp: MixedPrecision,
+    fp32_matmuls: str,
+    host_allocator: str | None,
+    model_config,
+) -> RunChoices:
+    """Every per-device decision of a run, each asked of its home once: `amp`, `fp32_matmuls` and `host_allocator`
+    as the run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already
+    decided)."""
+    mode, compile_why = compile_choice(cfg, device)
     return RunChoices(
         amp=amp,
         compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype),
         fp32_matmuls=fp32_matmuls,
         compile_mode=mode,
-        compile_why=compile_skipped(cfg, device),
+        compile_why=compile_why,
         non_blocking=non_blocking(cfg, device),
         backend=parallel.backend(cfg, device),
         memory_method=memory_method(device, mode),
         loss_impl=implementation_of(model_config),
-        host_allocator=host_allocator(cfg, device),
+        host_allocator=host_allocator,
         model=model_choices(cfg, device, model_config),
     )
 

@@ -15,11 +15,11 @@ estimate's prediction of the full windows' loss, less MARGIN_SE of its standard 
 previous evaluation, is at or below the target. The prediction pairs the estimate with the last full evaluation, on
 the same windows: the full windows' loss then, moved by the estimate's windows' mean change since (a window's loss
 changes far less from window to window than it differs, so the standard error is that of the changes; before any full
-evaluation, the estimate's own mean and spread). The target is only ever declared reached on the full windows, and at
-the same evaluation as with every window every time unless the estimate's windows changed by more than MARGIN_SE
-standard errors (plus that fall) less than all of them, about 3e-5 per evaluation for a normal spread
-(tests/test_time_to_loss.py: constructed cases). The same loop (`train_and_evaluate`) serves training to a loss and
-the noise scale (gpt/noise_scale.py).
+evaluation, the estimate's own mean and spread). The target is only ever declared reached on the full windows, and
+at the evaluation that reading every window every time would declare it, unless the estimate's windows fell by less
+than all the windows did by more than MARGIN_SE standard errors (plus that fall): for a normal spread, a chance of
+about 3e-5 per evaluation (tests/test_time_to_loss.py: constructed cases). The same loop (`train_and_evaluate`)
+serves training to a loss and the noise scale (gpt/noise_scale.py).
 """
 
 import math
@@ -169,10 +169,9 @@ def near_target(
     """Whether an estimate's prediction of the full windows' loss may be at or below the target, or fall to it by the
     next evaluation: within MARGIN_SE standard errors of the target plus the fall since the previous evaluation on
     the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the last fall bounds the
-    next one in practice). `offset`: the full windows'
-    loss less the estimate's windows' at the last full evaluation, against which `estimate` read its changes; the
-    prediction is the estimate's loss plus it, within the standard error of the changes (None: no full evaluation
-    yet, the estimate's own loss and spread)."""
+    next one in practice). `offset`: the full windows' loss less the estimate's windows' at the last full evaluation,
+    against which `estimate` read its changes; the prediction is the estimate's loss plus it, within the standard
+    error of the changes (None: no full evaluation yet, the estimate's own loss and spread)."""
     fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
     if offset is None:
         predicted, error = estimate.mean, estimate.standard_error(population)

@@ -19,7 +19,7 @@ from gpt.config import TrainConfig
 from gpt.data import WindowSampler
 from gpt.model import GPT, GPTConfig
 from gpt.optimizations.checkpointing import checkpoint_blocks
-from gpt.optimizations.compilation import compile_model, uses_cuda_graphs
+from gpt.optimizations.compilation import compile_model
 from gpt.optimizations.feeding import make_loader, to_device, training_data
 from gpt.optimizations.host_memory import keep_freed_host_memory
 from gpt.optimizations.muon import build_optimizer
@@ -101,14 +101,23 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 
 class Stepper:
     """One training step on the next batch; returns the loss, on the device. A FeedClock, if given, times the wait
-    for the batch and its copy to the device (the timed repeats keep one; otherwise each step gets its own)."""
+    for the batch and its copy to the device (the timed repeats keep one; otherwise each step gets its own).
+    `cuda_graphs`: the step replays CUDA graphs (the run's choices)."""
 
     def __init__(
-        self, model, optimizer, batches, cfg: TrainConfig, device: torch.device, amp: MixedPrecision, progress: tqdm
+        self,
+        model,
+        optimizer,
+        batches,
+        cfg: TrainConfig,
+        device: torch.device,
+        amp: MixedPrecision,
+        cuda_graphs: bool,
+        progress: tqdm,
     ):
         self.model, self.optimizer, self.batches = model, optimizer, batches
         self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
-        self.cuda_graphs = uses_cuda_graphs(cfg, device)
+        self.cuda_graphs = cuda_graphs
         self.steps_done = 0
 
     @property
@@ -165,14 +174,15 @@ class Trainer:
 def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> Trainer:
     """Data, model, optimizer, precision, and a sampler that draws exactly the `steps` batches the run will take."""
     rank = distributed.rank()
-    keep_freed_host_memory(cfg, device)  # before the run's first tensors: every block freed from here is kept
+    # before the run's first tensors: every block freed from here is kept
+    host_allocator = keep_freed_host_memory(cfg, device)
     dataset = training_data(cfg)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
     amp = mixed_precision(cfg, device)
     fp32_matmuls = matmul_precision(cfg, device)
     sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, cfg.world_size)
     batches = iter(make_loader(dataset, sampler, cfg, device))
+    choices = resolve_choices(cfg, device, amp, fp32_matmuls, host_allocator, raw.config)
     progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
-    step = Stepper(model, optimizer, batches, cfg, device, amp, progress)
-    choices = resolve_choices(cfg, device, amp, fp32_matmuls, raw.config)
+    step = Stepper(model, optimizer, batches, cfg, device, amp, choices.cuda_graphs, progress)
     return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step, choices)

@@ -18,7 +18,7 @@ from gpt.devices import resolve_device
 from gpt.ladder import declaration, lineage, load_stage, stage_config, stages_of, trains_to_a_loss_only
 from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
-from gpt.optimizations.compilation import uses_cuda_graphs
+from gpt.optimizations.compilation import compile_mode, uses_cuda_graphs
 from gpt.published import published_dir
 from gpt.records import read_record, record_path, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_findings, speedrun_section, speedup_range
@@ -476,7 +476,7 @@ def check_the_last_stage_learns_compiled(trace: StageTrace) -> None:
     is not 0."""
     cfg, m = trace.cfg, trace.record["metrics"]
     device = resolve_device(cfg.device)
-    cuda_graphs = uses_cuda_graphs(cfg, device)
+    cuda_graphs = uses_cuda_graphs(compile_mode(cfg, device))
     choices = trace.record["choices"]
     assert choices["compile_mode"] == ("reduce-overhead" if cuda_graphs else "default")
     if device.type == "cuda":

@@ -22,6 +22,7 @@ from conftest import REPO, free_port
 from equivalence import tiny_config
 
 from gpt import evaluation, optimizations, time_to_loss, train
+from gpt.choices import RunChoices
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
@@ -348,7 +349,7 @@ def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_da
     both are start-up, each timed on its own, not training seconds. On a clock of the steps' own making (10 s, 5 s,
     then 1 s each, the evaluations taking none): without CUDA graphs only the first step is start-up (the steady
     step the mean of the other five, 1.8 s); with them the first two are, and every later step is 1 s of training."""
-    monkeypatch.setattr(train, "uses_cuda_graphs", lambda cfg, device: cuda_graphs)
+    monkeypatch.setattr(RunChoices, "cuda_graphs", property(lambda self: cuda_graphs))
     now = [0.0]
     monkeypatch.setattr(time_to_loss, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     step = train.Stepper.__call__

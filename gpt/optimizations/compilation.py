@@ -16,12 +16,20 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan, check_f
 CPU_COMPILE_PAYS_AFTER_STEPS = 3000
 
 
+def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
+    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here (None where it
+    compiles as asked, or does not ask): asked once per run (gpt/choices.py). On CUDA 'reduce-overhead', as the
+    reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on the CPU, which gets the
+    default mode."""
+    why = compile_skipped(cfg, device)
+    if not cfg.compile or why:
+        return None, why
+    return ("reduce-overhead" if device.type == "cuda" else "default"), None
+
+
 def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:
-    """'reduce-overhead' (CUDA graphs: one launch replays the whole step's kernels) on CUDA, as the
-    reference; CUDA graphs do not exist on the CPU, so the CPU gets the default mode. None: not compiled."""
-    if not cfg.compile or compile_skipped(cfg, device):
-        return None
-    return "reduce-overhead" if device.type == "cuda" else "default"
+    """The mode a run compiles in, None where it runs eager (compile_choice)."""
+    return compile_choice(cfg, device)[0]
 
 
 def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
@@ -40,10 +48,10 @@ def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
     )
 
 
-def uses_cuda_graphs(cfg: TrainConfig, device: torch.device) -> bool:
-    """Whether the step replays CUDA graphs: each step must then be marked as a new iteration, and what a graph
-    returns is overwritten by its next replay unless it is copied."""
-    return compile_mode(cfg, device) == "reduce-overhead"
+def uses_cuda_graphs(mode: str | None) -> bool:
+    """Whether a step compiled in this mode replays CUDA graphs: each step must then be marked as a new iteration,
+    and what a graph returns is overwritten by its next replay unless it is copied."""
+    return mode == "reduce-overhead"
 
 
 def compile_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

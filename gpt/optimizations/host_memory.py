@@ -37,20 +37,15 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def host_allocator(cfg: TrainConfig, device: torch.device) -> str | None:
-    """What this run's C allocator does with freed blocks, for the record (None: as the C library does by default)."""
+def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> str | None:
+    """Set glibc to keep freed blocks for reuse, for the rest of the process, where the run asks and it can; returns
+    what the C allocator now does with freed blocks, for the record (None: as the C library does by default)."""
     if not cfg.keep_host_memory or _why_not(cfg, device):
         return None
-    return f"glibc keeps freed blocks up to {MMAP_THRESHOLD >> 20} MiB in its never-trimmed heap (mallopt)"
-
-
-def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> None:
-    """Set glibc to keep freed blocks for reuse, for the rest of the process, where the run asks and it can."""
-    if not host_allocator(cfg, device):
-        return
     libc = _glibc()
     if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
         raise OSError("mallopt refused glibc's documented parameters")
+    return f"glibc keeps freed blocks up to {MMAP_THRESHOLD >> 20} MiB in its never-trimmed heap (mallopt)"
 
 
 def _why_not(cfg: TrainConfig, device: torch.device) -> str | None:

@@ -13,7 +13,7 @@ from conftest import REPO
 from gpt import optimizations
 from gpt.errors import UserError
 from gpt.ladder import stage_config
-from gpt.optimizations.host_memory import _glibc, host_allocator
+from gpt.optimizations.host_memory import _glibc, keep_freed_host_memory
 
 needs_glibc = pytest.mark.skipif(_glibc() is None, reason="this C library is not glibc: nothing to set")
 
@@ -59,8 +59,8 @@ def test_kept_host_memory_trains_bit_for_bit_as_before_with_a_tenth_of_the_page_
 
 def test_it_is_a_cpu_setting_says_why_not_elsewhere_and_takes_only_a_bool():
     cfg = stage_config("speedrun_13_host_memory", "cpu")
-    assert cfg.keep_host_memory and host_allocator(cfg, torch.device("cuda")) is None
-    assert host_allocator(stage_config("speedrun_12_eager", "cpu"), torch.device("cpu")) is None
+    assert cfg.keep_host_memory and keep_freed_host_memory(cfg, torch.device("cuda")) is None
+    assert keep_freed_host_memory(stage_config("speedrun_12_eager", "cpu"), torch.device("cpu")) is None
     (opt,) = optimizations.changed(stage_config("speedrun_12_eager", "cpu").to_dict(), cfg.to_dict())
     assert "caching allocator" in opt.no_effect(cfg, torch.device("cuda"))
     cfg.keep_host_memory = "yes"
