@@ -1,8 +1,9 @@
-"""CUDA allocator snapshots (`torch.cuda.memory._snapshot()`, the pickle https://pytorch.org/memory_viz opens): the one
-reader and the one writer of the format, and the caching allocator's block-size rule, for the measuring code (a
-stage's memory step on CUDA, gpt/peak_memory.py) and the memory planner (the reference's snapshots, its own
-simulated step: gpt/memory) alike. `analyse` replays a recorded step: its allocated bytes over time, its peak and
-what was alive then, by category.
+"""CUDA allocator snapshots: the one reader and the one writer of the format, the block-size rule, a step's replay.
+
+The snapshots are `torch.cuda.memory._snapshot()`, the pickle https://pytorch.org/memory_viz opens. The reader, the
+writer and the caching allocator's block-size rule serve the measuring code (a stage's memory step on CUDA,
+gpt/peak_memory.py) and the memory planner (the reference's snapshots, its own simulated step: gpt/memory) alike.
+`analyse` replays a recorded step: its allocated bytes over time, its peak and what was alive then, by category.
 
 The format (PyTorch's) is a pickled dict of plain data. `segments`: what the caching allocator holds when the
 snapshot is taken, each with its `blocks` (address order, tiling the segment: `address`, `size`, `requested_size`,
@@ -61,8 +62,9 @@ PICKLE_PROTOCOL = 4  # what _dump_snapshot writes (Python's default protocol up 
 
 
 def cuda_block_bytes(nbytes: int) -> int:
-    """The caching allocator's block for a request of `nbytes`: rounded up to a multiple of 512 bytes (no block
-    for nothing). Blocks can be larger still: a cached block is not split for a remainder under 1 MiB."""
+    """The caching allocator's block for a request of `nbytes`: rounded up to a multiple of 512 bytes.
+
+    No block for nothing. Blocks can be larger still: a cached block is not split for a remainder under 1 MiB."""
     return -(-nbytes // UNIT) * UNIT
 
 
@@ -122,9 +124,11 @@ class _Block:
 
 @dataclass
 class StepLabels:
-    """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks). `tensors`: (position,
-    storage address, category) of each tensor it saw, a position being the number of allocations since recording
-    began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in order."""
+    """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks).
+
+    `tensors`: (position, storage address, category) of each tensor it saw, a position being the number of allocations
+    since recording began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in
+    order."""
 
     tensors: list
     forward: list
@@ -165,8 +169,9 @@ class StepReport:
 
 
 def analyse(snapshot: dict, device: int | None = None, labels: StepLabels | None = None) -> StepReport:
-    """The traced step's allocated bytes over time, its peak, when it happens and what is alive then, by category:
-    by `labels` when the step's own code gives them, else by the allocation stacks (the module docstring)."""
+    """The traced step's allocated bytes over time, its peak, when it happens and what is alive then, by category.
+
+    By `labels` when the step's own code gives them, else by the allocation stacks (the module docstring)."""
     traces = snapshot["device_traces"]
     if device is None:
         device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
@@ -246,9 +251,10 @@ def _reallocated_large(b: _Block) -> int:
 
 
 def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, _Block, int]]]:
-    """Every block the trace touches or the snapshot holds, and the trace's changes to allocated bytes as
-    (event index, block, +1 or -1). Allocated bytes drop at free_requested (free_completed follows when the
-    streams that used the block are done; older snapshots have a single 'free')."""
+    """Every block the trace touches or the snapshot holds, and the trace's changes to allocated bytes.
+
+    The changes are (event index, block, +1 or -1). Allocated bytes drop at free_requested (free_completed follows when
+    the streams that used the block are done; older snapshots have a single 'free')."""
     live, pending, blocks, changes = {}, set(), [], []
     for i, e in enumerate(trace):
         action, addr = e.get("action"), e.get("addr")
@@ -290,6 +296,7 @@ def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, 
 
 def _replay_block_sizes(blocks: list[_Block], changes: list, trace: list, segments: list) -> bool:
     """Sets each block's allocator size by replaying the caching allocator's split rule (module docstring).
+
     False, leaving the sizes as they are, if the replay disagrees with the snapshot."""
     if any(str(e.get("action", "")).startswith("segment") for e in trace) or not segments:
         return False
@@ -391,8 +398,9 @@ def _backward_ends(trace: list) -> list[int]:
 
 
 def _categorise_by_labels(blocks: list[_Block], changes: list, labels: StepLabels) -> list[_Block]:
-    """Sets every block's category from what the step saw (StepLabels), replaying the trace to know which block
-    held an address when a tensor was seen there. Returns the blocks that held gradients."""
+    """Sets every block's category from what the step saw (StepLabels); returns the blocks that held gradients.
+
+    The trace is replayed to know which block held an address when a tensor was seen there."""
     seen = {}
     for position, addr, category in labels.tensors:
         seen.setdefault(position, []).append((addr, category))
@@ -424,9 +432,10 @@ def _categorise_by_labels(blocks: list[_Block], changes: list, labels: StepLabel
 
 
 def _categorise(blocks: list[_Block], trace: list) -> tuple[list[int], list[_Block]]:
-    """Sets every block's category from the stacks (module docstring). Returns the event index where each backward
-    pass ends and the gradients of one step: the first backward pass's, or else the previous step's that zero_grad
-    freed."""
+    """Sets every block's category from the stacks (module docstring).
+
+    Returns the event index where each backward pass ends and the gradients of one step: the first backward pass's, or
+    else the previous step's that zero_grad freed."""
     ends = _backward_ends(trace)
     for b in blocks:
         if b.start is None:

@@ -1,6 +1,7 @@
-"""Time the output head + loss, forward and backward, for the full loss and each installed chunked-loss
-implementation (gpt/optimizations/chunked_loss.py), at one shape: which one fast_6 and lean_2 should prefer on
-this device.
+"""Time the output head + loss, forward and backward, for the full loss and each installed chunked-loss implementation.
+
+The implementations are gpt/optimizations/chunked_loss.py's; the timing is at one shape, and says which one fast_6 and
+lean_2 should prefer on this device.
 
     python -m gpt.bench_loss                                  # GPT-2 124M at 16 x 1024 tokens, bf16
     python -m gpt.bench_loss --rows 32768 --dim 192 --vocab 80 --dtype float32

@@ -1,5 +1,6 @@
-"""The decisions a run makes on its device, resolved once when it is prepared (gpt/train.py:prepare), carried by
-its Trainer and written by its record as `choices`.
+"""The decisions a run makes on its device, resolved once when it is prepared (gpt/train.py:prepare).
+
+They are carried by its Trainer and written by its record as `choices`.
 
 A stage's config says what it asks for; the device decides what runs: a CPU keeps fp32 where its bf16 matmuls are
 slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
@@ -71,9 +72,10 @@ def resolve(
     host_allocator: str | None,
     model_config,
 ) -> RunChoices:
-    """Every per-device decision of a run, each asked of its home once: `amp`, `fp32_matmuls` and `host_allocator`
-    as the run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already
-    decided)."""
+    """Every per-device decision of a run, each asked of its home once.
+
+    `amp`, `fp32_matmuls` and `host_allocator` as the run set them up, `model_config` the GPTConfig the model was built
+    with (its attention and loss already decided)."""
     mode, compile_why = compile_choice(cfg, device)
     return RunChoices(
         amp=amp,

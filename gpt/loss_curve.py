@@ -7,11 +7,12 @@ writes. No imports from the project: the report, run_all and the runner all stan
 
 
 def crossing(curve: list[dict], target: float) -> dict | None:
-    """Where the validation loss first reaches `target`: the first evaluation at or below it, and the tokens and
-    training seconds there, interpolated linearly between that evaluation and the one before (None: never). In a
-    run that stops at its target the evaluation at the crossing reads every window, and the one before may be an
-    estimate on fewer: its loss is then its prediction of every window's (gpt/evaluation.py: near_target), never at
-    or below the target."""
+    """Where the validation loss first reaches `target`, interpolated between two evaluations (None: never).
+
+    The first evaluation at or below it, and the tokens and training seconds there, interpolated linearly between that
+    evaluation and the one before. In a run that stops at its target the evaluation at the crossing reads every window,
+    and the one before may be an estimate on fewer: its loss is then its prediction of every window's
+    (gpt/evaluation.py: near_target), never at or below the target."""
     for i, point in enumerate(curve):
         if point["val_loss"] > target:
             continue
@@ -44,8 +45,9 @@ BASELINE_SEEDS = 3  # speed_0 is trained with this many seeds (the profile's and
 
 
 def target_from(baseline: dict) -> float:
-    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of the tokens it trained on, so the
-    baseline reaches it before the end of its budget and every faster stage has room to reach it sooner."""
+    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of the tokens it trained on.
+
+    Then the baseline reaches it before the end of its budget, and every faster stage has room to reach it sooner."""
     curve = baseline["metrics"]["curve"]
     return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
 
@@ -54,8 +56,9 @@ SPEEDRUN_SEEDS = 3  # the speedrun's last stage is trained with this many seeds:
 
 
 def baseline_model_loss(baselines: list[dict | None]) -> float | None:
-    """The speedrun's target, the baseline's model: the highest final validation loss among speed_0's seeds, the
-    loss that every one of its seeds reaches by the end of its budget (None unless every seed finished).
+    """The speedrun's target, the baseline's model: the highest final validation loss among speed_0's seeds.
+
+    The loss that every one of its seeds reaches by the end of its budget (None unless every seed finished).
 
     Not their mean: a stage that keeps the model exactly ends above the mean on about half of its seeds, as a
     baseline seed does, so a mean target would fail a stage for its seed's luck rather than its training."""
@@ -70,6 +73,7 @@ def seed_spread(finals: list[float]) -> float:
 
 
 def changes_convergence(final: float, parent_final: float, spread: float) -> bool:
-    """A stage changes convergence when its final validation loss differs from its parent's by more than the
-    baseline's seeds differ among themselves."""
+    """Whether a stage changes convergence: its final validation loss differs from its parent's by more than `spread`.
+
+    `spread`: how much the baseline's seeds differ among themselves."""
     return abs(final - parent_final) > spread

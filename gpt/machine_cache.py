@@ -1,6 +1,8 @@
-"""What this machine measured about itself, kept between runs: the CPU's matmul peaks (gpt/flops.py) and which
-attention kernel is faster at a shape (gpt/optimizations/fused_attention.py). Every stage of a ladder then reads
-the same figure instead of timing its own on a machine whose neighbours come and go.
+"""What this machine measured about itself, kept between runs.
+
+The CPU's matmul peaks (gpt/flops.py) and which attention kernel is faster at a shape
+(gpt/optimizations/fused_attention.py). Every stage of a ladder then reads the same figure instead of timing its own on
+a machine whose neighbours come and go.
 
 The files live in $XDG_CACHE_HOME/gpt-ladder (~/.cache/gpt-ladder), one JSON object each, keyed by what the figure
 depends on: this machine (CPU model, threads, torch version, added here) and what the caller names (dtype,
@@ -30,8 +32,9 @@ def read(name: str) -> dict:
 
 
 def remembered(name: str, what: str, measure, fresh: bool = False):
-    """The figure `what` of file `name` on this machine: measured by `measure()` the first time (or when `fresh`),
-    then kept."""
+    """The figure `what` of file `name` on this machine, measured by `measure()` the first time, then kept.
+
+    It is measured again when `fresh`."""
     key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{what}"
     if not fresh and key in (cached := read(name)):
         return cached[key]
@@ -46,6 +49,8 @@ def remembered(name: str, what: str, measure, fresh: bool = False):
 
 
 def forget(name: str) -> None:
-    """Drop every figure of file `name`: the next stage that needs one measures it (run_all does so at its start,
-    so the choices of a ladder run are measured on this machine as it is today, one stage at a time)."""
+    """Drop every figure of file `name`: the next stage that needs one measures it.
+
+    run_all does so at its start, so the choices of a ladder run are measured on this machine as it is today, one stage
+    at a time."""
     cache_file(name).unlink(missing_ok=True)

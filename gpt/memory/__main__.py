@@ -195,8 +195,9 @@ def _jobs(args) -> int:
 
 
 def _reuse_key(args) -> dict:
-    """What a reference or fit report follows from besides the code (gpt/reuse.py): its arguments, and the reference's
-    snapshots by content (their directory differs from checkout to checkout)."""
+    """What a reference or fit report follows from besides the code (gpt/reuse.py).
+
+    Its arguments, and the reference's snapshots by content (their directory differs from checkout to checkout)."""
     key = {k: v for k, v in vars(args).items() if k not in ("command", "json", "jobs", "reuse", "snapshots")}
     key["command"] = args.command.__name__
     if getattr(args, "snapshots", None):

@@ -151,8 +151,10 @@ def _add_other(breakdown: dict, notes: list[str], mib: float, what: str, where: 
 
 
 def simulation_plan(cfg: TrainConfig, target: str, vocab_size: int) -> SimulationPlan:
-    """What the simulation runs: the stage's settings on the CPU, one step of samples, each optimization rewritten
-    as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's chunked loss, ...)."""
+    """What the simulation runs: the stage's settings on the CPU, one step of samples, its optimizations rewritten.
+
+    Each optimization is rewritten as it declares (gpt/optimizations: eager, in-process data, one DDP rank, PyTorch's
+    chunked loss, ...)."""
     sim = dataclasses.replace(cfg, device="cpu", samples=cfg.batch_size * cfg.world_size)
     plan = optimizations.plan_simulation(SimulationPlan(sim, target, source=cfg, vocab_size=vocab_size))
     optimizations.validate(plan.cfg)
@@ -163,8 +165,9 @@ _PARAM, _GRAD, _OPT = mem_tracker._MemRefType.PARAM, mem_tracker._MemRefType.GRA
 
 
 class _PeakTracker(TimelineMemTracker):
-    """TimelineMemTracker whose peak, under FSDP CPU offload, is of what stays on the GPU (it also keeps the
-    host's peak). With a recorder, it also reports every storage that appears, grows, shrinks or goes
+    """TimelineMemTracker whose peak, under FSDP CPU offload, is of what stays on the GPU.
+
+    It also keeps the host's peak. With a recorder, it also reports every storage that appears, grows, shrinks or goes
     (gpt/memory/recorder.py)."""
 
     def __init__(self, recorder: StepRecorder | None = None, offload: bool = False):
@@ -194,9 +197,11 @@ class _PeakTracker(TimelineMemTracker):
         return self
 
     def _host_bytes(self, dev, snap: dict) -> dict:
-        """Under CPU offload, the bytes of each category that live in host memory: the sharded parameters
-        (a unit's gathered parameters, also labelled parameters, are on the GPU), the gradients (MemTracker
-        labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the CPU)."""
+        """Under CPU offload, the bytes of each category that live in host memory.
+
+        The sharded parameters (a unit's gathered parameters, also labelled parameters, are on the GPU), the gradients
+        (MemTracker labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the
+        CPU)."""
         if not self.offload:
             return {}
         return {
@@ -231,9 +236,11 @@ _cpu_dropout = F.dropout
 
 
 def _cuda_dropout(input, p=0.5, training=True, inplace=False):
-    """F.dropout as CUDA runs it. On CUDA it calls the fused native_dropout, which keeps a bool mask (1 byte
-    per element) for backward; on the CPU it multiplies by a float noise tensor and keeps that (4 bytes).
-    native_dropout has a CPU kernel too, so calling it reproduces CUDA's tensors."""
+    """F.dropout as CUDA runs it.
+
+    On CUDA it calls the fused native_dropout, which keeps a bool mask (1 byte per element) for backward; on the CPU it
+    multiplies by a float noise tensor and keeps that (4 bytes). native_dropout has a CPU kernel too, so calling it
+    reproduces CUDA's tensors."""
     if training and 0 < p < 1 and not inplace and input.numel() > 0:  # CUDA's condition for the fused kernel
         return torch.native_dropout(input, p, True)[0]
     return _cpu_dropout(input, p, training, inplace)
@@ -243,11 +250,12 @@ _cpu_sdpa = F.scaled_dot_product_attention
 
 
 def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-    """F.scaled_dot_product_attention as an H100 runs it for this model (no mask, head size <= 256): the
-    flash kernel for 16-bit inputs, the memory-efficient one for fp32. Both keep for backward only the output
-    and a float logsumexp per query row (dropout is regenerated from a saved RNG seed), where the CPU, which
-    has no fused kernel with dropout, takes the math path and keeps the T x T attention weights and their
-    dropout mask. Both kernels have fake-tensor rules, so they run here on fake CPU tensors."""
+    """F.scaled_dot_product_attention as an H100 runs it for this model (no mask, head size <= 256).
+
+    The flash kernel for 16-bit inputs, the memory-efficient one for fp32. Both keep for backward only the output and a
+    float logsumexp per query row (dropout is regenerated from a saved RNG seed), where the CPU, which has no fused
+    kernel with dropout, takes the math path and keeps the T x T attention weights and their dropout mask. Both kernels
+    have fake-tensor rules, so they run here on fake CPU tensors."""
     if attn_mask is not None or kwargs.get("enable_gqa") or query.size(-1) > 256:
         return _cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
     if query.dtype in (torch.float16, torch.bfloat16):
@@ -304,8 +312,10 @@ def _callables(names) -> set:
 
 
 class _CudaAutocastLists(torch.overrides.TorchFunctionMode):
-    """The CPU's autocast, made to cast as CUDA's does: above autograd, like autocast itself, so the casts and the
-    tensors saved for backward are CUDA's (a float32 softmax output kept for its backward)."""
+    """The CPU's autocast, made to cast as CUDA's does.
+
+    It sits above autograd, like autocast itself, so the casts and the tensors saved for backward are CUDA's (a float32
+    softmax output kept for its backward)."""
 
     fp32, low = _callables(CUDA_AUTOCAST_FP32_ONLY), _callables(CUDA_AUTOCAST_16BIT_ONLY)
 

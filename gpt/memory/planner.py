@@ -1,5 +1,6 @@
-"""The planner's three checks: the documented reference ladder, the largest model that fits a budget, and
-estimates against this machine's measured runs.
+"""The planner's three checks: the documented reference ladder, the largest model that fits a budget, measured runs.
+
+The last compares the estimates with this machine's measured runs.
 
 The documented peaks were measured with the reference's code, a modified minGPT. Where that code differs
 from this project's in a way that changes memory, the difference is emulated here, on top of this project's
@@ -73,8 +74,9 @@ def with_newgelu(raw, model, optimizer):
 
 
 def with_mingpt_gradient_lifetime(raw, model, optimizer):
-    """Gradients freed when the forward pass returns (minGPT: zero_grad right before backward) instead of after
-    the optimizer step: train_step's own zero_grad becomes a no-op."""
+    """Gradients freed when the forward pass returns instead of after the optimizer step.
+
+    As minGPT does: zero_grad right before backward. train_step's own zero_grad becomes a no-op."""
     optimizer.zero_grad = lambda set_to_none=True: None
     model.register_forward_hook(lambda *_: torch.optim.Optimizer.zero_grad(optimizer, set_to_none=True))
 
@@ -102,15 +104,18 @@ VARIANTS = {
 
 
 def reference_config(stage: str, processes: int | None = None, **overrides) -> TrainConfig:
-    """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention,
-    dropout 0.1), on `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only
-    matters for timing, and must divide by the batch."""
+    """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention, dropout 0.1).
+
+    On `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only matters for timing, and must
+    divide by the batch."""
     return stage_config(stage, "reference", processes=processes, one_step=True, **overrides)
 
 
 class Runner:
-    """Runs estimates, in `jobs` worker processes when jobs > 1: an estimate is one single-threaded Python
-    loop, so each core can run one. Specs are (config, vocab size, target, variant name)."""
+    """Runs estimates, in `jobs` worker processes when jobs > 1.
+
+    An estimate is one single-threaded Python loop, so each core can run one. Specs are (config, vocab size, target,
+    variant name)."""
 
     def __init__(self, jobs: int = 1):
         self.pool = None
@@ -119,6 +124,7 @@ class Runner:
 
     def map(self, specs: list[tuple], or_reason: bool = False):
         """Estimates in the order of `specs`, each yielded as soon as it and those before it are done.
+
         or_reason: a spec that cannot be estimated here yields the reason (a str) instead of raising."""
         fn = _estimate_or_reason if or_reason else _estimate_spec
         return map(fn, specs) if self.pool is None else self.pool.map(fn, specs)
@@ -162,8 +168,9 @@ def reference_ladder(
     progress=print,
     snapshots: dict | None = None,
 ) -> list[dict]:
-    """Estimates of the reference's five memory stages, in each variant, beside its documented peaks and, where
-    `snapshots` (from reference_snapshots) has one, what its traced step allocated."""
+    """Estimates of the reference's five memory stages, in each variant, beside its documented peaks.
+
+    Beside them too, where `snapshots` (from reference_snapshots) has one: what its traced step allocated."""
     runner = runner or Runner()
     rows = []
     for stage in stages_of("memory"):
@@ -187,8 +194,9 @@ def snapshot_breakdown(est_breakdown: dict) -> dict:
 
 
 def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
-    """What the estimates and the reference's snapshots say about the documented peaks, as (figure, value) pairs,
-    computed from them. gpt/memory/README.md explains each figure, under the same name."""
+    """What the estimates and the reference's snapshots say about the documented peaks, as (figure, value) pairs.
+
+    The figures are computed from them; gpt/memory/README.md explains each, under the same name."""
     by = {r["stage"]: r for r in rows}
     s0, s2 = by["memory_0_baseline"], by["memory_2_checkpointing"]["reference"].breakdown_mib
     cfg = reference_config("memory_0_baseline")
@@ -341,8 +349,9 @@ def _cuda_mib(nbytes: int) -> float:
 
 
 def vocabulary_of(params: int) -> tuple[float, float]:
-    """The vocabulary that makes GPT-2-large's shape (block 128) have `params` parameters: with a tied output
-    head (as here and in GPT-2), and with an untied one (as in minGPT)."""
+    """The vocabulary that gives GPT-2-large's shape (block 128) `params` parameters, with a tied and an untied head.
+
+    The tied output head as here and in GPT-2, the untied one as in minGPT."""
     per_token = _params_at(vocab_size=2) - _params_at(vocab_size=1)  # n_embd: the tied head adds no parameters
     rest = params - (_params_at(vocab_size=1) - per_token)
     return rest / per_token, rest / (2 * per_token)
@@ -364,9 +373,10 @@ SHAPE_RULE = (
 
 
 def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, str, int, int | None]]:
-    """(label, stage, processes, documented parameters): before the ladder, after it with FSDP, and with the
-    lean ladder's last stage (its GPU memory; its host memory is reported beside). The documented counts are
-    for an 80 GB GPU."""
+    """The fit report's rows: (label, stage, processes, documented parameters).
+
+    Before the ladder, after it with FSDP, and with the lean ladder's last stage (its GPU memory; its host memory is
+    reported beside). The documented counts are for an 80 GB GPU."""
     documented = DOCUMENTED_FIT if budget_gib == 80 else {}
     rows = [("before: memory_0 settings (1 GPU)", "memory_0_baseline", 1, documented.get("before"))]
     for w in world_sizes:
@@ -515,9 +525,10 @@ UPPER_BOUND = ("peak_memory_reserved_mib", "max_memory_reserved (an upper bound)
 
 
 def compared_peak(record: dict) -> tuple[float, str]:
-    """(MiB, what it is): the figure of a record that holds what the planner estimates. For a CUDA-graph stage the
-    larger of the allocated peaks over warm-up and over the timed repeats (with few warm-up steps the graphs are
-    recorded in the repeats)."""
+    """(MiB, what it is): the figure of a record that holds what the planner estimates.
+
+    For a CUDA-graph stage the larger of the allocated peaks over warm-up and over the timed repeats (with few warm-up
+    steps the graphs are recorded in the repeats)."""
     m = record["metrics"]
     cuda = record.get("device", {}).get("type") == "cuda"
     method = record.get("choices", {}).get("memory_method") or ("cuda_max_allocated" if cuda else "memtracker")
@@ -530,8 +541,9 @@ def compared_peak(record: dict) -> tuple[float, str]:
 
 
 def compare_records(records: list[dict], runner: Runner | None = None, progress=print) -> list[dict]:
-    """Estimate every measured stage record (status ok) with its own configuration and device type, and compare
-    each with the figure of it that holds what the estimate predicts (compared_peak)."""
+    """Estimate every measured stage record (status ok) with its own configuration and device type.
+
+    Each is compared with the figure of it that holds what the estimate predicts (compared_peak)."""
     measured = [r for r in records if r.get("status") == "ok" and (r.get("metrics") or {}).get("peak_memory_mib")]
     specs = [
         (

@@ -1,5 +1,6 @@
-"""The planner's simulated step as a CUDA allocator snapshot (the format gpt/allocator_snapshot.py reads and writes),
-so that an estimate opens beside a real run's snapshot at https://pytorch.org/memory_viz.
+"""The planner's simulated step as a CUDA allocator snapshot (the format gpt/allocator_snapshot.py reads and writes).
+
+An estimate so opens beside a real run's snapshot at https://pytorch.org/memory_viz.
 
 The planner's tracker (gpt/memory/estimator.py) reports every storage that appears, grows, shrinks or goes;
 `StepRecorder` places each in a simulated segment as the caching allocator would and logs it with the Python stack
@@ -17,8 +18,10 @@ _BASE = 0x7F0000000000  # where the simulated segment starts (any aligned addres
 
 
 def python_stack(depth: int = 2) -> list[dict]:
-    """The caller's Python stack in the snapshot's frame format (innermost first), from the code that ran the
-    operator outwards: the frames of the tracking machinery and everything inside them are left out."""
+    """The caller's Python stack in the snapshot's frame format (innermost first).
+
+    From the code that ran the operator outwards: the frames of the tracking machinery and everything inside them are
+    left out."""
     frames, f = [], sys._getframe(depth)
     while f is not None:
         frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})
@@ -28,11 +31,12 @@ def python_stack(depth: int = 2) -> list[dict]:
 
 
 class StepRecorder:
-    """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear. Storages seen
-    before start() are what the allocator held when recording began: blocks without a trace event, as in a real
-    snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when
-    the remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays
-    every block at the size recorded here. time_us counts the simulated operators, not microseconds."""
+    """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear.
+
+    Storages seen before start() are what the allocator held when recording began: blocks without a trace event, as in a
+    real snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when the
+    remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays every block at
+    the size recorded here. time_us counts the simulated operators, not microseconds."""
 
     def __init__(self):
         self.held = {}  # key -> (address, bytes requested, frames)
@@ -61,8 +65,9 @@ class StepRecorder:
             self._event("alloc", addr, nbytes, frames)
 
     def hold(self, key, nbytes: int):
-        """A block held since before recording began, above every address the step used: memory the simulation
-        does not see (cuBLAS's workspaces, DDP's buckets), as a real snapshot shows it."""
+        """A block held since before recording began, above every address the step used.
+
+        Memory the simulation does not see (cuBLAS's workspaces, DDP's buckets), as a real snapshot shows it."""
         addr = self.high + 2 * SMALL  # a free range too large to be absorbed by the step's last block
         self.held[key] = (addr, nbytes, [])
         self.high = self.top = addr + cuda_block_bytes(nbytes)
@@ -119,8 +124,9 @@ class StepRecorder:
         self.gap_at[lo], self.gap_to[hi] = hi, lo
 
     def snapshot(self) -> dict:
-        """The recorded step as torch.cuda.memory._snapshot() would return it: one segment (with room after the
-        highest block so that its last range splits too) and the trace of device 0."""
+        """The recorded step as torch.cuda.memory._snapshot() would return it.
+
+        One segment (with room after the highest block so that its last range splits too) and the trace of device 0."""
         end = self.high + 2 * SMALL
         blocks, cursor = [], _BASE
         for addr, nbytes, frames in sorted(self.held.values()):
