@@ -106,10 +106,11 @@ def _check_field_names(overrides):
 
 
 def bigram_index(idx, vocab_size: int, rows: int):
-    """The bigram table's row of each position of idx (B, T): its (previous token, token) pair, exactly where the
-    table has a row for every pair, (vocab_size + 1) * vocab_size, else hashed into `rows`. Position 0 of a window
-    has no previous token: its pair takes the dedicated previous index vocab_size (never a token), so nothing
-    leaks from outside the window and the first token's row is one of its own."""
+    """The bigram table's row of each position of idx (B, T): the row of its (previous token, token) pair.
+
+    The row is exact where the table has a row for every pair, (vocab_size + 1) * vocab_size, else the pair is hashed
+    into `rows`. Position 0 of a window has no previous token: its pair takes the dedicated previous index vocab_size
+    (never a token), so nothing leaks from outside the window and the first token's row is one of its own."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     if rows >= (vocab_size + 1) * vocab_size:
         return prev * vocab_size + idx
@@ -117,8 +118,9 @@ def bigram_index(idx, vocab_size: int, rows: int):
 
 
 def trigram_index(idx, vocab_size: int, rows: int):
-    """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`
-    (always hashed: the exact table would have (vocab_size + 1)^2 * vocab_size rows). Positions before a window's start
+    """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`.
+
+    Always hashed: the exact table would have (vocab_size + 1)^2 * vocab_size rows. Positions before a window's start
     read the dedicated index vocab_size, as in bigram_index, so nothing leaks from outside the window."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     prev2 = F.pad(idx[:, :-2], (2, 0), value=vocab_size)
@@ -126,8 +128,9 @@ def trigram_index(idx, vocab_size: int, rows: int):
 
 
 class RMSNorm(nn.RMSNorm):
-    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019): LayerNorm without the mean and the bias. The
-    weight is cast to the input's dtype, so that under autocast the fused kernel runs (it needs the two equal)."""
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019): LayerNorm without the mean and the bias.
+
+    The weight is cast to the input's dtype, so that under autocast the fused kernel runs (it needs the two equal)."""
 
     def __init__(self, size):
         super().__init__(size, eps=1e-5)  # LayerNorm's eps; nn.RMSNorm's default is the dtype's (bf16: 0.008)
@@ -141,11 +144,12 @@ def make_norm(config, size):
 
 
 def rotary(x, base: float = 10000.0):
-    """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, head_size), position t = 0 .. T-1: each
-    pair of dimensions is rotated by the angle t * base^(-i / (head_size / 2)), i the pair's index. Pairs are
-    half-split (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved (2i with 2i+1). A
-    rotation keeps norms, and rotating q by angle m and k by n makes q . k a function of m - n: the scores see
-    relative positions only, and no position table is learned."""
+    """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, head_size), position t = 0 .. T-1.
+
+    Each pair of dimensions is rotated by the angle t * base^(-i / (head_size / 2)), i the pair's index. Pairs are
+    half-split (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved (2i with 2i+1). A rotation
+    keeps norms, and rotating q by angle m and k by n makes q . k a function of m - n: the scores see relative
+    positions only, and no position table is learned."""
     T, half = x.size(-2), x.size(-1) // 2
     inv_freq = base ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
     angle = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv_freq  # (T, half)
@@ -213,8 +217,10 @@ class ReLUSquared(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer. forward(x) takes and returns one tensor, so it can be wrapped from
-    outside (activation checkpointing, FSDP) without knowing anything else about the model."""
+    """One transformer layer: forward(x) takes and returns one tensor.
+
+    That lets it be wrapped from outside (activation checkpointing, FSDP) without knowing anything else about the
+    model."""
 
     def __init__(self, config):
         super().__init__()
@@ -263,8 +269,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """GPT-2 initialisation. Also call it after `to_empty()` on a model built on the meta device:
-        it refills the parameters and the naive attention mask."""
+        """GPT-2 initialisation.
+
+        Also call it after `to_empty()` on a model built on the meta device: it refills the parameters and the naive
+        attention mask."""
         vocab = self.config.vocab_size
         for module in self.modules():
             if module is self.transformer.bigram or module is self.transformer.trigram:  # zero below, and off the
@@ -335,8 +343,10 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self, non_embedding=False):
-        """Unique parameters (the tied wte/lm_head matrix counts once). non_embedding=True leaves out
-        the embedding tables (token, position, bigram, trigram), the convention of the scaling-law papers."""
+        """The number of unique parameters (the tied wte/lm_head matrix counts once).
+
+        non_embedding=True leaves out the embedding tables (token, position, bigram, trigram), the convention of the
+        scaling-law papers."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             n -= self._lookup_params() + self.transformer.wte.weight.numel()
@@ -363,10 +373,11 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path, **overrides):
-        """Load a local Hugging Face GPT-2 checkpoint directory (config.json plus model.safetensors or
-        pytorch_model.bin). overrides may set dropout, attention, loss, vocab_multiple (padding rows are
-        added) or a smaller block_size (the position table is cropped); the architecture itself comes from
-        the checkpoint."""
+        """Load a local Hugging Face GPT-2 checkpoint directory (config.json plus its weights file).
+
+        The weights are model.safetensors or pytorch_model.bin. overrides may set dropout, attention, loss,
+        vocab_multiple (padding rows are added) or a smaller block_size (the position table is cropped); the
+        architecture itself comes from the checkpoint."""
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"
@@ -426,8 +437,9 @@ class GPT(nn.Module):
 
 
 def _load_hf_state_dict(path):
-    """The checkpoint's tensors under our names minus the "transformer." prefix, without the tied
-    lm_head (it is wte) and without the attention mask buffers (attn.bias, attn.masked_bias)."""
+    """The checkpoint's tensors under our names minus the "transformer." prefix.
+
+    The tied lm_head (it is wte) and the attention mask buffers (attn.bias, attn.masked_bias) are left out."""
     if (path / "model.safetensors").is_file():
         from safetensors.torch import load_file
 

@@ -1,5 +1,7 @@
-"""The speedrun's n-gram floor: an interpolated Kneser-Ney character model, counted on growing prefixes of the
-speedrun's training data and scored on its validation windows, the reference line a GPT's tokens are read against.
+"""The speedrun's n-gram floor: the validation loss of an interpolated Kneser-Ney character model.
+
+The model is counted on growing prefixes of the speedrun's training data and scored on its validation windows, the
+reference line a GPT's tokens are read against.
 
     python -m gpt.ngram_floor                       # the cpu profile's data, windows and target
     python -m gpt.ngram_floor --order 5 --records records/cpu-cpu
@@ -83,8 +85,9 @@ class KneserNey:
         self.cont = [_level(*np.unique(raw[n][0] % vocab**n, return_counts=True), vocab) for n in range(1, order)]
 
     def probabilities(self, histories: np.ndarray, nexts: np.ndarray) -> np.ndarray:
-        """P(next | history) for each row: `histories` [N, k] (k < order characters, the last the nearest),
-        `nexts` [N]. The longest level is the k + 1-gram's counts; the shorter ones the continuation counts."""
+        """P(next | history) for each row: `histories` [N, k] (k < order characters, the last the nearest), `nexts` [N].
+
+        The longest level is the k + 1-gram's counts; the shorter ones the continuation counts."""
         histories, nexts = np.asarray(histories, dtype=np.int64).reshape(len(nexts), -1), np.asarray(nexts)
         k = histories.shape[1]
         if k >= self.order:
@@ -109,8 +112,9 @@ class KneserNey:
         return np.where(seen, (np.maximum(count - d, 0) + d * types * lower) / np.maximum(total, 1), lower)
 
     def cross_entropy(self, windows: np.ndarray) -> float:
-        """Mean -log P in nats over every target of `windows` [W, block + 1]: target i (window[i + 1]) from the
-        up-to-(order - 1) characters before it in the window."""
+        """Mean -log P in nats over every target of `windows` [W, block + 1].
+
+        Target i (window[i + 1]) is predicted from the up-to-(order - 1) characters before it in the window."""
         block = windows.shape[1] - 1
         nll = 0.0
         for i in range(block):

@@ -1,5 +1,7 @@
-"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018, "An Empirical
-Model of Large-Batch Training", appendix A.1): the measurement behind the speedrun ladder's batch and learning rate.
+"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018).
+
+The estimate is that of "An Empirical Model of Large-Batch Training", appendix A.1: the measurement behind the speedrun
+ladder's batch and learning rate.
 
     python -m gpt.noise_scale --profile cpu --out noise_scale_cpu.json --batches 12,24,48,96,192
 
@@ -65,8 +67,9 @@ CHOOSES_FOR = "speedrun_2_batch_lr"  # the stage that trains at the chosen batch
 
 
 def step_estimates(small_sq, big_sq, b_small: float, b_big: float):
-    """Unbiased estimates of |G|^2 and of S = tr(Sigma) from one draw of |G_small|^2 and |G_big|^2 (floats or
-    tensors of draws): the paper's appendix A.1."""
+    """Unbiased estimates of |G|^2 and of S = tr(Sigma) from one draw of |G_small|^2 and |G_big|^2.
+
+    The draws may be floats or tensors of draws; the estimates are the paper's appendix A.1."""
     g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
     s = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
     return g2, s
@@ -78,8 +81,9 @@ def b_simple(g2: list[float], s: list[float]) -> float:
 
 
 def ema(values: list[float], steps: float) -> list[float]:
-    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments
-    are (the first values are not pulled towards 0)."""
+    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments are.
+
+    The bias correction keeps the first values from being pulled towards 0."""
     beta, avg, out = 1 - 1 / steps, 0.0, []
     for t, v in enumerate(values, 1):
         avg = beta * avg + (1 - beta) * v
@@ -88,10 +92,12 @@ def ema(values: list[float], steps: float) -> list[float]:
 
 
 class HalvesNorms:
-    """During each step of a run whose batch is two halves of `half` micro-batches each: a hook on every parameter
-    reads its gradient after the first half (gA) and after both (G = (gA + gB) / 2) and adds, on the device, the
-    step's |G_small|^2 = (|gA|^2 + |gB|^2) / 2 and |G_big|^2 = |G|^2 into row `step()` of `norms`. It reads the
-    gradient before clipping (clip_grad_norm_ follows the backward passes) and changes nothing."""
+    """Gradient hooks that record each step's squared norms in a run whose batch is two halves of `half` micro-batches.
+
+    During each step, a hook on every parameter reads its gradient after the first half (gA) and after both
+    (G = (gA + gB) / 2) and adds, on the device, the step's |G_small|^2 = (|gA|^2 + |gB|^2) / 2 and |G_big|^2 = |G|^2
+    into row `step()` of `norms`. It reads the gradient before clipping (clip_grad_norm_ follows the backward passes)
+    and changes nothing."""
 
     def __init__(self, params: list[torch.nn.Parameter], half: int, steps: int, step, device: torch.device):
         self.half, self.step = half, step
@@ -133,9 +139,10 @@ def halves_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "noise scale") -> dict:
-    """Train `cfg` (default: speed_0's time-to-loss settings of `profile`) to its budget, its batch as two halves;
-    return the curve (at every evaluation: tokens, validation loss, the moving averages of |G|^2 and S, B_simple)
-    and B_noise, the means over the window from READ_FROM of the budget on."""
+    """Train `cfg` (default: speed_0's time-to-loss settings of `profile`) to its budget, its batch as two halves.
+
+    Returns the curve (at every evaluation: tokens, validation loss, the moving averages of |G|^2 and S, B_simple) and
+    B_noise, the means over the window from READ_FROM of the budget on."""
     cfg = cfg or stage_config(BASELINE, profile, to_a_loss=True)
     if not cfg.train_tokens:
         raise UserError("measuring the noise scale trains to a token budget: the config has none (train_tokens)")
@@ -209,10 +216,12 @@ def noise_record(
 
 
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
-    """Seconds of one training step of `cfg` at each batch size on its device: the mean of `repeats` steps after
-    `warmup` untimed ones, timed as training to a loss times its steps (gpt/time_to_loss.py: TrainingClock): the
-    device synchronised before the first and after the last, none between them (data feed included, as training
-    has it). A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
+    """Seconds of one training step of `cfg` at each batch size on its device.
+
+    Each is the mean of `repeats` steps after `warmup` untimed ones, timed as training to a loss times its steps
+    (gpt/time_to_loss.py: TrainingClock): the device synchronised before the first and after the last, none between them
+    (data feed included, as training has it). A compiled `cfg` compiles afresh at each batch, with static shapes, as the
+    stage at that batch does."""
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:
@@ -236,8 +245,10 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
 
 
 def choose_batch(b_noise: float, times: dict[int, float], baseline: int) -> dict:
-    """The batch that minimises the predicted time to a loss, (1 + B_noise/B) t(B) (steps to the loss times the
-    step's seconds, up to the common factor S_min), and its predicted speedup over the baseline's batch."""
+    """The batch that minimises the predicted time to a loss, (1 + B_noise/B) t(B), and its predicted speedup.
+
+    The time is the steps to the loss times the step's seconds, up to the common factor S_min; the speedup is over the
+    baseline's batch."""
     if baseline not in times:
         raise ValueError(f"the baseline's batch {baseline} has no step time")
     if not b_noise > 0:
@@ -253,8 +264,10 @@ def choose_batch(b_noise: float, times: dict[int, float], baseline: int) -> dict
 
 
 def suggested_settings(cfg: TrainConfig, batch: int) -> dict:
-    """The starting point for a sweep at `batch`: the square-root rule for Adam's learning rate, and beta2 with its
-    half-life unchanged in tokens (beta2^(B/B0)); the warm-up is already in tokens."""
+    """The starting point for a sweep at `batch`: `cfg`'s learning rates and beta2 scaled to that batch.
+
+    The learning rate follows the square-root rule for Adam, and beta2 keeps its half-life unchanged in tokens
+    (beta2^(B/B0)); the warm-up is already in tokens."""
     ratio = batch / cfg.batch_size
     return {"lr": cfg.lr * math.sqrt(ratio), "min_lr": cfg.min_lr * math.sqrt(ratio), "beta2": cfg.betas[1] ** ratio}
 
@@ -273,8 +286,10 @@ def parse_batches(text: str) -> list[int]:
 
 
 def timed_batches(baseline: int, stage: int, text: str | None) -> list[int]:
-    """The batches t(B) is timed at: `text`'s (--batches), else BATCH_MULTIPLES of the baseline's; with the baseline's
-    and the one the batch stage trains at, so the choice is always weighed against what the stage runs."""
+    """The batches t(B) is timed at: `text`'s (--batches), else BATCH_MULTIPLES of the baseline's.
+
+    The baseline's batch and the one the batch stage trains at are always among them, so the choice is always weighed
+    against what the stage runs."""
     chosen = parse_batches(text) if text else [m * baseline for m in BATCH_MULTIPLES]
     return sorted({*chosen, baseline, stage})
 

@@ -1,5 +1,7 @@
-"""Every optimization of the ladders, each declared once in its home module beside the code it switches on
-(gpt/optimizations/optimization.py says what a declaration holds), and the questions asked of all of them.
+"""Every optimization of the ladders, and the questions asked of all of them.
+
+Each is declared once in its home module beside the code it switches on (gpt/optimizations/optimization.py says what a
+declaration holds).
 
 Each home's docstring opens with what it holds; docs/design.md maps them. A home's optimizations are found where they
 are declared (`OPTIMIZATIONS`), so adding one touches no list here.
@@ -17,9 +19,10 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan
 
 
 def _declared_in_homes() -> tuple[Optimization, ...]:
-    """Every `Optimization` a module of this package declares at its top level, home by home in the order of their
-    names, each in its home's order. A new optimization is found where it is declared: there is no list to add it to,
-    and no question below depends on the order."""
+    """Every `Optimization` this package's modules declare at top level, home by home in the order of their names.
+
+    Within a home they come in its order. A new optimization is found where it is declared: there is no list to add it
+    to, and no question below depends on the order."""
     found: dict[int, Optimization] = {}
     for home in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         for value in vars(importlib.import_module(f"{__name__}.{home}")).values():
@@ -38,15 +41,18 @@ def owner(field: str) -> Optimization | None:
 
 
 def changed(before: dict, after: dict) -> list[Optimization]:
-    """The optimizations whose fields differ between two configs (TrainConfig.to_dict(), or a record's
-    'config'), in the order of their first changed field."""
+    """The optimizations whose fields differ between two configs, in the order of their first changed field.
+
+    The configs are TrainConfig.to_dict() or a record's 'config'."""
     fields = [f for f, v in after.items() if f in _OWNER and before.get(f) != v]
     return list(dict.fromkeys(_OWNER[f] for f in fields))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """`cfg`, checked: a UserError for its first bad setting, the run's own first (TrainConfig.check_run_settings:
-    gpt.config knows no optimization), then the first an optimization cannot take."""
+    """`cfg`, checked: a UserError for its first bad setting.
+
+    The run's own settings come first (TrainConfig.check_run_settings: gpt.config knows no optimization), then the first
+    an optimization cannot take."""
     cfg.check_run_settings()
     for opt in OPTIMIZATIONS:
         if opt.checks:
@@ -63,8 +69,9 @@ def why_no_effect(optimizations: list[Optimization], cfg, device) -> str | None:
 
 
 def why_cannot_run(cfg, device_type: str) -> str | None:
-    """Why a stage with `cfg` cannot run on this machine (a 'skipped' record), or None: every optimization's reason,
-    so that a user who removes one is not met by the next."""
+    """Why a stage with `cfg` cannot run on this machine (a 'skipped' record), or None.
+
+    Every optimization's reason is given, so that a user who removes one is not met by the next."""
     reasons = (opt.cannot_run(cfg, device_type) for opt in OPTIMIZATIONS if opt.cannot_run)
     return "; ".join(dict.fromkeys(r for r in reasons if r)) or None
 

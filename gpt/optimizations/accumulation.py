@@ -1,5 +1,6 @@
-"""Gradient accumulation (memory_1): each batch split into micro-batches whose losses are divided by their number,
-so the summed gradients are the whole batch's, with one micro-batch's activations alive at a time.
+"""Gradient accumulation (memory_1): each batch split into micro-batches, one micro-batch's activations alive at a time.
+
+The micro-batches' losses are divided by their number, so the summed gradients are the whole batch's.
 
 The code is the micro-batch loop of gpt/train.py:train_step (with DDP, only the last micro-batch all-reduces).
 """
@@ -20,8 +21,9 @@ def micro_batches(cfg: TrainConfig) -> int:
 
 
 def split_further(cfg: TrainConfig, factor: int) -> TrainConfig:
-    """`cfg` with every micro-batch split into `factor` (the same update up to rounding: gpt/noise_scale.py reads the
-    halves' gradients this way, and validates it); a UserError where the batch does not divide."""
+    """`cfg` with every micro-batch split into `factor`; a UserError where the batch does not divide.
+
+    The update is the same up to rounding: gpt/noise_scale.py reads the halves' gradients this way, and validates it."""
     if cfg.batch_size % (factor * cfg.grad_accum_steps):
         raise UserError(
             f"batch size {cfg.batch_size} does not split into {factor} x {cfg.grad_accum_steps} micro-batches"

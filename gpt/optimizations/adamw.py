@@ -11,9 +11,10 @@ from gpt.optimizations.optimization import Optimization
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, skip=()) -> torch.optim.AdamW:
-    """AdamW as the reference: weight decay on the weights of Linear layers (the tied embedding is the
-    lm_head's weight, so it is one of them), none on biases, LayerNorm and position embeddings. `skip`: parameters
-    another optimizer updates (Muon's hidden matrices, gpt/optimizations/muon.py).
+    """AdamW as the reference: weight decay on Linear layers' weights, none on biases, LayerNorm or position embeddings.
+
+    The tied embedding is the lm_head's weight, so it is one of them. `skip`: parameters another optimizer updates
+    (Muon's hidden matrices, gpt/optimizations/muon.py).
 
     foreach=True updates all parameters with a few multi-tensor kernels, which needs temporaries the
     size of all parameters at once; foreach=False loops over parameters, so its temporaries are one

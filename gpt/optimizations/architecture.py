@@ -1,7 +1,8 @@
-"""Today's small-GPT architecture (the speedrun ladder): the blocks of modded-nanogpt and nanochat instead of
-GPT-2's. This CHANGES the model: it is a different function with different parameters, trained from its own
-initialisation, so no equivalence with GPT-2 is claimed; a stage with it is judged only by how soon it reaches
-the same target validation loss.
+"""Today's small-GPT architecture (the speedrun ladder): the blocks of modded-nanogpt and nanochat instead of GPT-2's.
+
+This CHANGES the model: it is a different function with different parameters, trained from its own initialisation, so
+no equivalence with GPT-2 is claimed; a stage with it is judged only by how soon it reaches the same target validation
+loss.
 
 `architecture="modern"` sets five GPTConfig fields; the code is the model's own (gpt/model.py), each field
 switching one change, so a single change can also be built and measured alone:

@@ -1,5 +1,6 @@
-"""Activation checkpointing (memory_2): each transformer block keeps only its input in the forward pass and
-recomputes the rest during backward.
+"""Activation checkpointing (memory_2): each transformer block's inside is recomputed during backward.
+
+Each block keeps only its input in the forward pass and recomputes the rest during backward.
 """
 
 import torch.nn as nn
@@ -9,9 +10,10 @@ from gpt.optimizations.optimization import Optimization
 
 
 def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
-    """Activation checkpointing: keep only each transformer block's input during the forward pass and
-    recompute the block's inside during backward. Trades about one extra forward for the activations of
-    every block. The RNG state is saved and restored, so dropout masks (and gradients) are unchanged.
+    """Keep only each transformer block's input in the forward pass and recompute the block's inside during backward.
+
+    Activation checkpointing trades about one extra forward for the activations of every block. The RNG state is saved
+    and restored, so dropout masks (and gradients) are unchanged.
 
     early_stop=False: the recomputation runs the whole block (one residual add more) instead of stopping as
     soon as the last saved tensor is back. PyTorch stops it by raising an exception from inside that op (here

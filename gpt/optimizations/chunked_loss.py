@@ -1,5 +1,6 @@
-"""The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss computed
-chunk by chunk of rows, so the (rows x vocabulary) logits never exist at once.
+"""The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss by chunks of rows.
+
+The head and the loss are computed chunk by chunk of rows, so the (rows x vocabulary) logits never exist at once.
 
 Three maintained implementations compute it; which ones a machine has depends on its PyTorch and packages:
 
@@ -73,10 +74,12 @@ def installed(name: str) -> bool:
 
 
 def torch_op_takes_our_call() -> bool:
-    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes: the keywords
-    linear_bias= and options=, and torch.nn.LinearCrossEntropyOptions with the fields loss_chunking sets. The
-    function's name came into torch's history before these: asking for the name alone would let a torch with the
-    older function fail the stage with a TypeError instead of falling back to liger / cce or skipping it."""
+    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes.
+
+    The call needs the keywords linear_bias= and options=, and torch.nn.LinearCrossEntropyOptions with the fields
+    loss_chunking sets. The function's name came into torch's history before these: asking for the name alone would let
+    a torch with the older function fail the stage with a TypeError instead of falling back to liger / cce or skipping
+    it."""
     op, options = getattr(F, "linear_cross_entropy", None), getattr(torch.nn, "LinearCrossEntropyOptions", None)
     if op is None or not dataclasses.is_dataclass(options):
         return False
@@ -102,8 +105,9 @@ def available(name: str, device_type: str) -> bool:
 
 
 def resolve(choice: str, device_type: str) -> str:
-    """The implementation a run uses: `choice` ("auto": the first of IMPLEMENTATIONS available on the device);
-    a UserError saying what to install when there is none, or the one asked for is missing."""
+    """The implementation a run uses: `choice` ("auto": the first of IMPLEMENTATIONS available on the device).
+
+    A UserError says what to install when there is none, or the one asked for is missing."""
     if choice != "auto":
         check_impl(choice)
         if not installed(choice):
@@ -153,8 +157,9 @@ def chunked_cross_entropy(
     padding_bias: torch.Tensor | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
-    """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`, -inf on the rows past `vocab_size`) against
-    `targets`, without the full logits, computed by implementation `impl` (resolved if "auto")."""
+    """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`) against `targets`, without the full logits.
+
+    `padding_bias` is -inf on the rows past `vocab_size`. Computed by implementation `impl` (resolved if "auto")."""
     device_type = x.device.type
     impl = resolve(impl, device_type) if impl == "auto" else impl
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
@@ -170,9 +175,10 @@ def chunked_cross_entropy(
 def triton_library_loss(
     impl: str, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """liger's or Cut Cross-Entropy's kernels, run as the library ships them, outside torch.compile (a compiled
-    model's graph breaks here): on torch 2.11 Dynamo could not trace liger's autograd function (fake tensors fail
-    on its torch.addmm(out_dtype=..., out=...); fast_6 died before its first step on an H100), and Inductor has
+    """liger's or Cut Cross-Entropy's kernels, run as the library ships them, outside torch.compile.
+
+    A compiled model's graph breaks here: on torch 2.11 Dynamo could not trace liger's autograd function (fake tensors
+    fail on its torch.addmm(out_dtype=..., out=...); fast_6 died before its first step on an H100), and Inductor has
     nothing to add to a library's own Triton kernels."""
     if impl == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -185,11 +191,12 @@ def triton_library_loss(
 
 
 def loss_chunking(device_type: str):
-    """How F.linear_cross_entropy (a torch.nn.LinearCrossEntropyOptions) chunks and accumulates. CUDA: the
-    library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
-    inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the
-    shape's aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype (the
-    measurements that chose both: docs/design.md, "The figures behind the rules")."""
+    """How F.linear_cross_entropy chunks and accumulates, as a torch.nn.LinearCrossEntropyOptions.
+
+    CUDA: the library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
+    inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the shape's
+    aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype (the measurements that
+    chose both: docs/design.md, "The figures behind the rules")."""
     if device_type == "cuda":
         return torch.nn.LinearCrossEntropyOptions()
     return torch.nn.LinearCrossEntropyOptions(
@@ -219,9 +226,11 @@ def time_head_and_loss(
     warmup: int = 3,
     repeats: int = 20,
 ) -> dict:
-    """Milliseconds of one forward and backward of the output head and the loss, `loss_fn(x, weight, targets,
-    vocab, bias)`, at a shape (median, min, max over `repeats` calls after `warmup`; CUDA: the peak MiB too), on
-    real tensors with the random state put back as it was (a stage measures this while it builds its model)."""
+    """Milliseconds of one forward and backward of the output head and the loss at a shape.
+
+    The loss is `loss_fn(x, weight, targets, vocab, bias)`; the figures are the median, min and max over `repeats` calls
+    after `warmup` (CUDA: the peak MiB too), on real tensors with the random state put back as it was (a stage measures
+    this while it builds its model)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -258,11 +267,12 @@ def time_head_and_loss(
 
 
 def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
-    """The loss a stage computes, and why it is not the one its config asks for (None when it is): cfg.loss, except
-    in a run for time (cfg.goal) with the implementation left to "auto", where the full loss computes the same
-    mathematics: there the full loss where no chunked implementation runs on this device, or where the chunked one
-    was measured slower at the stage's shape. A run for memory, or one that names its implementation, keeps the
-    chunked loss: its point there is the logits it never holds, or the library the user asked for."""
+    """The loss a stage computes, and why it is not the one its config asks for (None when it is).
+
+    It is cfg.loss, except in a run for time (cfg.goal) with the implementation left to "auto", where the full loss
+    computes the same mathematics: there the full loss where no chunked implementation runs on this device, or where the
+    chunked one was measured slower at the stage's shape. A run for memory, or one that names its implementation, keeps
+    the chunked loss: its point there is the logits it never holds, or the library the user asked for."""
     if not _falls_back(cfg):
         return cfg.loss, None
     if missing := why_unavailable(cfg.loss_impl, device_type):
@@ -271,8 +281,9 @@ def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str,
 
 
 def missing_here(cfg: TrainConfig, device_type: str) -> str | None:
-    """Why a run for time computes the full loss on this device for want of a chunked implementation (None when it
-    has one, or does not fall back): said once when a run starts."""
+    """Why a run for time computes the full loss on this device for want of a chunked implementation, or None.
+
+    None when the device has one, or the run does not fall back. Said once when a run starts."""
     return why_unavailable(cfg.loss_impl, device_type) if _falls_back(cfg) else None
 
 
@@ -281,9 +292,10 @@ def _falls_back(cfg: TrainConfig) -> bool:
 
 
 def measured_loss_choice(cfg: TrainConfig, vocab_size: int, device_type: str) -> tuple[str, str | None]:
-    """The chunked loss where its head and loss, forward and backward, at the stage's micro-batch rows, width,
-    (padded) vocabulary and precision, compiled when the stage compiles, was measured faster than the full loss's
-    on this device; else the full loss. Measured once per machine (gpt/machine_cache.py)."""
+    """The chunked loss where it was measured faster than the full loss on this device; else the full loss.
+
+    The measurement is of the head and loss, forward and backward, at the stage's micro-batch rows, width, (padded)
+    vocabulary and precision, compiled when the stage compiles. Measured once per machine (gpt/machine_cache.py)."""
     impl = resolve(cfg.loss_impl, device_type)
     device = torch.device(device_type)
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
@@ -351,9 +363,10 @@ def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def _simulated_with_torch(plan: SimulationPlan) -> None:
-    """Triton kernels cannot run on fake tensors: the chunked loss is simulated with PyTorch's own op, whichever
-    implementation the stage uses (liger also keeps the head's fp32 weight gradient from forward to backward,
-    which PyTorch's does not). A CPU estimate computes the loss the stage's run chose."""
+    """Have the memory planner simulate the chunked loss with PyTorch's own op, whichever implementation the stage uses.
+
+    Triton kernels cannot run on fake tensors (liger also keeps the head's fp32 weight gradient from forward to
+    backward, which PyTorch's does not). A CPU estimate computes the loss the stage's run chose."""
     if plan.cfg.loss != "chunked":
         return
     if plan.target == "cpu" and loss_used(plan.source, "cpu", plan.vocab_size)[0] == "full":

@@ -1,6 +1,8 @@
-"""torch.compile (speed_4): the model traced into graphs whose element-wise ops are fused into fewer kernels; on
-CUDA in "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). And the rule
-that compiles only where it pays within the run (speedrun_12): a short run to a loss on a CPU stays eager.
+"""torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
+
+With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
+"reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a short
+run to a loss on a CPU stays eager.
 """
 
 import torch
@@ -17,10 +19,11 @@ CPU_COMPILE_PAYS_AFTER_STEPS = 3000
 
 
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
-    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here (None where it
-    compiles as asked, or does not ask): asked once per run (gpt/choices.py). On CUDA 'reduce-overhead', as the
-    reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on the CPU, which gets the
-    default mode."""
+    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here.
+
+    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/choices.py). On CUDA
+    'reduce-overhead', as the reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on
+    the CPU, which gets the default mode."""
     why = compile_skipped(cfg, device)
     if not cfg.compile or why:
         return None, why
@@ -33,10 +36,11 @@ def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
-    """Why a stage that asks to compile only where it pays runs eager here, or None (compiled as asked): a run to a
-    loss on a CPU too short for a cold compilation to earn back its cost. A GPU compiles: its compiled step was not
-    measured against an eager one at this shape here, and a CUDA graph removes the launch overhead that dominates
-    a small model's eager step."""
+    """Why a stage that asks to compile only where it pays runs eager here, or None (compiled as asked).
+
+    It runs eager in a run to a loss on a CPU too short for a cold compilation to earn back its cost. A GPU compiles:
+    its compiled step was not measured against an eager one at this shape here, and a CUDA graph removes the launch
+    overhead that dominates a small model's eager step."""
     if not (cfg.compile and cfg.compile_if_it_pays) or device.type != "cpu" or not cfg.train_tokens:
         return None
     steps = cfg.train_tokens // cfg.tokens_per_step
@@ -49,14 +53,18 @@ def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def uses_cuda_graphs(mode: str | None) -> bool:
-    """Whether a step compiled in this mode replays CUDA graphs: each step must then be marked as a new iteration,
-    and what a graph returns is overwritten by its next replay unless it is copied."""
+    """Whether a step compiled in this mode replays CUDA graphs.
+
+    Each step must then be marked as a new iteration, and what a graph returns is overwritten by its next replay unless
+    it is copied."""
     return mode == "reduce-overhead"
 
 
 def compile_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax,
-    layer norm) into fewer kernels that read and write memory once."""
+    """The model compiled in the run's mode, or the model itself where it runs eager.
+
+    torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax, layer norm) into fewer
+    kernels that read and write memory once."""
     mode = compile_mode(cfg, device)
     return torch.compile(model, mode=mode) if mode else model
 

@@ -1,5 +1,7 @@
-"""Feeding the device: a bigger batch (speed_1), DataLoader workers (speed_2), pinned memory with non-blocking copies
-(speed_3), and pre-tokenised batches made on the device without a DataLoader (fast_1).
+"""Feeding the device: a bigger batch, DataLoader workers, pinned memory, and batches made on the device.
+
+The stages: a bigger batch (speed_1), DataLoader workers (speed_2), pinned memory with non-blocking copies (speed_3),
+and pre-tokenised batches made on the device without a DataLoader (fast_1).
 
 `make_loader` builds the stage's batches and `to_device` copies each one; `training_data` is the data set they
 come from. Every setting left as the baseline has it gives the baseline's plain DataLoader.
@@ -19,8 +21,9 @@ DATASETS = ("raw_text", "tokens")  # raw text processed per sample in __getitem_
 
 
 def training_data(cfg: TrainConfig):
-    """The training split as the stage reads it: raw text normalised and tokenised per sample (the baseline's
-    per-sample CPU work), or windows of the pre-tokenised token array."""
+    """The training split as the stage reads it: raw text, or windows of the pre-tokenised token array.
+
+    Raw text is normalised and tokenised per sample (the baseline's per-sample CPU work)."""
     return make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
 
 
@@ -53,9 +56,10 @@ def non_blocking(cfg: TrainConfig, device: torch.device) -> bool:
 
 
 def to_device(batch, device: torch.device, cfg: TrainConfig):
-    """Copy a batch to the device. With pinned memory, non_blocking=True lets the host queue the copy and
-    go on (the copy overlaps with GPU work already queued); from pageable memory, or to the CPU, it is
-    an ordinary copy."""
+    """Copy a batch to the device.
+
+    With pinned memory, non_blocking=True lets the host queue the copy and go on (the copy overlaps with GPU work
+    already queued); from pageable memory, or to the CPU, it is an ordinary copy."""
     return tuple(t.to(device, non_blocking=non_blocking(cfg, device)) for t in batch)
 
 

@@ -30,8 +30,9 @@ ATTENTION_CACHE = "cpu_attention"  # gpt/machine_cache.py's file of measured att
 
 
 def explicit_attention(q, k, v, mask: torch.Tensor, dropout: torch.nn.Module) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d), causally masked) v, the B x H x T x T scores materialised, as the reference model
-    computed it. `mask` is the (T, T) lower triangle of allowed positions."""
+    """softmax(q k^T / sqrt(d), causally masked) v with the B x H x T x T scores materialised.
+
+    This is how the reference model computed it. `mask` is the (T, T) lower triangle of allowed positions."""
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
     att = att.masked_fill(~mask, float("-inf"))
     return dropout(F.softmax(att, dim=-1)) @ v
@@ -43,8 +44,9 @@ def fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
 
 
 def attention_used(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
-    """The attention a stage computes with, and why it is not the one its config asks for (None when it is): SDPA
-    except where it was measured slower on this device in a run for time (cfg.goal). A run for memory keeps it: it
+    """The attention a stage computes with, and why it is not the one its config asks for (None when it is).
+
+    SDPA except where it was measured slower on this device in a run for time (cfg.goal). A run for memory keeps it: it
     never holds the scores."""
     if cfg.attention != "sdpa" or cfg.goal != "time":
         return cfg.attention, None
@@ -52,9 +54,10 @@ def attention_used(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]
 
 
 def measured_attention_choice(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
-    """SDPA where one forward and backward of it, at the stage's micro-batch, heads, positions, head size,
-    precision, dropout and compilation, was measured faster on this device than the explicit attention's; else the
-    explicit one. Measured once per machine (gpt/machine_cache.py)."""
+    """SDPA where it was measured faster on this device than the explicit attention; else the explicit one.
+
+    The measurement is of one forward and backward at the stage's micro-batch, heads, positions, head size, precision,
+    dropout and compilation. Measured once per machine (gpt/machine_cache.py)."""
     device = torch.device(device_type)
     shape = cfg.model_shape
     batch, heads, positions = cfg.micro_batch_size, shape["n_head"], cfg.block_size
@@ -89,9 +92,11 @@ def time_attentions(
     compiled: bool,
     device: torch.device | None = None,
 ) -> list[float]:
-    """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`: the median of
-    ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under FakeTensorMode),
-    with the random state put back as it was (a stage measures this while it builds its model, after seeding it)."""
+    """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`.
+
+    Each is the median of ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under
+    FakeTensorMode), with the random state put back as it was (a stage measures this while it builds its model, after
+    seeding it)."""
     device = device or torch.device("cpu")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -134,9 +139,10 @@ def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def _simulated_as_run(plan: SimulationPlan) -> None:
-    """A CPU estimate computes with the attention the stage's run chose, measured compiled when the stage compiles
-    (the planner itself runs eager: compiling speeds up the explicit attention only, so SDPA chosen against the
-    compiled one stays chosen against the eager one)."""
+    """A CPU estimate computes with the attention the stage's run chose, measured compiled when the stage compiles.
+
+    The planner itself runs eager: compiling speeds up the explicit attention only, so SDPA chosen against the compiled
+    one stays chosen against the eager one."""
     if plan.cfg.attention == "sdpa" and plan.target == "cpu":
         plan.cfg.attention = attention_used(plan.source, "cpu")[0]
 

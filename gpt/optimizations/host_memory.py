@@ -38,8 +38,9 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> str | None:
-    """Set glibc to keep freed blocks for reuse, for the rest of the process, where the run asks and it can; returns
-    what the C allocator now does with freed blocks, for the record (None: as the C library does by default)."""
+    """Set glibc to keep freed blocks for reuse, for the rest of the process, where the run asks and it can.
+
+    Returns what the C allocator now does with freed blocks, for the record (None: as the C library does by default)."""
     if not cfg.keep_host_memory or _why_not(cfg, device):
         return None
     libc = _glibc()

@@ -1,5 +1,6 @@
-"""Muon (the speedrun ladder): the transformer blocks' weight matrices are updated with Muon, everything else with
-the reference's AdamW.
+"""Muon (the speedrun ladder): the transformer blocks' weight matrices are updated with Muon, the rest with AdamW.
+
+Everything else keeps the reference's AdamW.
 
 Muon (Keller Jordan, 2024; torch.optim.Muon, PyTorch 2.9 and newer) keeps one momentum buffer per matrix and
 replaces the update by its nearest semi-orthogonal matrix (five Newton-Schulz iterations, in bf16): every direction
@@ -28,16 +29,19 @@ OPTIMIZERS = ("adamw", "muon")
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """Muon's parameters: the 2-D weights inside the transformer blocks (attention's c_attn and c_proj, the MLP's
-    c_fc and c_proj). Found through the blocks, not by shape: the embeddings are 2-D too, and stay AdamW's."""
+    """Muon's parameters: the 2-D weights inside the transformer blocks.
+
+    They are attention's c_attn and c_proj and the MLP's c_fc and c_proj, found through the blocks, not by shape: the
+    embeddings are 2-D too, and stay AdamW's."""
     gpt = getattr(model, "module", model)  # DDP wraps the GPT; checkpointing and FSDP keep its attributes
     return [p for p in gpt.transformer.h.parameters() if p.ndim == 2 and p.requires_grad]
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """Muon and AdamW as one optimizer, so that train_step, GradScaler (unscale_, step) and the schedule treat it as
-    any other. Its param_groups are the two optimizers' own group dicts (a learning rate set on one of them is the one
-    that steps); its state is a view of theirs; step() steps both."""
+    """Muon and AdamW as one optimizer that train_step, GradScaler (unscale_, step) and the schedule treat as any other.
+
+    Its param_groups are the two optimizers' own group dicts (a learning rate set on one of them is the one that steps);
+    its state is a view of theirs; step() steps both."""
 
     def __init__(
         self,
@@ -66,9 +70,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """The learning rates a curve records: AdamW's as `lr`, and Muon's as `muon_lr` where Muon holds the blocks'
-    matrices. AdamW's is the run's `lr` setting in every stage; Muon's groups come first in MuonWithAdamW's list, so
-    its first group's rate would pass for the run's."""
+    """The learning rates a curve records: AdamW's as `lr`, Muon's as `muon_lr` where Muon holds the blocks' matrices.
+
+    AdamW's is the run's `lr` setting in every stage; Muon's groups come first in MuonWithAdamW's list, so its first
+    group's rate would pass for the run's."""
     if isinstance(optimizer, MuonWithAdamW):
         return {"lr": optimizer.adamw.param_groups[0]["lr"], "muon_lr": optimizer.muon.param_groups[0]["lr"]}
     return {"lr": optimizer.param_groups[0]["lr"]}
@@ -77,8 +82,10 @@ def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
 def newton_schulz_fp32(
     grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
 ) -> torch.Tensor:
-    """torch's Newton-Schulz iteration (torch/optim/_muon.py: _zeropower_via_newtonschulz, the same quintic with the
-    same coefficients and steps), in float32 instead of its hard-coded bfloat16."""
+    """torch's Newton-Schulz iteration in float32 instead of its hard-coded bfloat16.
+
+    The iteration is torch/optim/_muon.py's _zeropower_via_newtonschulz: the same quintic with the same coefficients and
+    steps."""
     a, b, c = ns_coefficients
     x = grad.float()
     tall = x.size(0) > x.size(1)
@@ -92,10 +99,12 @@ def newton_schulz_fp32(
 
 @contextlib.contextmanager
 def newton_schulz_in(dtype: torch.dtype):
-    """torch's Muon runs its Newton-Schulz iterations in bf16, hard-coded. A CPU without bf16 units emulates bf16
-    matmuls, tens of times slower than fp32 (gpt/optimizations/precision.py measures it): a Muon step there took longer
-    than the forward and backward passes together. On such a device the same iterations run in float32 (more
-    precise, not less), swapped in for Muon's step only."""
+    """Within the context, torch's Muon runs its Newton-Schulz iterations in `dtype` (bf16 as shipped, else float32).
+
+    torch's Muon runs them in bf16, hard-coded. A CPU without bf16 units emulates bf16 matmuls, tens of times slower
+    than fp32 (gpt/optimizations/precision.py measures it): a Muon step there took longer than the forward and backward
+    passes together. On such a device the same iterations run in float32 (more precise, not less), swapped in for Muon's
+    step only."""
     if dtype == torch.bfloat16:
         yield
         return
@@ -115,10 +124,12 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
 
 
 def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
-    """Muon for the hidden matrices at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all
-    passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW for the rest, with
-    adamw.py's make_optimizer's groups and settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols)))
-    keeps the update's RMS alike across the blocks' rectangular matrices."""
+    """Muon for the hidden matrices and AdamW for the rest, as one optimizer.
+
+    Muon runs at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all passed explicitly
+    (torch's default weight decay, 0.1, is not this project's); AdamW with adamw.py's make_optimizer's groups and
+    settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols))) keeps the update's RMS alike across
+    the blocks' rectangular matrices."""
     hidden = hidden_matrices(model)
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
     return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))

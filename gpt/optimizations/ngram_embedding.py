@@ -1,6 +1,8 @@
-"""The bigram embedding (the speedrun ladder): a learned vector for each (previous token, token) pair, added to the
-token embedding. This CHANGES the model (new parameters), so no equivalence is claimed; it starts at zero, so the
-model's first forward is its parent's, and a stage with it is judged by how soon it reaches the target loss.
+"""The bigram and trigram embeddings (the speedrun ladder): learned vectors for token pairs and triples.
+
+The bigram embedding is a learned vector for each (previous token, token) pair, added to the token embedding. This
+CHANGES the model (new parameters), so no equivalence is claimed; it starts at zero, so the model's first forward is
+its parent's, and a stage with it is judged by how soon it reaches the target loss.
 
 The token embedding tells the first block which token stands at a position; which pair ends there the blocks must
 find by attention. A table indexed by the pair hands it over at the input, for one lookup (modded-nanogpt's record
@@ -29,8 +31,7 @@ TRIGRAM_ROWS = 8192  # the hashed trigram table's rows (the one size tried: docs
 
 
 def bigram_rows(vocab_size: int) -> int:
-    """The bigram table's rows for a vocabulary: one per (previous token or none, token) pair, at most
-    BIGRAM_MAX_ROWS."""
+    """The bigram table's row count: one per (previous token or none, token) pair, at most BIGRAM_MAX_ROWS."""
     return min((vocab_size + 1) * vocab_size, BIGRAM_MAX_ROWS)
 
 

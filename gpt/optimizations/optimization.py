@@ -24,8 +24,10 @@ from gpt.errors import UserError
 
 @dataclass
 class SimulationPlan:
-    """What the memory planner (gpt/memory) runs for a stage, as the optimizations rewrite it: the settings that
-    run on fake CPU tensors, the notes the estimate prints, and whether the training state lives in host memory."""
+    """What the memory planner (gpt/memory) runs for a stage, as the optimizations rewrite it.
+
+    It holds the settings that run on fake CPU tensors, the notes the estimate prints, and whether the training state
+    lives in host memory."""
 
     cfg: TrainConfig  # the simulated settings; a simulate hook may change them
     target: str  # "cuda" or "cpu": whose memory is predicted

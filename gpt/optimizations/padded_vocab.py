@@ -1,5 +1,6 @@
-"""The vocabulary padded to a multiple of 64 (fast_4: 50257 -> 50304 rows), so the output layer's matmuls get
-shapes the kernels tile evenly.
+"""The vocabulary padded to a multiple of 64 (fast_4: 50257 -> 50304 rows) for the output layer's matmuls.
+
+The padding gives the output layer's matmuls shapes the kernels tile evenly.
 
 The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the embedding and the output head, and
 GPT.vocab_mask gives the padding rows a -inf logit bias, so they have probability 0: the loss and the real rows'

@@ -1,5 +1,6 @@
-"""More than one process: DDP (speed_6) and FSDP2 (memory_4), and FSDP's precision and offloading policies (lean_1:
-bf16 compute with fp32 reduction, lean_3: CPU offload).
+"""More than one process: DDP (speed_6) and FSDP2 (memory_4), and FSDP's precision and offloading policies.
+
+The policies are lean_1 (bf16 compute with fp32 reduction) and lean_3 (CPU offload).
 
 `parallelize` wraps the model; gpt/distributed.py launches the processes (torchrun), joins and leaves their group.
 """
@@ -40,7 +41,9 @@ def backend(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """DDP: every rank holds the whole model and trains on its own part of the batch; gradients are
+    """The model wrapped for the stage's processes: DDP, FSDP2, or the model itself for one process.
+
+    DDP: every rank holds the whole model and trains on its own part of the batch; gradients are
     averaged across ranks (all-reduce, in buckets that overlap with backward).
 
     FSDP (FSDP2, `fully_shard`): every rank holds 1/W of each parameter, gradient and optimizer state.
@@ -118,8 +121,10 @@ def _one_ddp_rank(plan: SimulationPlan) -> None:
 
 
 def _ddp_buckets(cfg: TrainConfig, raw, target: str):
-    """One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP
-    wraps the model to the end of the run, so it adds to the peak wherever the peak is."""
+    """DDP's gradient buckets as memory the planner's simulation does not see (MiB, what, where), or None.
+
+    One flat buffer per bucket (~25 MiB each) holds every gradient for the all-reduce, from the moment DDP wraps the
+    model to the end of the run, so it adds to the peak wherever the peak is."""
     if cfg.distributed != "ddp" or target != "cuda":
         return None
     buckets = cuda_block_bytes(sum(p.numel() * p.element_size() for p in raw.parameters())) / MiB
@@ -177,8 +182,10 @@ FSDP_MIXED_PRECISION = Optimization(
 
 
 def compute_dtype(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the stage's matmuls compute in (the peak its MFU is taken against): autocast's, or, with autocast
-    off, the bf16 parameter copies FSDP's mixed precision gathers for compute."""
+    """The dtype the stage's matmuls compute in (the peak its MFU is taken against).
+
+    It is autocast's, or, with autocast off, that of the bf16 parameter copies FSDP's mixed precision gathers for
+    compute."""
     policy = fsdp_policies(cfg, device).get("mp_policy") if autocast_dtype == torch.float32 else None
     return policy.param_dtype if policy else autocast_dtype
 
@@ -196,8 +203,10 @@ def _cannot_offload(cfg: TrainConfig, device_type: str) -> str | None:
 
 
 def _offload_simulated(plan: SimulationPlan) -> None:
-    """Simulated without the policy (on fake CPU tensors everything is host memory anyway); the planner's tracker
-    then counts the offloaded state (sharded parameters, their gradients, AdamW's state and step) apart."""
+    """CPU offload is simulated without the policy, and the planner's tracker counts the offloaded state apart.
+
+    On fake CPU tensors everything is host memory anyway; the offloaded state is the sharded parameters, their
+    gradients, AdamW's state and step."""
     if not plan.cfg.fsdp_cpu_offload:
         return
     if plan.target != "cuda":
@@ -210,9 +219,11 @@ def _offload_simulated(plan: SimulationPlan) -> None:
 
 
 def _shards_in_transit(cfg: TrainConfig, raw, target: str):
-    """Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient
-    shard waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation,
-    where nothing moves between devices, does not see them)."""
+    """The GPU memory of the shards CPU offload has in transit, which the simulation does not see, or None.
+
+    Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient shard
+    waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation, where nothing
+    moves between devices, does not see them)."""
     if not cfg.fsdp_cpu_offload:
         return None
     unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)
