@@ -1,7 +1,9 @@
-"""How a run measures memory: the peak (CUDA's allocator statistics, or MemTracker on the CPU), and one
-instrumented step that gives the memory-over-time curve and the breakdown at the peak (parameters, gradients,
-optimizer state, activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on
-a GPU (README: "How the figures are measured", peak memory).
+"""How a run measures memory: its peak, and one instrumented step's memory-over-time curve and breakdown.
+
+The peak comes from CUDA's allocator statistics, or MemTracker on the CPU. The instrumented step gives
+the memory-over-time curve and the breakdown at the peak (parameters, gradients, optimizer state,
+activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on a GPU
+(README: "How the figures are measured", peak memory).
 """
 
 import math
@@ -23,10 +25,11 @@ TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many p
 
 
 class TimelineMemTracker(MemTracker):
-    """PyTorch's MemTracker (live tensor storage bytes by category: parameters, gradients, optimizer
-    state, activations, temporaries) that also records the total after every op, for a
-    memory-over-time curve. It sees what goes through the dispatcher: on CPU this matches the
-    allocator within ~0.1 MiB for eager code. Under FakeTensorMode it works without allocating."""
+    """PyTorch's MemTracker that also records the total after every op, for a memory-over-time curve.
+
+    MemTracker counts live tensor storage bytes by category: parameters, gradients, optimizer state,
+    activations, temporaries. It sees what goes through the dispatcher: on CPU this matches the allocator
+    within ~0.1 MiB for eager code. Under FakeTensorMode it works without allocating."""
 
     def __init__(self):
         super().__init__()
@@ -103,8 +106,10 @@ def memory_method(device: torch.device, compile_mode: str | None) -> str:
 
 
 def release_cuda_cache(device: torch.device) -> None:
-    """Return the allocator's unused cached segments to the device: after the first step, so that the reserved
-    figure describes training, not what compilation and kernel autotuning cached."""
+    """Return the allocator's unused cached segments to the device.
+
+    Done after the first step, so that the reserved figure describes training, not what compilation and
+    kernel autotuning cached."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -130,8 +135,9 @@ def cuda_peaks_mib(device: torch.device) -> dict | None:
 
 def cpu_step_memory(step, model, optimizer) -> dict:
     """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
-    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's,
-    and a frame it meets under one is marked "skip" for good: every later step would run eager too, with no
+
+    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's, and a
+    frame it meets under one is marked "skip" for good: every later step would run eager too, with no
     recompilation to show for it. The "force_eager" stance keeps dynamo away from the step altogether."""
     tracker = TimelineMemTracker()
     tracker.track_external(model, optimizer)
@@ -164,10 +170,12 @@ MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 
 
 
 class StepMarks:
-    """Where a traced step stands, counted in allocations since recording started (`count()` is the allocator's
-    running number of allocations, which moves by one with every 'alloc' entry of the trace): the span of each
-    forward pass, and which blocks hold parameters, buffers, optimizer state and, as the optimizer is about to
-    step, the gradients. The hooks sit on the module train_step calls, outside any compiled region."""
+    """Where a traced step stands, counted in allocations since recording started.
+
+    `count()` is the allocator's running number of allocations, which moves by one with every 'alloc'
+    entry of the trace. The marks hold the span of each forward pass, and which blocks hold parameters,
+    buffers, optimizer state and, as the optimizer is about to step, the gradients. The hooks sit on the
+    module train_step calls, outside any compiled region."""
 
     def __init__(self, model, optimizer, count):
         self.count, self.start = count, count()
@@ -206,10 +214,11 @@ class StepMarks:
 
 
 def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Path | None = None) -> dict:
-    """Run `step()` with the allocator recording its history; write the snapshot to `path` if given; return
-    {'breakdown_mib': at the peak, 'timeline_mib': allocated MiB through the step, 'snapshot': path's name}.
-    Not MemTracker, as on the CPU: dynamo does not compile under its dispatch mode (it would describe an eager
-    step), and it costs minutes at 36 layers."""
+    """Run `step()` with the allocator recording its history; write the snapshot to `path` if given.
+
+    Returns {'breakdown_mib': at the peak, 'timeline_mib': allocated MiB through the step, 'snapshot':
+    path's name}. Not MemTracker, as on the CPU: dynamo does not compile under its dispatch mode (it
+    would describe an eager step), and it costs minutes at 36 layers."""
     count = lambda: torch.cuda.memory_stats(device)["allocation.all.allocated"]  # noqa: E731
     # Python stacks only: C++ frames make the snapshot slow to symbolise and large, and this code is Python.
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_TRACE_ENTRIES, clear_history=True)
@@ -248,8 +257,10 @@ def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Pa
 
 
 def traced_memory(snapshot: dict, device: int, tensors=(), forward=()) -> allocator_snapshot.StepReport:
-    """A traced step read with what the step itself saw (StepMarks: `tensors` as (position, address, category),
-    `forward` as [start, end] positions): its allocated bytes over time (`timeline`) and the blocks at its peak."""
+    """A traced step read with what the step itself saw: its allocated bytes over time and the blocks at its peak.
+
+    What it saw comes from StepMarks: `tensors` as (position, address, category), `forward` as [start,
+    end] positions. The bytes over time are its `timeline`."""
     labels = allocator_snapshot.StepLabels(list(tensors), list(forward), MEMORY_PARTS)
     return allocator_snapshot.analyse(snapshot, device, labels)
 

@@ -33,8 +33,10 @@ EVALUATIONS = 40  # per budget (also one given on the command line): an interpol
 
 
 def budget_settings(tokens: int, warmup_tokens: int) -> dict:
-    """A run to a loss on a budget of `tokens`: the schedule ends there, the evaluations keep their number, and the
-    warm-up stays, within the budget's first tenth (a stage's own budget, --train-tokens)."""
+    """The settings of a run to a loss on a budget of `tokens` (a stage's own budget, --train-tokens).
+
+    The schedule ends there, the evaluations keep their number, and the warm-up stays, within the
+    budget's first tenth."""
     return dict(
         train_tokens=tokens,
         lr_decay_tokens=tokens,

@@ -1,5 +1,6 @@
-"""The measurement protocol: how one stage's training run becomes its record (README: "How the figures are
-measured"). `measure` is the protocol, phase by phase:
+"""The measurement protocol: how one stage's training run becomes its record.
+
+See README: "How the figures are measured". `measure` is the protocol, phase by phase:
 
     prepare         the data, the model with the stage's optimizations, its optimizer and precision, and the step
     warm_up         `warmup_iters` steps; the first one (compilation) timed on its own; on the CPU the last one
@@ -10,9 +11,9 @@ measured"). `measure` is the protocol, phase by phase:
     across_ranks    DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks' mean
     record          the JSON record (gpt/records.py checks it)
 
-The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak memory
-and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown). Under DDP/FSDP
-every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
+The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak
+memory and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown).
+Under DDP/FSDP every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
 """
 
 import statistics
@@ -37,10 +38,11 @@ from gpt.step_profiler import extra_steps, profile_steps
 def run(
     cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None, trace_path: Path | None = None
 ) -> dict:
-    """Train `cfg` (validated where it was built: gpt/ladder.py:stage_config) under the measurement protocol and
-    return the run's record (see README: The JSON record).
-    On CUDA, rank 0 writes the allocator's snapshot of the instrumented step to `memory_snapshot`, and with
-    `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
+    """Train `cfg` under the measurement protocol and return the run's record (see README: The JSON record).
+
+    `cfg` is validated where it was built (gpt/ladder.py:stage_config). On CUDA, rank 0 writes the
+    allocator's snapshot of the instrumented step to `memory_snapshot`, and with `cfg.profile_steps` the
+    profiler's trace to `trace_path` (each if given)."""
     device = resolve_device(cfg.device)
     with distributed.process_group(device, parallel.backend(cfg, device)):  # a failed rank leaves at once
         return measure(cfg, device, label, memory_snapshot, trace_path)
@@ -92,11 +94,12 @@ class WarmUp:
 
 
 def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
-    """`warmup_iters` steps: compilation and DataLoader worker start-up happen here. The first step is timed on
-    its own (compile_s is it minus a steady step); then the allocator's cache is released, so that the reserved
-    figure describes training, not what compilation and autotuning cached. On the CPU the last warm-up step, when
-    it is not the first (whose optimizer state is only born in its update), is the memory step: one step fewer
-    per stage than an extra one after timing."""
+    """`warmup_iters` steps: compilation and DataLoader worker start-up happen here.
+
+    The first step is timed on its own (compile_s is it minus a steady step); then the allocator's cache
+    is released, so that the reserved figure describes training, not what compilation and autotuning
+    cached. On the CPU the last warm-up step, when it is not the first (whose optimizer state is only
+    born in its update), is the memory step: one step fewer per stage than an extra one after timing."""
     cfg, device = trainer.cfg, trainer.device
     trainer.model.train()
     forget_compilations()
@@ -130,8 +133,10 @@ _CACHE_COUNTERS = (
 
 
 def forget_compilations() -> None:
-    """Start compile_cache_state's count afresh: what compiled before the model's first step (a benchmark of the
-    attention kernels, gpt/optimizations/fused_attention.py) is not the model's compilation."""
+    """Start compile_cache_state's count afresh, before the model's first step.
+
+    What compiled before it (a benchmark of the attention kernels, gpt/optimizations/fused_attention.py)
+    is not the model's compilation."""
     from torch._dynamo.utils import counters
 
     for group, name in _CACHE_COUNTERS:
@@ -139,10 +144,12 @@ def forget_compilations() -> None:
 
 
 def compile_cache_state() -> str | None:
-    """Whether this process's torch.compile compiled its graphs ("cold"), loaded them all from the on-disk
-    caches an earlier process filled (AOTAutograd's and Inductor's FX graph caches, on by default: "warm"),
-    or some of each ("partly warm"); None before anything was compiled. A warm first step takes seconds
-    where a cold one takes tens of seconds, so a compile time means little without this."""
+    """Whether this process's torch.compile compiled its graphs, loaded them from the on-disk caches, or some of each.
+
+    "cold": it compiled them; "warm": it loaded them all from the on-disk caches an earlier process
+    filled (AOTAutograd's and Inductor's FX graph caches, on by default); "partly warm": some of each.
+    None before anything was compiled. A warm first step takes seconds where a cold one takes tens of
+    seconds, so a compile time means little without this."""
     from torch._dynamo.utils import counters
 
     hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
@@ -165,6 +172,7 @@ class Timed:
 
 def timed_repeats(trainer: train.Trainer) -> Timed:
     """`repeats` times "train on N samples" between two device synchronisations, timed with the host clock.
+
     Inside a repeat no `.item()` and no synchronisation: per-step times come from CUDA events (the host clock
     on the CPU), losses are read after the repeat. Under DDP/FSDP the ranks start each repeat together."""
     cfg, device = trainer.cfg, trainer.device
@@ -185,11 +193,12 @@ def timed_repeats(trainer: train.Trainer) -> Timed:
 
 
 def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
-    """One extra, instrumented step after timing (gpt/peak_memory.py): the CUDA allocator's history of it on a
-    GPU (rank 0 writes its snapshot to `snapshot_path`), MemTracker on the CPU. {} when memory is not measured.
-    A CUDA-graph stage's step is a replay, which runs in the graphs' private pool without asking the allocator:
-    its history holds only the step's eager rest (speed_4 on an H100: 42 of 3,992 MiB, no activation), so the
-    stage records no breakdown and no curve, only the snapshot (whose segments show the pool)."""
+    """One extra, instrumented step after timing (gpt/peak_memory.py); {} when memory is not measured.
+
+    On a GPU the CUDA allocator's history of it (rank 0 writes its snapshot to `snapshot_path`), MemTracker on the
+    CPU. A CUDA-graph stage's step is a replay, which runs in the graphs' private pool without asking the
+    allocator: its history holds only the step's eager rest (speed_4 on an H100: 42 of 3,992 MiB, no activation),
+    so the stage records no breakdown and no curve, only the snapshot (whose segments show the pool)."""
     if not trainer.cfg.measure_memory:
         return {}
     if trainer.device.type == "cuda":
@@ -200,8 +209,9 @@ def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
 
 
 def peak_memory(trainer: train.Trainer, timed: Timed, memory: dict) -> float | None:
-    """The record's peak: on CUDA the allocator's peak over the timed repeats, allocated or reserved as
-    memory_method says; on the CPU the memory step's (MemTracker's) peak."""
+    """The record's peak: the allocator's over the timed repeats on CUDA, the memory step's on the CPU.
+
+    On CUDA it is the allocated or the reserved peak, as memory_method says; on the CPU, MemTracker's."""
     if timed.cuda_peaks:
         method = trainer.choices.memory_method
         return timed.cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]
@@ -209,8 +219,10 @@ def peak_memory(trainer: train.Trainer, timed: Timed, memory: dict) -> float | N
 
 
 def across_ranks(trainer: train.Trainer, timed: Timed, peak_mib: float | None) -> Timed:
-    """The figures the record gives for the whole run. One process: its own. DDP/FSDP: a repeat lasts as long
-    as its slowest rank; losses are the ranks' mean; data waits, copies and peaks the largest rank's."""
+    """The figures the record gives for the whole run.
+
+    One process: its own. DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks'
+    mean; data waits, copies and peaks the largest rank's."""
     world, device = trainer.cfg.world_size, trainer.device
     if world == 1:
         timed.peak_mib = peak_mib
@@ -252,8 +264,10 @@ def record(trainer: train.Trainer, label: str, warm: WarmUp, timed: Timed, profi
 
 
 def run_facts(trainer: train.Trainer, label: str) -> dict:
-    """What every record of a finished run holds besides its metrics: the settings, the model, the device, the
-    choices made on it and the provenance (the timed protocol's records and those of training to a loss)."""
+    """What every record of a finished run holds besides its metrics.
+
+    The settings, the model, the device, the choices made on it and the provenance (the timed protocol's
+    records and those of training to a loss)."""
     raw, cfg, device = trainer.raw, trainer.cfg, trainer.device
     return {
         "schema": SCHEMA_VERSION,
@@ -318,8 +332,9 @@ def memory_metrics(warm: WarmUp, timed: Timed, memory: dict) -> dict:
 
 
 def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
-    """MFU against the peak of the dtype the run computes in (autocast's or FSDP's mixed precision's), and against
-    the device's fastest."""
+    """MFU against the peak of the dtype the run computes in, and against the device's fastest.
+
+    The dtype the run computes in is autocast's or FSDP's mixed precision's."""
     device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
     flops, flops_source = peak_flops(device, trainer.choices.compute_dtype)
     best_flops, best_source = fastest_peak_flops(device)

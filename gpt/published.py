@@ -1,6 +1,7 @@
-"""The committed records: a run's JSON files copied into records/<profile>-<device>/ of the repo, so that results.md
-can be regenerated from a clone and another run set beside it. Traces, logs and allocator snapshots (megabytes)
-stay in the run's own directory (runs/<profile>-<device>/ by default, not committed)."""
+"""The committed records: a run's JSON files copied into records/<profile>-<device>/ of the repo.
+
+Committed so that results.md can be regenerated from a clone and another run set beside it. Traces, logs and allocator
+snapshots (megabytes) stay in the run's own directory (runs/<profile>-<device>/ by default, not committed)."""
 
 import shutil
 from pathlib import Path
@@ -19,8 +20,10 @@ def published_dir(profile: str, device: str) -> Path:
 
 
 def json_files(runs: Path) -> list[Path]:
-    """A run's JSON files: the stage records, machine.json, the memory planner's reports, the records of the
-    stages trained to a loss and of the speedrun (with its noise-scale measurement)."""
+    """A run's JSON files: the stage records, machine.json, the memory planner's reports and the runs to a loss.
+
+    The runs to a loss are the records of the stages trained to a loss and of the speedrun (with its
+    noise-scale measurement)."""
     return sorted(runs.glob("*.json")) + [
         f for ladder in (None, *ladder_names("only")) for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))
     ]

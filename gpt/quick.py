@@ -116,8 +116,9 @@ def print_plan(
 
 
 def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
-    """`pytest -m gpu` (the one-GPU tests; the 2-GPU ones skip on one GPU), stopped at its share of the limit; its
-    closing line and exit code go to <out>/gpu_tests.json, its output to gpu_tests.log."""
+    """`pytest -m gpu` (the one-GPU tests; the 2-GPU ones skip on one GPU), stopped at its share of the limit.
+
+    Its closing line and exit code go to <out>/gpu_tests.json, its output to gpu_tests.log."""
     cap = min(GPU_TESTS_SHARE * deadline.limit_s, deadline.left())
     log = out / "gpu_tests.log"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]

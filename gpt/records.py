@@ -1,5 +1,6 @@
-"""JSON run records: one file per stage run, written atomically so an interrupted ladder loses nothing
-that finished. The schema is documented in README.md ("The JSON record")."""
+"""JSON run records: one file per stage run, written atomically so an interrupted ladder loses nothing that finished.
+
+The schema is documented in README.md ("The JSON record")."""
 
 import json
 import os
@@ -56,9 +57,10 @@ def write_record(path: Path, record: dict) -> Path:
 
 
 def read_record(path: Path) -> dict | None:
-    """The record at `path`, or None if there is none. A file that is not a JSON object (cut short by a
-    full disk, say) counts as none, with one warning line: every reader then treats the stage as not run,
-    so `--resume` runs it again."""
+    """The record at `path`, or None if there is none.
+
+    A file that is not a JSON object (cut short by a full disk, say) counts as none, with one warning
+    line: every reader then treats the stage as not run, so `--resume` runs it again."""
     path = Path(path)
     try:
         record = json.loads(path.read_text())
@@ -73,8 +75,9 @@ def read_record(path: Path) -> dict | None:
 
 
 def writable_dir(path: Path) -> Path:
-    """Create `path` if needed and check that a record can be written in it, so that a read-only or
-    blocked output directory is one line before training, not a traceback after it."""
+    """Create `path` if needed and check that a record can be written in it.
+
+    A read-only or blocked output directory is then one line before training, not a traceback after it."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"the output directory {path} is a file")
@@ -177,17 +180,19 @@ def record_problems(record: dict) -> list[str]:
 
 
 def ran_eager(record: dict | None) -> bool:
-    """A finished stage with torch.compile on whose profiled step called no compiled graph, i.e. it ran eager
-    (records without the count, or without profiling: not known, False)."""
+    """A finished stage with torch.compile on whose profiled step called no compiled graph, i.e. it ran eager.
+
+    Records without the count, or without profiling: not known, False."""
     if not record or record.get("status") != "ok" or not record["choices"].get("compile_mode"):
         return False
     return (record["metrics"].get("profiler") or {}).get("compiled_regions_per_step") == 0
 
 
 def peak_memory_pair(new: dict, old: dict) -> tuple[float | None, float | None, str]:
-    """Two finished records' peak memory (MiB), measured the same way, and on what basis: 'same' method; or,
-    when the methods differ (a CUDA-graph stage after an eager one), 'reserved': both records'
-    max_memory_reserved, which every CUDA record carries; or 'none' (None, None): no common figure."""
+    """Two finished records' peak memory (MiB), measured the same way, and on what basis.
+
+    'same': the same method; 'reserved', when the methods differ (a CUDA-graph stage after an eager one): both
+    records' max_memory_reserved, which every CUDA record carries; 'none' (None, None): no common figure."""
     methods = [_memory_method(r) for r in (new, old)]
     if methods[0] == methods[1]:
         return new["metrics"]["peak_memory_mib"], old["metrics"]["peak_memory_mib"], "same"
@@ -223,14 +228,16 @@ def other_seed(seed: int | None, profile: str) -> int | None:
 
 
 def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
-    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss
-    (gpt/ladder.py: a ladder whose to_a_loss is "only", the speedrun)."""
+    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss.
+
+    gpt/ladder.py: a ladder whose to_a_loss is "only", the speedrun."""
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 
 def speedrun_target(out: Path) -> float | None:
-    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds there
-    (loss_curve.baseline_model_loss), None without a finished one."""
+    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds there.
+
+    From loss_curve.baseline_model_loss; None without a finished one."""
     folder = time_to_loss_dir(out)
     paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
     return baseline_model_loss([read_record(p) for p in paths if p.exists()])

@@ -1,8 +1,9 @@
-"""Precision: autocast (speed_5: fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster), bf16 autocast
-without a GradScaler (fast_2), and TF32 tensor cores for the fp32 matmuls autocast leaves (fast_2).
+"""Precision: autocast (speed_5), bf16 autocast without a GradScaler (fast_2), and TF32 tensor cores (fast_2).
 
-`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `bf16_is_fast` is the one rule
-for computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
+Autocast is fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster; TF32 is for the fp32 matmuls autocast leaves.
+
+`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
+computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
 (gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
 """
 
@@ -53,19 +54,22 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
 
 
 def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
-    """What the memory planner computes in. The CPU's autocast dtype depends on this CPU's measured matmul rates;
-    a CUDA estimate takes 16 bits (fp16 on CUDA, the same sizes as the bf16 simulated) whenever the stage
-    autocasts, and casts by CUDA autocast's op lists where they differ from the CPU's (gpt/memory/estimator.py:
-    _CudaAutocastLists; softmax runs in float32)."""
+    """What the memory planner computes in.
+
+    The CPU's autocast dtype depends on this CPU's measured matmul rates; a CUDA estimate takes 16 bits (fp16 on
+    CUDA, the same sizes as the bf16 simulated) whenever the stage autocasts, and casts by CUDA autocast's op lists
+    where they differ from the CPU's (gpt/memory/estimator.py: _CudaAutocastLists; softmax runs in float32)."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
     return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type, None)
 
 
 def bf16_is_fast(device_type: str) -> tuple[bool, str]:
-    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz). A GPU: only with
-    bf16 units (Ampere and newer); torch.cuda.is_bf16_supported()'s default answer also counts emulated bf16, true
-    on a T4 or V100, which run it several times slower than fp16. A CPU: cpu_bf16_is_faster. Returns (fast, why)."""
+    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz).
+
+    A GPU: only with bf16 units (Ampere and newer); torch.cuda.is_bf16_supported()'s default answer also counts
+    emulated bf16, true on a T4 or V100, which run it several times slower than fp16. A CPU:
+    cpu_bf16_is_faster. Returns (fast, why)."""
     if device_type == "cuda":
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return True, "this GPU has bf16 units"
@@ -74,9 +78,10 @@ def bf16_is_fast(device_type: str) -> tuple[bool, str]:
 
 
 def cpu_bf16_is_faster() -> tuple[bool, str]:
-    """The CPU's one rule for computing in bf16 (autocast, FSDP's mixed precision): only where this CPU
-    multiplies bf16 matrices faster than fp32 ones, measured (how far apart CPUs are: docs/design.md, "The
-    figures behind the rules"). Returns (faster, the two rates for the record)."""
+    """The CPU's one rule for computing in bf16 (autocast, FSDP's mixed precision), from measured matmul rates.
+
+    bf16 only where this CPU multiplies bf16 matrices faster than fp32 ones, measured (how far apart CPUs
+    are: docs/design.md, "The figures behind the rules"). Returns (faster, the two rates for the record)."""
     from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
 
     # A decision needs only which is faster, and the CPUs measured differ by 2x or more either way: a 1024 x 1024
@@ -87,9 +92,10 @@ def cpu_bf16_is_faster() -> tuple[bool, str]:
 
 
 def matmul_precision(cfg: TrainConfig, device: torch.device) -> str:
-    """TF32 (CUDA, Ampere and newer): fp32 matmuls that autocast leaves in fp32 run on tensor cores with a
-    10-bit mantissa, several times faster. Set for the whole process (it is global state), both ways, so a
-    run never inherits an earlier run's setting. Returns what fp32 matmuls use."""
+    """Sets TF32 (CUDA, Ampere and newer) for the fp32 matmuls autocast leaves; returns what fp32 matmuls use.
+
+    With TF32 they run on tensor cores with a 10-bit mantissa, several times faster. Set for the whole
+    process (it is global state), both ways, so a run never inherits an earlier run's setting."""
     if device.type != "cuda":
         return "fp32"
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32

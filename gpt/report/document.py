@@ -1,13 +1,15 @@
-"""results.md from the JSON records of a ladder run: the title, the summary, the machine (folded) and the records
-folder's note, each ladder's tables, findings and plots (the lean ladder drawn in the memory ladder's figures), where
-the time goes, one change across machines (gpt/report/figures.py), the time to loss (gpt/report/time_to_loss.py)
-with the per-sample speedup against the speedup to the target, the speedrun (gpt/report/speedrun.py), and the memory
-planner's section (gpt/report/memory_planner.py) when its outputs are there. Every table has at most 7 columns
+"""results.md from the JSON records of a ladder run, section by section.
+
+The title, the summary, the machine (folded) and the records folder's note, each ladder's tables, findings
+and plots (the lean ladder drawn in the memory ladder's figures), where the time goes, one change across
+machines (gpt/report/figures.py), the time to loss (gpt/report/time_to_loss.py) with the per-sample
+speedup against the speedup to the target, the speedrun (gpt/report/speedrun.py), and the memory planner's
+section (gpt/report/memory_planner.py) when its outputs are there. Every table has at most 7 columns
 (MAX_COLUMNS); the columns are defined once, in docs/measurement.md, which each table links to.
 
-Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a
-partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots are
-PNGs in `plots/` beside results.md.
+Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of
+a partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots
+are PNGs in `plots/` beside results.md.
 """
 
 import os
@@ -90,8 +92,10 @@ def relink(text: str, folder: Path) -> str:
 
 
 def folded(ladders: dict[str, list[Rung]]) -> dict[str, str]:
-    """Ladder -> the ladder whose figures draw it: a memory ladder that continues from another memory ladder of this
-    run (lean from memory_4) is drawn after it, in its figures, rather than in figures of its own."""
+    """Ladder -> the ladder whose figures draw it.
+
+    A memory ladder that continues from another memory ladder of this run (lean from memory_4) is drawn
+    after it, in its figures, rather than in figures of its own."""
     return {
         name: host
         for name in ladders
@@ -137,9 +141,10 @@ def ladder_section(
     more: list[Rung] = (),
     drawn_in: str | None = None,
 ) -> list[str]:
-    """One ladder: its tables, findings (with what its training to a loss found), where the time goes stage by
-    stage, and its plots, which also draw `more` (the stages of a ladder that continues from this one); a ladder
-    `drawn_in` another's figures links to them instead."""
+    """One ladder: its tables, findings, where the time goes stage by stage, and its plots.
+
+    The findings include what its training to a loss found; the plots also draw `more` (the stages of a
+    ladder that continues from this one). A ladder `drawn_in` another's figures links to them instead."""
     done, time_goal = sum(r.ok for r in rungs), LADDERS[name].goal == "time"
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]

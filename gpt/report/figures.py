@@ -1,6 +1,8 @@
-"""Two figures that read across sections: the project's thesis (each stage's speedup per sample against its speedup
-to the target, from the runs to a loss and the speedrun) and one change across machines (each speed and fast stage's
-change against the stage above on every committed records folder, beside the documented figures)."""
+"""Two figures that read across sections: the project's thesis and one change across machines.
+
+The thesis: each stage's speedup per sample against its speedup to the target, from the runs to a loss
+and the speedrun. One change across machines: each speed and fast stage's change against the stage above
+on every committed records folder, beside the documented figures."""
 
 import statistics
 import textwrap
@@ -21,9 +23,11 @@ MACHINES = "machines.png"
 
 
 def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, float | None]]:
-    """(stage, group, speedup per sample, speedup to the target or None: not reached) against speed_0: the speed
-    and fast stages from their runs to a loss (tokens/s, and seconds to the time-to-loss target), the speedrun's
-    stages that hold from theirs (mean tokens/s over their seeds, and mean seconds to the speedrun's target)."""
+    """(stage, group, speedup per sample, speedup to the target or None: not reached) against speed_0.
+
+    The speed and fast stages from their runs to a loss (tokens/s, and seconds to the time-to-loss
+    target), the speedrun's stages that hold from theirs (mean tokens/s over their seeds, and mean
+    seconds to the speedrun's target)."""
     base, base_target = runs.records.get(BASELINE), runs.to_target(BASELINE)
     points = []
     if ok(base) and base_target:
@@ -48,9 +52,10 @@ def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, f
 
 
 def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
-    """Speedup per sample (x) against speedup to the target (y), log-log, a point per stage, the diagonal where a
-    per-sample gain carries over whole; a stage that does not reach the target sits on a strip below. False:
-    nothing to plot (no baseline that reaches its target)."""
+    """Speedup per sample (x) against speedup to the target (y), log-log, a point per stage.
+
+    The diagonal is where a per-sample gain carries over whole; a stage that does not reach the target
+    sits on a strip below. False: nothing to plot (no baseline that reaches its target)."""
     points = thesis_points(runs, sr)
     if len(points) < 2:
         return False

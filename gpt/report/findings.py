@@ -1,6 +1,7 @@
-"""The report's findings under each ladder's table, all read from the records: the largest gain, the overall
-change, why a stage did not help (its optimization's own measured reason: gpt/optimizations), noisy timings,
-compilation's cost, and how the figures were measured."""
+"""The report's findings under each ladder's table, all read from the records.
+
+The largest gain, the overall change, why a stage did not help (its optimization's own measured reason:
+gpt/optimizations), noisy timings, compilation's cost, and how the figures were measured."""
 
 import math
 from pathlib import Path
@@ -22,14 +23,16 @@ def changed(r: Rung) -> list:
 
 
 def why_no_speedup(r: Rung) -> str:
-    """The measured reason a speed stage did not make the ladder faster here: its optimization's own reason
-    (no_speedup, declared in its home module), else how the steady step compares."""
+    """The measured reason a speed stage did not make the ladder faster here.
+
+    Its optimization's own reason (no_speedup, declared in its home module), else how the steady step compares."""
     return optimizations.no_speedup(changed(r), r.record, r.parent) or steady_steps(r.record, r.parent)
 
 
 def why_no_memory_saving(r: Rung) -> str:
-    """The measured reason a memory stage did not lower the peak here: what dominates the peak, what moved, and
-    what the change acts on (its optimization's memory targets)."""
+    """The measured reason a memory stage did not lower the peak here.
+
+    What dominates the peak, what moved, and what the change acts on (its optimization's memory targets)."""
     b, pb = r.record["metrics"].get("memory_breakdown_mib"), r.parent["metrics"].get("memory_breakdown_mib")
     if not b or not pb:
         return "no breakdown recorded"
@@ -115,8 +118,9 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:
-    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise; and why that
-    variation can exceed the spread of the stage's own repeats."""
+    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise.
+
+    Also why that variation can exceed the spread of the stage's own repeats."""
     lines = []
     for r in (r for r in rungs if r.ok and r.record.get("no_effect")):
         d = r.vs(r.parent, "seconds_mean")
@@ -198,9 +202,11 @@ def noise_line(rungs: list[Rung]) -> list[str]:
 
 
 def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None = None) -> list[str]:
-    """How peak memory and MFU were measured, once per distinct method; which memory changes shown (against
-    the parent, and the baseline if `memory_vs_baseline`) compare stages measured differently; where the
-    allocator snapshots are (those in `runs`; a committed records folder has none: gpt/published.py)."""
+    """How peak memory and MFU were measured, once per distinct method, and where the allocator snapshots are.
+
+    Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`)
+    compare stages measured differently. The snapshots named are those in `runs`; a committed records
+    folder has none (gpt/published.py)."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []

@@ -1,5 +1,6 @@
-"""Every figure of the report (matplotlib, Agg: no display needed): each ladder's bars, its memory breakdown and
-memory over one step, and where the time goes."""
+"""Every figure of the report (matplotlib, Agg: no display needed).
+
+Each ladder's bars, its memory breakdown and memory over one step, and where the time goes."""
 
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from gpt.step_profiler import TIME_CATEGORIES, label
 
 
 def short(stage: str, ladder: bool = False) -> str:
-    """'speed_3_non_blocking' -> '3 non blocking' for axis labels ('speed 3 non blocking' with `ladder`, where
-    stages of two ladders share a figure)."""
+    """'speed_3_non_blocking' -> '3 non blocking' for axis labels.
+
+    With `ladder`, 'speed 3 non blocking', where stages of two ladders share a figure."""
     prefix, i, name = stage.split("_", 2)
     return f"{prefix + ' ' if ladder else ''}{i} {name.replace('_', ' ')}"
 
@@ -131,8 +133,10 @@ def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], ti
 
 
 def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
-    """Peak memory, its breakdown and the relative view; `rungs` may run on into a ladder that continues from this
-    one (the lean ladder after memory_4), drawn in the same figure."""
+    """Peak memory, its breakdown and the relative view.
+
+    `rungs` may run on into a ladder that continues from this one (the lean ladder after memory_4), drawn
+    in the same figure."""
     plt = pyplot()
     rungs, title = finished(rungs, title)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -149,8 +153,10 @@ def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> 
 
 
 def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
-    """Stacked horizontal bars, one per stage and a panel per ladder: the timed seconds per N samples split
-    by the profiled time breakdown. False (no plot) when no stage has a breakdown."""
+    """Stacked horizontal bars, one per stage and a panel per ladder: where the timed seconds go.
+
+    The timed seconds per N samples split by the profiled time breakdown. False (no plot) when no stage
+    has a breakdown."""
     shown = {name: rungs for name, rungs in ladders.items() if any(shares(r.record) for r in rungs)}
     if not shown:
         return False

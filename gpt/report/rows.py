@@ -1,5 +1,6 @@
-"""The report's rows: the records of a run directory, each stage as a `Rung` of its ladder beside its parent,
-its baseline and what its stage script documents."""
+"""The report's rows: the records of a run directory, each stage as a `Rung` of its ladder.
+
+Each Rung holds the stage beside its parent, its baseline and what its stage script documents."""
 
 from pathlib import Path
 
@@ -41,9 +42,10 @@ def comparable(a: dict | None, b: dict | None) -> bool:
 
 
 class Rung:
-    """One stage of a ladder as the report sees it: the record (or None), its parent (for the first stage of
-    a ladder beyond the book: the stage it continues from), the baseline of its lineage (speed_0 or
-    memory_0), and what the stage script declares (gpt/ladder.py:declaration)."""
+    """One stage of a ladder as the report sees it.
+
+    The record (or None), its parent (for the first stage of a ladder beyond the book: the stage it continues from), the
+    baseline of its lineage (speed_0 or memory_0), and what the stage script declares (gpt/ladder.py:declaration)."""
 
     def __init__(self, stage: str, records: dict[str, dict]):
         parent, first = parent_of(stage), lineage(stage)[0]
@@ -63,8 +65,9 @@ class Rung:
         return self.record["metrics"].get(key) if self.ok else None
 
     def vs(self, other: dict | None, key: str) -> float | None:
-        """Change of metric `key` against another record, if the two are comparable. Peak memory is compared
-        only as measured alike (see memory_basis)."""
+        """Change of metric `key` against another record, if the two are comparable.
+
+        Peak memory is compared only as measured alike (see memory_basis)."""
         if not comparable(self.record, other):
             return None
         if key == "peak_memory_mib":
@@ -72,8 +75,10 @@ class Rung:
         return pct(self.m(key), other["metrics"].get(key))
 
     def memory_basis(self, other: dict | None) -> str | None:
-        """None when this stage's peak memory and `other`'s were measured by the same method; else 'reserved'
-        (the change compares both stages' max_memory_reserved) or 'none' (no figure in common: no change)."""
+        """How this stage's peak memory compares with `other`'s: None when both were measured by the same method.
+
+        Else 'reserved' (the change compares both stages' max_memory_reserved) or 'none' (no figure in
+        common: no change)."""
         if not comparable(self.record, other):
             return None
         basis = peak_memory_pair(self.record, other)[2]

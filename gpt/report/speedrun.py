@@ -1,7 +1,8 @@
-"""The report's "Speedrun" section: speed_0's model, sooner (records in <runs>/speedrun/, the baseline's seeds in
-<runs>/time_to_loss/). Each stage is judged by its training seconds to the target, speed_0's model (the highest
-final validation loss of its seeds: loss_curve.baseline_model_loss); the baseline's seeds are timed to it the
-same way, the worst seed at the end of its budget.
+"""The report's "Speedrun" section: speed_0's model, sooner.
+
+Records are in <runs>/speedrun/, the baseline's seeds in <runs>/time_to_loss/. Each stage is judged by its training
+seconds to the target, speed_0's model (the highest final validation loss of its seeds: loss_curve.baseline_model_loss);
+the baseline's seeds are timed to it the same way, the worst seed at the end of its budget.
 A stage's claim holds only where every seed it trained with reached the target."""
 
 import statistics
@@ -42,8 +43,10 @@ class Speedrun:
         return any(self.stages.values())
 
     def seconds(self, stage: str) -> list[float | None]:
-        """Each seed's training seconds to the target (None: not reached, or the run failed), the baseline's seeds
-        included: the target is the worst of their final losses, so each reaches it, the worst at its budget's end."""
+        """Each seed's training seconds to the target (None: not reached, or the run failed).
+
+        The baseline's seeds are included: the target is the worst of their final losses, so each reaches
+        it, the worst at its budget's end."""
         return [(c or {}).get("seconds") for c in self._crossings(stage)]
 
     def tokens(self, stage: str) -> list[float | None]:
@@ -64,9 +67,11 @@ class Speedrun:
         return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
 
     def walls(self, stage: str) -> tuple[list[float], str | None]:
-        """Each seed's whole wall clock and the clock that measured it: "run.wall_s" (run_all's, launch to exit)
-        where every seed's record has it, else "process_s" (the process's own, its start to its record) where every
-        one has that; ([], None) otherwise, where one is not positive, or where a seed failed."""
+        """Each seed's whole wall clock and the clock that measured it.
+
+        "run.wall_s" (run_all's, launch to exit) where every seed's record has it, else "process_s" (the
+        process's own, its start to its record) where every one has that; ([], None) otherwise, where one
+        is not positive, or where a seed failed."""
         records = self.baseline if stage == BASELINE else self.stages[stage]
         if not records or not all(ok(r) for r in records):
             return [], None
@@ -94,8 +99,10 @@ def speedup_range(base: list[float], mine: list[float]) -> str:
 
 
 def wall_cell(sr: Speedrun, stage: str) -> str:
-    """The stage's whole wall clock over its seeds, and its ratio against speed_0's where both were measured by the
-    same clock (Speedrun.walls); a wall clock of the process's own, against one from outside, is said so."""
+    """The stage's whole wall clock over its seeds, and its ratio against speed_0's.
+
+    The ratio is given where both were measured by the same clock (Speedrun.walls); a wall clock of the
+    process's own, against one from outside, is said so."""
     walls, clock = sr.walls(stage)
     if not walls:
         return ""
@@ -112,8 +119,10 @@ def budgets(sr: Speedrun, stage: str) -> list[int | None]:
 
 
 def margin(sr: Speedrun, stage: str) -> tuple[int, float] | None:
-    """(the token budget, the share of it the seed with the least left still had when it reached the target: 0 for
-    speed_0's worst seed, whose end is the target); None where the seeds' budgets differ or are not recorded."""
+    """(the token budget, the share of it the seed with the least left still had when it reached the target).
+
+    The share is 0 for speed_0's worst seed, whose end is the target. None where the seeds' budgets
+    differ or are not recorded."""
     tokens, budget = sr.tokens(stage), budgets(sr, stage)
     if not tokens or None in budget or None in tokens or len(set(budget)) != 1:
         return None
@@ -149,8 +158,9 @@ def task_line(sr: Speedrun) -> str:
 
 
 def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
-    """One stage's row (not the baseline's): a failed or missing run says so; a stage that does not hold gives
-    its seeds' final losses."""
+    """One stage's row (not the baseline's).
+
+    A failed or missing run says so; a stage that does not hold gives its seeds' final losses."""
     declared = declaration(stage)
     number, change = stage.split("_")[1], f"{declared.change} ({KINDS[declared.kind]})"
     records = sr.stages[stage]
@@ -200,8 +210,9 @@ def speedrun_table(sr: Speedrun) -> list[str]:
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
-    """Validation loss against training seconds: speed_0's seeds and every speedrun stage's, each seed drawn and
-    labelled, the target dashed. False: nothing to plot."""
+    """Validation loss against training seconds: speed_0's seeds and every speedrun stage's.
+
+    Each seed is drawn and labelled, the target dashed. False: nothing to plot."""
     lines = [(f"{BASELINE[:7]} seed {r.get('seed')}", r, "0.45") for r in sr.baseline if ok(r)]
     plt = pyplot()
     colors = plt.get_cmap("tab10").colors
@@ -234,10 +245,11 @@ WATERFALL = "speedrun_waterfall.png"
 
 
 def plot_waterfall(sr: Speedrun, path: Path) -> bool:
-    """speed_0's training seconds to the target, then each speedrun stage's: a floating bar from its parent's
-    seconds to its own (green: sooner, red: later), labelled with its factor against its parent and its tokens to
-    the target with the margin left in its budget; the first and the last stage that holds as whole bars. False:
-    no baseline or no stage that holds."""
+    """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's.
+
+    Each stage is a floating bar from its parent's seconds to its own (green: sooner, red: later), labelled
+    with its factor against its parent and its tokens to the target with the margin left in its budget; the
+    first and the last stage that holds are whole bars. False: no baseline or no stage that holds."""
     held = [s for s in sr.stages if sr.holds(s)]
     if not sr.holds(BASELINE) or not held:
         return False
@@ -362,8 +374,9 @@ def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
 
 
 def plot_noise_scale(record: dict, path) -> None:
-    """B_simple (moving average) against training tokens, the validation loss on a twin axis, the baseline's batch
-    as a horizontal line and the window B_noise is read over shaded."""
+    """B_simple (moving average) against training tokens, with the validation loss on a twin axis.
+
+    The baseline's batch is a horizontal line, and the window B_noise is read over is shaded."""
     plt = pyplot()
     points = [p for p in record["curve"] if p["b_simple"] is not None]
     fig, ax = plt.subplots(figsize=(10, 4.8))
