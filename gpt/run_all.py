@@ -1,6 +1,7 @@
-"""The main job behind `./run_all.sh`: every stage of the four timed ladders, in order, each in its own process,
-then the speed and fast stages trained to a loss (records in <out>/time_to_loss/), then the speedrun (records in
-<out>/speedrun/), then results.md.
+"""The main job behind `./run_all.sh`: the four timed ladders, the training to a loss, the speedrun, results.md.
+
+Every stage of the four timed ladders, in order, each in its own process, then the speed and fast stages trained to a
+loss (records in <out>/time_to_loss/), then the speedrun (records in <out>/speedrun/), then results.md.
 
     ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss|speedrun] [--device auto|cpu|cuda]
                   [--wandb MODE] [--out DIR] [--resume] [--no-profiler] [--fresh]
@@ -111,7 +112,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" = None) -> bool:
-    """--resume keeps a record only if it is a final answer measured with the same profile and device, and, for a
+    """Whether the stage of a record must run (again): False only for a record that --resume keeps.
+
+    --resume keeps a record only if it is a final answer measured with the same profile and device, and, for a
     skipped stage, only while it still cannot run here (a library installed since, a second GPU)."""
     if record is None or record.get("status") not in KEEP_ON_RESUME or record.get("profile") != profile:
         return True
@@ -137,8 +140,9 @@ def prepare_data(profile: str, sections: list[str]) -> None:
 
 
 def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
-    """One line for each stage that cannot run here, and each that gives way to the full loss for want of a chunked
-    implementation, before the first stage runs (the records and results.md say it again)."""
+    """One line for each stage that cannot run here or gives way to the full loss, before the first stage runs.
+
+    A stage gives way to the full loss for want of a chunked implementation. The records and results.md say it again."""
     from gpt.optimizations import chunked_loss
 
     for job in jobs:
@@ -187,8 +191,9 @@ def write_machine(out: Path, profile: str, device: str) -> None:
 
 
 def measure_cpu_peaks(out: Path, rounds: int) -> None:
-    """The CPU's matmul peaks, measured afresh before the first stage while nothing else runs: every stage
-    reads them from the cache for its MFU (single-process stages use all threads, torchrun's ranks one)."""
+    """The CPU's matmul peaks, measured afresh before the first stage while nothing else runs.
+
+    Every stage reads them from the cache for its MFU (single-process stages use all threads, torchrun's ranks one)."""
     threads = sorted({torch.get_num_threads(), 1}, reverse=True)
     print(f"measuring this CPU's matmul peaks (fp32 and bf16, best of {rounds} rounds)...", flush=True)
     peaks = calibrate_cpu_peaks(threads, rounds=rounds)
@@ -197,8 +202,10 @@ def measure_cpu_peaks(out: Path, rounds: int) -> None:
 
 
 def remeasure_cpu_peak(out: Path, rounds: int) -> None:
-    """fp32 at all threads once more after the last stage: the report says if the host ran faster then than
-    at the start, i.e. if the MFU figures (against the start's peak) may be too high."""
+    """The CPU's fp32 matmul peak at all threads, measured once more after the last stage.
+
+    The report says if the host ran faster then than at the start, i.e. if the MFU figures (against the start's peak)
+    may be too high."""
     threads = torch.get_num_threads()
     flops = matmul_rate(torch.float32, seconds=rounds, rounds=rounds)
     print(f"this CPU's fp32 matmul peak after the stages: {flops / 1e9:,.1f} GFLOP/s ({threads} threads)")
@@ -243,8 +250,9 @@ def ladder_jobs(stages: list[str], out: Path, extra=lambda stage: []) -> list[Jo
 def loss_jobs(
     stages: list[str], out: Path, seeds=(None,), target: float | None = None, ladder: str | None = None
 ) -> list[Job]:
-    """Stages trained to a loss (records and logs in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only
-    trains to a loss), each with each of `seeds`."""
+    """The jobs of `stages` trained to a loss, each with each of `seeds`.
+
+    Records and logs go in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss."""
     folder = writable_dir(time_to_loss_dir(out, ladder))
     return [
         Job(
@@ -261,8 +269,10 @@ def loss_jobs(
 
 
 def failed_record(job: Job, profile: str, device: str, reason: str, status: str = "failed") -> dict:
-    """The record of a stage that ended without writing one (killed, interrupted, crashed interpreter), or that a
-    quick run had no time left for (status "skipped")."""
+    """The record of a stage that ended without writing one, or that a quick run had no time left for.
+
+    A stage ends without one when killed, interrupted or its interpreter crashed; one that a quick run had no time left
+    for gets status "skipped"."""
     try:
         cfg = job.config(profile, device)
     except UserError:
@@ -299,8 +309,10 @@ def outcome(record: dict) -> str:
 
 
 def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
-    """Run the jobs in order with a progress line each; returns (failed stages, interrupted). In a quick run a job
-    the time limit leaves no room for is recorded as not run, and one running when it comes is stopped."""
+    """Run the jobs in order with a progress line each; returns (failed stages, interrupted).
+
+    In a quick run a job the time limit leaves no room for is recorded as not run, and one running when it comes is
+    stopped."""
     deadline = args.deadline
     tty = sys.stdout.isatty()
     cr = "\r" if tty else ""  # on a terminal the final line overwrites the ticking one
@@ -365,10 +377,12 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
 
 
 def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
-    """The GPU memory planner's three reports (gpt/memory), after the ladders so they never share the CPU
-    with a timed stage: estimates vs this run's measured peaks, vs the documented H100 peaks, and the
-    largest model that fits 80 GiB. Their JSON files become the report's "Memory planner" section. The last two
-    do not depend on the machine: `reuse_from`'s are reused while their code is unchanged (gpt/reuse.py)."""
+    """The GPU memory planner's three reports (gpt/memory), run after the ladders.
+
+    After them so they never share the CPU with a timed stage. The reports: estimates vs this run's measured peaks, vs
+    the documented H100 peaks, and the largest model that fits 80 GiB. Their JSON files become the report's "Memory
+    planner" section. The last two do not depend on the machine: `reuse_from`'s are reused while their code is
+    unchanged (gpt/reuse.py)."""
 
     def reuse(name: str) -> list[str]:
         return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
@@ -397,9 +411,11 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
 
 
 def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
-    """The fifth section: speed_0 with BASELINE_SEEDS seeds (their spread is the run-to-run spread of the final
-    validation loss), the target from its curve (loss_curve.target_from), then every other stage of the speed
-    and fast ladders trained to the same budget with that target. Returns (failed stages, interrupted)."""
+    """The fifth section, the speed and fast stages trained to a loss; returns (failed stages, interrupted).
+
+    First speed_0 with BASELINE_SEEDS seeds (their spread is the run-to-run spread of the final validation loss), the
+    target from its curve (loss_curve.target_from), then every other stage of the speed and fast ladders trained to
+    the same budget with that target."""
     baseline, *rest = stages_of(*ladder_names("also"))
     failures, interrupted = run_stages(
         loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device, out, progress
@@ -426,10 +442,12 @@ def baseline_seeds(profile: str) -> list[int | None]:
 def run_speedrun(
     args, profile: str, device: str, out: Path, progress: Progress, baseline_ran: bool
 ) -> tuple[int, bool]:
-    """The speedrun: speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest
-    final validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the
-    report's plot), then every speedrun stage with that target: the last one with every seed, the others with the
-    profile's. A quick run trains one seed of each and measures no noise scale. Returns (failed stages, interrupted)."""
+    """The speedrun section, its stages trained to the baseline's model; returns (failed stages, interrupted).
+
+    First speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest final
+    validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the report's
+    plot), then every speedrun stage with that target: the last one with every seed, the others with the profile's. A
+    quick run trains one seed of each and measures no noise scale."""
     baseline, failures = stages_of("speed")[0], 0
     seeds = [None] if args.quick else baseline_seeds(profile)
     if not baseline_ran:
@@ -464,9 +482,10 @@ def run_speedrun(
 
 
 def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | None) -> None:
-    """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch,
-    and the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while its code is
-    unchanged (gpt/reuse.py); the step times t(B) are always this machine's."""
+    """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch.
+
+    It also gives the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while
+    its code is unchanged (gpt/reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
     reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
@@ -592,8 +611,9 @@ def print_quick_plan(args, sections: list[str], jobs: list[Job], out: Path, gpu_
 
 
 def run_sections(args, jobs, sections, profile, device, out, progress) -> tuple[int, bool]:
-    """The timed ladders' stages, then the training to a loss, then the speedrun, as `sections` ask; a kill stops
-    them as Ctrl-C does. Returns (failed stages, interrupted)."""
+    """The timed ladders' stages, then the training to a loss, then the speedrun, as `sections` ask.
+
+    A kill stops them as Ctrl-C does. Returns (failed stages, interrupted)."""
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
@@ -611,10 +631,12 @@ def run_sections(args, jobs, sections, profile, device, out, progress) -> tuple[
 
 
 def write_results(args, out: Path, profile: str, device: str, interrupted: bool) -> None:
-    """The report. A whole default run that finished is the project's: its JSON records go to
-    records/<profile>-<device>/ (committed), and results.md and plots/ at the top of the repo are generated from
-    there. A run with --out, a quick run, one section (--only) and an interrupted run keep their report beside their
-    records, and leave the committed ones, results.md and plots/ as they were."""
+    """The report: beside the run's records, or for a whole default run that finished, the committed one.
+
+    A whole default run that finished is the project's: its JSON records go to records/<profile>-<device>/
+    (committed), and results.md and plots/ at the top of the repo are generated from there. A run with --out, a quick
+    run, one section (--only) and an interrupted run keep their report beside their records, and leave the committed
+    ones, results.md and plots/ as they were."""
     if args.out or not finished_whole(args, interrupted):
         results = write_report(out)
         if not args.out:

@@ -1,5 +1,7 @@
-"""What `python stages/<stage>.py` runs: the command line every stage script shares, the run (launching the
-processes of a DDP/FSDP stage), its record, written whatever happens, and the summary it prints.
+"""What `python stages/<stage>.py` runs: the shared command line, the run, its record and the summary it prints.
+
+The command line is the one every stage script shares; the run launches the processes of a DDP/FSDP stage; its record
+is written whatever happens.
 """
 
 import argparse
@@ -102,8 +104,9 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
 
 
 def to_a_loss_overrides(args, profile: dict) -> dict:
-    """The settings a run to a loss takes from the command line (None: the profile's `time_to_loss` settings);
-    bad input is one line."""
+    """The settings a run to a loss takes from the command line (None: the profile's `time_to_loss` settings).
+
+    Bad input is one line."""
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
@@ -126,9 +129,10 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
 
 
 def default_speedrun_target(stage: str, out: Path, profile: str, device: str) -> float | None:
-    """A speedrun stage run alone without --target-loss races to speed_0's model as run_all finds it: in the run's
-    folder, else in the committed records of this profile and device; one line says which (or that it trains its
-    whole budget, with no target to stop at)."""
+    """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
+
+    The stage races to that model, found in the run's folder, else in the committed records of this profile and device;
+    one line says which (or that it trains its whole budget, with no target to stop at)."""
     for folder in (out, published_dir(profile, device)):
         target = speedrun_target(folder)
         if target is not None:
@@ -235,8 +239,10 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
 
 
 def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
-    """'no effect on <device>: <why>' when every optimization this stage changes is inert on the device it ran on
-    (their no_effect, gpt/optimizations), else None. The stage still runs: its time shows the noise."""
+    """Why the stage has no effect on the device it ran on, as 'no effect on <device>: <why>', else None.
+
+    That is when every optimization this stage changes is inert on that device (their no_effect, gpt/optimizations).
+    The stage still runs: its time shows the noise."""
     parent = parent_of(stage)
     if parent is None:
         return None
@@ -245,8 +251,9 @@ def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
 
 
 def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict:
-    """Train and write the record, including for a run that failed (OOM, crash). Rank 0 writes it, and so
-    does the rank that failed first: torchrun may stop rank 0 before it can."""
+    """Train and write the record, including for a run that failed (OOM, crash).
+
+    Rank 0 writes it, and so does the rank that failed first: torchrun may stop rank 0 before it can."""
     import torch
 
     from gpt import protocol, time_to_loss

@@ -1,6 +1,8 @@
-"""Process supervision for run_all: one run per output folder (a lock), each stage a child process in its own
-session with its output in a log, stopped with everything it started on Ctrl-C or at a quick run's limit, and the
-progress line's numbering and clock. What to run, and in which order, is gpt/run_all.py's."""
+"""Process supervision for run_all: the output folder's lock, the stages' child processes, and the progress line.
+
+One run per output folder (a lock); each stage a child process in its own session with its output in a log, stopped
+with everything it started on Ctrl-C or at a quick run's limit; and the progress line's numbering and clock. What to
+run, and in which order, is gpt/run_all.py's."""
 
 import fcntl
 import os
@@ -18,6 +20,7 @@ LOCK_FILE = ".run_all.lock"
 
 def lock_output(out: Path):
     """Make this run the only ladder writing to `out`, so that two runs never interleave their records.
+
     The lock file holds the holder's pid; the lock itself is the kernel's (flock), released when the
     holder exits however it ends, so a lock file left by a dead run is simply taken over. Returns the
     open file, which holds the lock until this process exits."""
@@ -44,8 +47,9 @@ def lock_output(out: Path):
 
 
 def stop_tree(proc: subprocess.Popen) -> None:
-    """Stop a stage and everything it started (torchrun, its ranks, DataLoader workers): they share the
-    stage's own process group. SIGINT first so each can exit cleanly, then SIGKILL for what remains."""
+    """Stop a stage and everything it started (torchrun, its ranks, DataLoader workers).
+
+    They share the stage's own process group. SIGINT first so each can exit cleanly, then SIGKILL for what remains."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
     try:
         for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
@@ -77,6 +81,7 @@ class TimeLimitReached(Exception):
 
 def run_stage(cmd: list[str], log: Path, show, deadline: Deadline | None = None) -> int:
     """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
+
     Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
     `deadline` passed first."""
     with open(log, "w") as f:

@@ -27,8 +27,9 @@ PROJECT = "gpt-ladder"
 
 
 def run_group(record: dict) -> str:
-    """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun): they are judged
-    against one another by their curves, not beside the timed stages."""
+    """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun).
+
+    They are judged against one another by their curves, not beside the timed stages."""
     group = os.environ.get("GPT_LADDER_GROUP") or (
         f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}"
     )
@@ -47,8 +48,9 @@ def run_config(record: dict) -> dict:
 
 
 def summary(record: dict) -> dict:
-    """The record's scalar figures (lists are logged as curves), dicts flattened: memory_breakdown_mib/<part>,
-    time_breakdown_pct/<category>, profiler/<fact>."""
+    """The record's scalar figures (lists are logged as curves), dicts flattened.
+
+    The flattened names: memory_breakdown_mib/<part>, time_breakdown_pct/<category>, profiler/<fact>."""
     out = {"status": record["status"]}
     for key, value in record.get("metrics", {}).items():
         if isinstance(value, dict):
@@ -59,8 +61,9 @@ def summary(record: dict) -> dict:
 
 
 def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
-    """Log one stage (mode offline | online; disabled does nothing), attaching `files` (the profiler's
-    trace) to the run. Never raises."""
+    """Log one stage (mode offline | online; disabled does nothing), attaching `files` to the run; never raises.
+
+    `files`: the profiler's trace."""
     if mode == "disabled":
         return
     if not wandb_installed():
@@ -134,10 +137,11 @@ def run_name(record: dict) -> str:
 
 
 def _log_curve(run, record: dict) -> None:
-    """A run to a loss: train and validation loss at every evaluation, against tokens (the x-axis every stage
-    shares: stages with different batches meet at equal tokens), with the step, the training seconds and the
-    process's wall clock since its launch logged beside so the W&B panel's x-axis can switch to any. Same names in
-    every stage: one panel overlays them."""
+    """Log a run to a loss: train and validation loss at every evaluation, against tokens.
+
+    Tokens are the x-axis every stage shares: stages with different batches meet at equal tokens. The step, the
+    training seconds and the process's wall clock since its launch are logged beside, so the W&B panel's x-axis can
+    switch to any. Same names in every stage: one panel overlays them."""
     run.define_metric("curve/tokens")
     optional = {  # None or absent (older records): unlogged
         "train/loss": "train_loss",

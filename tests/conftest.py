@@ -31,8 +31,9 @@ def free_port() -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its settings
 def pytest_configure(config):
-    """Each test ends after TEST_TIMEOUT_S where pytest-timeout is installed and no --timeout was given; without
-    the plugin (a sealed image with pytest alone) the suite runs the same, unbounded, instead of stopping at
+    """Each test ends after TEST_TIMEOUT_S where pytest-timeout is installed and no --timeout was given.
+
+    Without the plugin (a sealed image with pytest alone) the suite runs the same, unbounded, instead of stopping at
     "unrecognized arguments: --timeout"."""
     if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None:
         config.option.timeout = TEST_TIMEOUT_S
@@ -50,9 +51,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def private_machine_cache(tmp_path_factory):
-    """What the tests measure of this machine (CPU matmul peaks: run_all's smoke calibration measures them in a
-    second; attention kernels) goes to a cache of its own (gpt/machine_cache.py), here and in every stage process
-    they start, never into the user's ~/.cache."""
+    """What the tests measure of this machine goes to a cache of its own, never into the user's ~/.cache.
+
+    What they measure: CPU matmul peaks (run_all's smoke calibration measures them in a second) and attention kernels.
+    The cache (gpt/machine_cache.py) is theirs here and in every stage process they start."""
     import os
 
     cache_home = tmp_path_factory.mktemp("xdg_cache")

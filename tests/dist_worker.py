@@ -57,9 +57,10 @@ def full_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def record_grads(store: list):
-    """A run_steps setup: append {name: whole gradient} each time the optimizer is about to step, i.e.
-    the gradients AdamW uses (accumulated, averaged across ranks, clipped); train_step sets them to
-    None right after the step, so this is where they can be read."""
+    """A run_steps setup: append {name: whole gradient} each time the optimizer is about to step.
+
+    These are the gradients AdamW uses (accumulated, averaged across ranks, clipped); train_step sets them to None
+    right after the step, so this is where they can be read."""
 
     def setup(run):
         def hook(optimizer, args, kwargs):
@@ -71,9 +72,10 @@ def record_grads(store: list):
 
 
 def summed_reduction(run) -> None:
-    """A run_steps setup, the DDP / FSDP tests' negative control: the ranks' gradients summed, not averaged
-    (DDP: a communication hook that all-reduces without dividing; FSDP: a reduce-scatter with SUM where FSDP
-    asks for AVG), i.e. every gradient W times too large."""
+    """A run_steps setup, the DDP / FSDP tests' negative control: the ranks' gradients summed, not averaged.
+
+    DDP: a communication hook that all-reduces without dividing; FSDP: a reduce-scatter with SUM where FSDP asks for
+    AVG; i.e. every gradient W times too large."""
     if isinstance(run.model, torch.nn.parallel.DistributedDataParallel):
 
         def all_reduce_sum(state, bucket):
@@ -89,6 +91,7 @@ def summed_reduction(run) -> None:
 
 def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None) -> Run:
     """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
+
     `setup(run)` is called after the model and optimizer are built (to attach hooks). `amp` replaces the
     config's MixedPrecision (the tests force fp16 + GradScaler, which the CPU does not choose)."""
     optimizations.validate(cfg)

@@ -1,5 +1,6 @@
-"""The helpers of the equivalence tests: every change that claims to keep the maths is checked against its parent,
-on the CPU, beside its home (tests/optimizations/test_<home>.py; the speedrun's systems stage in
+"""The helpers of the equivalence tests, which check every change that claims to keep the maths against its parent.
+
+Each change is checked on the CPU, beside its home (tests/optimizations/test_<home>.py; the speedrun's systems stage in
 tests/test_speedrun.py).
 
 Each test trains a tiny GPT (2 layers, 32 wide, character vocabulary) through the project's own code:
@@ -71,8 +72,9 @@ def max_diff(actual: dict, expected: dict) -> tuple[float, float]:
 
 
 def report(what: str, actual: dict, expected: dict, rtol: float = 0.0, atol: float = 0.0) -> None:
-    """Print the differences, and how much of assert_close's allowance (atol + rtol * |expected|, per
-    element) the worst element uses."""
+    """Print the differences, and how much of assert_close's allowance the worst element uses.
+
+    The allowance: atol + rtol * |expected|, per element."""
     abs_d, rel_d = max_diff(actual, expected)
     line = f"\n{what}: max |diff| {abs_d:.3g}, max |diff| / max |value| {rel_d:.3g}"
     if rtol or atol:

@@ -1,6 +1,7 @@
-"""Gradient accumulation (gpt/optimizations/accumulation.py, memory_1) keeps the mathematics: two micro-batches'
-gradients are the whole batch's, and the classic bugs fail that comparison. On the CPU, through the project's own
-code (tests/equivalence.py: how, and how tolerances are stated)."""
+"""Gradient accumulation (gpt/optimizations/accumulation.py, memory_1) keeps the mathematics.
+
+Two micro-batches' gradients are the whole batch's, and the classic bugs fail that comparison. On the CPU, through the
+project's own code (tests/equivalence.py: how, and how tolerances are stated)."""
 
 import pytest
 import torch
@@ -31,8 +32,10 @@ def test_grad_accumulation_x2_gives_the_gradients_of_the_whole_batch(char_data):
 
 
 def zero_grad_per_micro_batch(run):
-    """The reference's bug: gradients reset inside the micro-batch loop (here: before every micro-batch
-    forward of the real train_step), so only the last micro-batch, halved, reaches the optimizer."""
+    """The reference's bug: gradients reset inside the micro-batch loop.
+
+    Here: before every micro-batch forward of the real train_step; so only the last micro-batch, halved, reaches the
+    optimizer."""
     run.model.register_forward_pre_hook(lambda module, args: run.optimizer.zero_grad(set_to_none=True))
 
 

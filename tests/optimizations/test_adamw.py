@@ -1,6 +1,7 @@
-"""AdamW's implementations (gpt/optimizations/adamw.py) step as the reference's multi-tensor (foreach) path does: the
-per-parameter for-loop (memory_3) to the bit, the fused kernel (fast_5) to float32 rounding. On the CPU, through the
-project's own code (tests/equivalence.py)."""
+"""AdamW's implementations (gpt/optimizations/adamw.py) step as the reference's multi-tensor (foreach) path does.
+
+The per-parameter for-loop (memory_3) to the bit, the fused kernel (fast_5) to float32 rounding. On the CPU, through
+the project's own code (tests/equivalence.py)."""
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from equivalence import report, tiny_config, train_with_grads
 
 
 def test_adamw_for_loop_matches_foreach(char_data):
-    """Tolerance 0 on parameters and both moments after 4 steps: the per-parameter loop and the
-    multi-tensor kernels do the same elementwise operations in the same order."""
+    """AdamW's per-parameter for-loop steps as its multi-tensor (foreach) path does, to the bit.
+
+    Tolerance 0 on parameters and both moments after 4 steps: the per-parameter loop and the multi-tensor kernels do
+    the same elementwise operations in the same order."""
     cfg = dict(lr=3e-3)  # every step moves every weight by ~lr, far above float32 resolution
     multi = run_steps(tiny_config(char_data, optimizer_foreach=True, **cfg), steps=4)
     loop = run_steps(tiny_config(char_data, optimizer_foreach=False, **cfg), steps=4)
