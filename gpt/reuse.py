@@ -51,6 +51,7 @@ def files_sha256(paths: list[str]) -> str | None:
 
 def provenance(key: dict, machine: str | None = None) -> dict:
     """What a machine-independent record was computed from, for `still_valid`; call it after the computation.
+
     `machine`: what computed it, the host's CPU unless given (a GPU run names its GPU)."""
     files = source_files()
     env = environment()
@@ -100,8 +101,9 @@ def reused_note(record: dict, plural: bool = False) -> str:
 
 
 def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None = None) -> dict | None:
-    """The record at `source`, marked `reused_from` (and copied to `dest`, if given), if it is still valid for `key`;
-    None: compute it (one line says why)."""
+    """The record at `source`, marked `reused_from`, if it is still valid for `key`; None: compute it.
+
+    The record is also copied to `dest`, if given; None comes with one line that says why."""
     if source is None:
         return None
     record = read_record(Path(source))

@@ -1,5 +1,7 @@
-"""Where a step's time goes: labelled phases in the training loop, a few profiled steps after the timed
-repeats, a trace to open in Perfetto, and the time breakdown computed from the trace's events.
+"""Where a step's time goes: labelled phases, a few profiled steps, their trace, and the time breakdown.
+
+The phases are labelled in the training loop; the steps are profiled after the timed repeats; the trace opens in
+Perfetto; the time breakdown is computed from the trace's events.
 
 Phases. `region(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
 "ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
@@ -71,11 +73,12 @@ def extra_steps(cfg, device: torch.device) -> int:
 
 
 def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict:
-    """Run `cfg.profile_steps` more steps under torch.profiler (CPU activities, plus CUDA on a GPU; no
-    shapes, stacks or memory, which cost time and trace size). Returns the record's metrics
-    `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they stay
-    in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome
-    trace JSON) when given."""
+    """Run `cfg.profile_steps` more steps under torch.profiler, for the record's time breakdown and trace.
+
+    CPU activities, plus CUDA on a GPU; no shapes, stacks or memory, which cost time and trace size. Returns the
+    record's metrics `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they
+    stay in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome trace
+    JSON) when given."""
     none = {"time_breakdown_pct": None, "profiler": None}
     if not cfg.profile_steps:
         return none
@@ -169,9 +172,11 @@ def length(a: list) -> float:
 
 
 def attribute(windows: list, layers: list[tuple[str, list]], rest: str) -> dict[str, float]:
-    """Split the time of `windows` among categories: each (category, intervals) layer, in priority order,
-    takes what it covers of the time the earlier layers left; what no layer covers goes to `rest`. A
-    category may appear in several layers. The parts add up to the windows' length exactly."""
+    """Split the time of `windows` among categories, layer by layer in priority order.
+
+    Each (category, intervals) layer, in priority order, takes what it covers of the time the earlier layers left;
+    what no layer covers goes to `rest`. A category may appear in several layers. The parts add up to the windows'
+    length exactly."""
     left = union(windows)
     out = {}
     for category, intervals in layers:
@@ -191,7 +196,8 @@ def _span(e: dict) -> tuple[float, float]:
 
 
 def breakdown(events: list[dict]) -> dict:
-    """The time breakdown of the profiled steps (the "ladder/step" ranges) of a trace:
+    """The time breakdown of the profiled steps (the "ladder/step" ranges) of a trace.
+
     {"shares_pct": {category: % of wall time, adding up to 100}, "steps", "step_s",
      "gpu_idle_pct": % of wall time with no GPU activity at all (CUDA; None on the CPU)}."""
     spans = [e for e in events if e.get("ph") == "X" and "ts" in e]

@@ -1,6 +1,8 @@
-"""Training to a loss: a stage trained from scratch to a token budget, with the learning-rate schedule, its
-validation loss evaluated every `eval_every_tokens` tokens (and before the first step and at the end), and the
-time to a target validation loss read from that curve (gpt/loss_curve.py; README: "Time to loss").
+"""Training to a loss: a stage trained from scratch to a token budget, its validation loss curve, its time to a target.
+
+The run has the learning-rate schedule, its validation loss evaluated every `eval_every_tokens` tokens (and before the
+first step and at the end), and the time to a target validation loss read from that curve (gpt/loss_curve.py; README:
+"Time to loss").
 
 The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
 evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
@@ -43,8 +45,10 @@ from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
 def run(cfg: TrainConfig, label: str = "train") -> dict:
-    """Train `cfg` (validated where it was built: gpt/ladder.py:stage_config) to its token budget and return the run's
-    record (every process of a DDP/FSDP run trains; rank 0's record is the one written)."""
+    """Train `cfg` to its token budget and return the run's record.
+
+    `cfg` is validated where it was built (gpt/ladder.py:stage_config). Every process of a DDP/FSDP run trains; rank
+    0's record is the one written."""
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)
@@ -140,9 +144,10 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
-    """A run that stops at its target (cfg.stop_at_target) has reached it: its last evaluation, on the full windows
-    (never an estimate on fewer), is at or below it. The crossing is read from the curve up to there, so stopping
-    changes no figure but the final loss."""
+    """Whether a run that stops at its target (cfg.stop_at_target) has reached it.
+
+    It has when its last evaluation, on the full windows (never an estimate on fewer), is at or below it. The crossing
+    is read from the curve up to there, so stopping changes no figure but the final loss."""
     last = curve[-1]
     return (
         cfg.stop_at_target
@@ -153,10 +158,11 @@ def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
 
 
 def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) -> Callable[[bool], WindowSums]:
-    """The run's evaluation, `evaluate(full)` -> the window sums now: a run that stops at its target reads an
-    estimate on fewer windows while its loss is clearly above the target (gpt/evaluation.py: TowardTarget); the
-    first and last evaluations (`full`), and every evaluation of a run that trains its whole budget, read every
-    window."""
+    """The run's evaluation, `evaluate(full)` -> the window sums now.
+
+    A run that stops at its target reads an estimate on fewer windows while its loss is clearly above the target
+    (gpt/evaluation.py: TowardTarget); the first and last evaluations (`full`), and every evaluation of a run that
+    trains its whole budget, read every window."""
     batch, world = trainer.cfg.micro_batch_size, cfg.world_size
     toward = TowardTarget(
         len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
@@ -202,6 +208,7 @@ def budget_metrics(
     compile_cache: str | None,
 ) -> dict:
     """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target.
+
     `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
     mean of the others; with no other, the fastest of them) is start-up."""
     n = len(startup_steps)

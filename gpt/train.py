@@ -1,5 +1,7 @@
-"""Training, as every stage of every ladder does it: the model with the stage's optimizations, one training step
-(micro-batches, backward, clipping, the optimizer), and the `Trainer` that steps through the stage's batches.
+"""Training, as every stage of every ladder does it: the model, one training step, and the `Trainer`.
+
+The model comes with the stage's optimizations; one training step is micro-batches, backward, clipping, the
+optimizer; the `Trainer` steps through the stage's batches.
 
 The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py: warm-up, timed repeats,
 profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
@@ -30,9 +32,10 @@ from gpt.step_profiler import region
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
-    """The model with the ladder's model-side optimizations applied, in the order they compose:
-    checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly
-    sharded) parameters, then compile the whole.
+    """The model with the ladder's model-side optimizations applied, in the order they compose.
+
+    Checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly sharded)
+    parameters, then compile the whole.
 
     Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
     reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
@@ -57,8 +60,10 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
 
 
 def _grad_sync(model, last_micro_batch: bool):
-    """DDP all-reduces gradients in every backward; with accumulation only the last micro-batch needs it.
-    (FSDP reduce-scatters every micro-batch: keeping unsharded gradients would cost the memory FSDP saves.)"""
+    """The context of a micro-batch's backward: DDP's no_sync, except for the last micro-batch.
+
+    DDP all-reduces gradients in every backward; with accumulation only the last micro-batch needs it. (FSDP
+    reduce-scatters every micro-batch: keeping unsharded gradients would cost the memory FSDP saves.)"""
     inner = getattr(model, "_orig_mod", model)
     if isinstance(inner, torch.nn.parallel.DistributedDataParallel) and not last_micro_batch:
         return inner.no_sync()
@@ -100,9 +105,10 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 
 
 class Stepper:
-    """One training step on the next batch; returns the loss, on the device. A FeedClock, if given, times the wait
-    for the batch and its copy to the device (the timed repeats keep one; otherwise each step gets its own).
-    `cuda_graphs`: the step replays CUDA graphs (the run's choices)."""
+    """One training step on the next batch; returns the loss, on the device.
+
+    A FeedClock, if given, times the wait for the batch and its copy to the device (the timed repeats keep one;
+    otherwise each step gets its own). `cuda_graphs`: the step replays CUDA graphs (the run's choices)."""
 
     def __init__(
         self,
@@ -143,8 +149,9 @@ class Stepper:
 
 @dataclass
 class Trainer:
-    """What a training run holds: the stage's settings, the model (`raw`: the GPT itself; `model`: what trains, with
-    its wrappers), its optimizer and precision, and the step on the next batch."""
+    """What a training run holds: the stage's settings, the model, its optimizer and precision, and its step.
+
+    The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers; the step is on the next batch."""
 
     cfg: TrainConfig
     device: torch.device
@@ -158,9 +165,10 @@ class Trainer:
     choices: RunChoices  # every per-device decision, resolved once (gpt/choices.py)
 
     def run(self, steps: int, feed: FeedClock | None = None, mark=None) -> list[torch.Tensor]:
-        """The training loop: `steps` steps on the next batches, as every run trains (the timed repeats, training to
-        a loss). Returns each step's loss on the device: no `.item()`, no synchronisation. `mark()`, if given, is
-        called before each step and after the last (a per-step clock)."""
+        """The training loop: `steps` steps on the next batches, as every run trains.
+
+        Every run: the timed repeats, training to a loss. Returns each step's loss on the device: no `.item()`, no
+        synchronisation. `mark()`, if given, is called before each step and after the last (a per-step clock)."""
         losses = []
         for _ in range(steps):
             if mark:
