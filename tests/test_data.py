@@ -258,8 +258,9 @@ def test_window_sampler_ranks_split_the_global_batch():
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_gathered_batches_are_the_dataloaders_batches(prepared, world_size):
-    """Tolerance 0: fast_1's one-gather batches (GatheredBatches) are the DataLoader's batches of the same
-    sampler, for every rank; only how they are built differs."""
+    """fast_1's one-gather batches (GatheredBatches) are the DataLoader's batches of the same sampler.
+
+    Tolerance 0, for every rank; only how they are built differs."""
     ds = make_dataset("tokens", prepared, BLOCK)
     for rank in range(world_size):
 

@@ -1,6 +1,7 @@
-"""The README and docs/ point at things that exist: every relative link (and its #anchor), every `path.py:name`
-pointer into the code, and every code path written in backticks. A renamed function or a moved page fails here
-instead of leaving a reader at a dead end."""
+"""The README and docs/ point at things that exist.
+
+Every relative link (and its #anchor), every `path.py:name` pointer into the code, and every code path written in
+backticks. A renamed function or a moved page fails here instead of leaving a reader at a dead end."""
 
 import ast
 import re

@@ -1,10 +1,11 @@
-"""The failure paths, tried for real: a rank that raises or is killed, two ladders into one directory, an
-output directory that cannot be written, a corrupt record, and a stage run alone on a fresh checkout.
+"""The failure paths, tried for real.
 
-The dying-rank tests run the real stage command (2 gloo processes under torchrun);
-tests/stage_hooks/sitecustomize.py, which Python runs at start-up from PYTHONPATH, injects the fault. Every process
-they start carries a marker in its environment, so the tests can check that none is left behind, whatever session
-torchrun put it in.
+A rank that raises or is killed, two ladders into one directory, an output directory that cannot be written, a corrupt
+record, and a stage run alone on a fresh checkout.
+
+The dying-rank tests run the real stage command (2 gloo processes under torchrun); tests/stage_hooks/sitecustomize.py,
+which Python runs at start-up from PYTHONPATH, injects the fault. Every process they start carries a marker in its
+environment, so the tests can check that none is left behind, whatever session torchrun put it in.
 """
 
 import json
@@ -44,8 +45,9 @@ def marked_env(**extra) -> tuple[dict, str]:
 
 
 def processes_with(marker: str) -> list[int]:
-    """Live processes whose environment carries `marker`: a stage and everything it started, in any
-    session (torchrun gives each rank its own). A process's /proc environ is the one it started with."""
+    """Live processes whose environment carries `marker`: a stage and everything it started, in any session.
+
+    torchrun gives each rank a session of its own. A process's /proc environ is the one it started with."""
     needle = f"GPT_TEST_MARKER={marker}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -101,9 +103,11 @@ def run_marked(cmd: list[str], env: dict, marker: str, log: Path) -> int:
     ],
 )
 def test_a_rank_that_raises_ends_the_stage_with_its_error(device, tmp_path, char_data):
-    """Rank 1 raises in its third step while rank 0 waits in FSDP's all-gather: rank 1 reports its error
-    and leaves without a barrier (NCCL: aborts its communicator), torchrun stops rank 0; the record names
-    rank 1 and its error. Without the fix, rank 1 waits in a barrier and the stage hangs for 30 minutes."""
+    """A rank that raises ends the stage with its error.
+
+    Rank 1 raises in its third step while rank 0 waits in FSDP's all-gather: rank 1 reports its error and leaves without
+    a barrier (NCCL: aborts its communicator), torchrun stops rank 0; the record names rank 1 and its error. Without the
+    fix, rank 1 waits in a barrier and the stage hangs for 30 minutes."""
     failed_at, out = tmp_path / "failed_at", tmp_path / "out"
     env, marker = marked_env(HOOK_FAULT=f"raise:1:2:{failed_at}")
     cmd = [
@@ -140,9 +144,11 @@ def test_a_rank_that_raises_ends_the_stage_with_its_error(device, tmp_path, char
     ],
 )
 def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, monkeypatch):
-    """Rank 1 of a 2-process stage is SIGKILLed inside its third step's forward: the stage ends in bounded time,
-    its record says so, run_all runs the next stages, and no process of the stage survives it (for speed_6_ddp
-    neither the compile workers nor the 4 DataLoader workers of each rank: the slow case)."""
+    """run_all goes on after a rank is killed, and no process of the stage survives it.
+
+    Rank 1 of a 2-process stage is SIGKILLed inside its third step's forward: the stage ends in bounded time, its record
+    says so, run_all runs the next stages, and no process of the stage survives it (for speed_6_ddp neither the compile
+    workers nor the 4 DataLoader workers of each rank: the slow case)."""
     out, behave, calls = stub_stages
     for other in ALL_STAGES:
         if other != stage:
@@ -238,9 +244,10 @@ def writable(path: Path) -> bool:
 
 @contextmanager
 def blocked_output(tmp_path: Path, how: str):
-    """An output directory that cannot be written: a file in its place, or a read-only directory (root
-    ignores permissions, so there the directory is made immutable, where the filesystem allows it, or else
-    /sys is used: sysfs refuses a new file even to root)."""
+    """An output directory that cannot be written: a file in its place, or a read-only directory.
+
+    Root ignores permissions, so there the directory is made immutable, where the filesystem allows it, or else /sys is
+    used: sysfs refuses a new file even to root."""
     path = tmp_path / "blocked"
     if how == "file in the way":
         path.write_text("not a directory")

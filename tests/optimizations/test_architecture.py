@@ -1,5 +1,7 @@
-"""Today's small-GPT architecture (gpt/optimizations/architecture.py, code in gpt/model.py): each change does what it
-says, the two attentions agree on it, the default is GPT-2's model unchanged, and the modern model learns."""
+"""Today's small-GPT architecture (gpt/optimizations/architecture.py, code in gpt/model.py), change by change.
+
+Each change does what it says, the two attentions agree on it, the default is GPT-2's model unchanged, and the modern
+model learns."""
 
 import numpy as np
 import pytest
@@ -116,8 +118,10 @@ def test_rotary_half_splits_the_pairs():
 
 
 def test_rotary_model_sees_the_order_of_its_tokens():
-    """Without positions one causal attention layer sees its prefix as a bag of tokens: swapping two earlier tokens
-    leaves the last position's logits unchanged. Rotary positions make them differ, without a position table."""
+    """Rotary positions make a causal attention layer see the order of its prefix, without a position table.
+
+    Without positions one causal attention layer sees its prefix as a bag of tokens: swapping two earlier tokens leaves
+    the last position's logits unchanged. Rotary positions make them differ."""
     idx = torch.tensor([[5, 9, 3, 7]])
     swapped = torch.tensor([[9, 5, 3, 7]])
     torch.manual_seed(0)
@@ -268,8 +272,10 @@ def test_a_modern_smoke_run_learns(char_data):
 
 
 def test_the_x0_shortcut_starts_as_the_model_without_it_and_learns_its_scalars():
-    """Built from the same seed, the model with the shortcut computes the same loss at the start (a = 1, b = 0), has
-    2 x n_layer more parameters, and its scalars get gradients: b_0 and a_0 the same one (block 0's input x is x0)."""
+    """The x0 shortcut starts as the model without it and learns its scalars.
+
+    Built from the same seed, the model with the shortcut computes the same loss at the start (a = 1, b = 0), has 2 x
+    n_layer more parameters, and its scalars get gradients: b_0 and a_0 the same one (block 0's input x is x0)."""
     x = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]))
     torch.manual_seed(0)
     plain = GPT(tiny(**MODERN))

@@ -1,6 +1,7 @@
-"""Activation checkpointing (gpt/optimizations/checkpointing.py, memory_2) keeps the mathematics: the recomputed
-blocks give the plain blocks' gradients to the bit, dropout included, and their recomputation raises no exception
-through an op. On the CPU, through the project's own code (tests/equivalence.py)."""
+"""Activation checkpointing (gpt/optimizations/checkpointing.py, memory_2) keeps the mathematics.
+
+The recomputed blocks give the plain blocks' gradients to the bit, dropout included, and their recomputation raises no
+exception through an op. On the CPU, through the project's own code (tests/equivalence.py)."""
 
 import torch
 from equivalence import max_diff, report, seeded, tiny_config, train_with_grads
@@ -10,8 +11,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 
 def test_activation_checkpointing_gives_identical_gradients_with_dropout(char_data):
-    """Tolerance 0: the recomputed forward runs the same kernels on the same inputs, and checkpointing
-    restores the RNG state before it, so dropout draws the same masks again."""
+    """Activation checkpointing gives the plain blocks' gradients to the bit, dropout included.
+
+    Tolerance 0: the recomputed forward runs the same kernels on the same inputs, and checkpointing restores the RNG
+    state before it, so dropout draws the same masks again."""
     cfg = dict(dropout=0.1, grad_accum_steps=2)  # as memory_2 runs: after the accumulation stage
     plain, grads_plain = train_with_grads(tiny_config(char_data, **cfg), 2, seeded(1))
     ckpt, grads_ckpt = train_with_grads(tiny_config(char_data, activation_checkpointing=True, **cfg), 2, seeded(1))
@@ -35,11 +38,13 @@ def with_pytorchs_early_stop(raw) -> None:
 
 
 def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, monkeypatch):
-    """memory_2 recomputes each block whole (early_stop=False, gpt/optimizations/checkpointing.py): with
-    early stop, PyTorch ends a recomputation by raising an exception from inside the block's last op that
-    saves a tensor (the MLP's dropout), which torch 2.11 loses on CUDA while the allocator records its
-    history (the H100 memory step crashed there). Counted: none in a checkpointed step. Control: the same
-    blocks with PyTorch's default raise one per block and micro-batch."""
+    """The checkpointed blocks' recomputation raises no exception through an op.
+
+    memory_2 recomputes each block whole (early_stop=False, gpt/optimizations/checkpointing.py): with early stop,
+    PyTorch ends a recomputation by raising an exception from inside the block's last op that saves a tensor (the MLP's
+    dropout), which torch 2.11 loses on CUDA while the allocator records its history (the H100 memory step crashed
+    there). Counted: none in a checkpointed step. Control: the same blocks with PyTorch's default raise one per block
+    and micro-batch."""
     import torch.utils.checkpoint as ckpt_module
 
     raised = []

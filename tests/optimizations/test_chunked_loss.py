@@ -1,7 +1,8 @@
-"""The chunked linear + cross-entropy (gpt/optimizations/chunked_loss.py, fast_6 and lean_2): it matches the full loss
-(in fp32, and under bf16 as closely as the full loss does), which implementation computes it, the glue around the two
-Triton kernels (liger, Cut Cross-Entropy), and where a run for time keeps the full loss instead. On the CPU, through
-the project's own code (tests/equivalence.py); on CUDA in tests/test_gpu.py."""
+"""The chunked linear + cross-entropy (gpt/optimizations/chunked_loss.py, fast_6 and lean_2) matches the full loss.
+
+It matches in fp32, and under bf16 as closely as the full loss does. Also which implementation computes it, the glue
+around the two Triton kernels (liger, Cut Cross-Entropy), and where a run for time keeps the full loss instead. On the
+CPU, through the project's own code (tests/equivalence.py); on CUDA in tests/test_gpu.py."""
 
 import functools
 import importlib.util
@@ -36,10 +37,11 @@ BF16_CHUNKED_WEIGHT_GRAD = 3e-2
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of 16 rows, so the tests' 8 x 16 = 128 rows per step are 8 chunks; the chunked path pinned. A run for
-    time on a CPU (tiny_config's goal) keeps the loss measured faster at its shape (chunked_loss.loss_used): on this
-    CPU the full one, so without the pin both sides would compute the full loss, and the spy would count the
-    measurement's own calls. Returns the spy's calls (each call's chunk size)."""
+    """Chunks of 16 rows, the chunked path pinned; returns the spy's calls (each call's chunk size).
+
+    The tests' 8 x 16 = 128 rows per step are 8 chunks. A run for time on a CPU (tiny_config's goal) keeps the loss
+    measured faster at its shape (chunked_loss.loss_used): on this CPU the full one, so without the pin both sides would
+    compute the full loss, and the spy would count the measurement's own calls."""
     monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
     monkeypatch.setattr(chunked_loss, "measured_loss_choice", lambda cfg, vocab_size, device_type: ("chunked", None))
     monkeypatch.setattr(chunked_loss, "time_head_and_loss", None)  # nothing measures: every call is training's
@@ -76,11 +78,13 @@ def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multi
 
 @needs_torch_chunked_loss
 def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch, char_data):
-    """Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the
-    chunked op (on a CPU) in the inputs' dtype, and it returns the loss in bf16, summed over chunks in bf16.
-    So: gradients as close to fp32 training as the full loss's are (bound: twice the full loss's difference
-    plus BF16_CHUNKED_WEIGHT_GRAD of the largest gradient; measured ~7e-3 for both here), and the loss within its
-    bf16 summation error (n_chunks half-ulps, 2^-9 relative each)."""
+    """Under bf16 autocast the chunked loss tracks fp32 as closely as the full loss does.
+
+    Under bf16 autocast both losses multiply in bf16; the full loss then computes its softmax in fp32, the chunked op
+    (on a CPU) in the inputs' dtype, and it returns the loss in bf16, summed over chunks in bf16. So: gradients as close
+    to fp32 training as the full loss's are (bound: twice the full loss's difference plus BF16_CHUNKED_WEIGHT_GRAD of
+    the largest gradient; measured ~7e-3 for both here), and the loss within its bf16 summation error (n_chunks
+    half-ulps, 2^-9 relative each)."""
     monkeypatch.setattr(
         "gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: 2.0 if dtype == torch.bfloat16 else 1.0
     )
@@ -120,9 +124,10 @@ def fake_module(monkeypatch, name: str, **attributes):
 
 
 def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
-    """auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on
-    CUDA only; with none, a stage records why it is skipped; a named implementation that is missing says what
-    to install."""
+    """The chunked loss's implementation follows what is installed.
+
+    auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on CUDA only; with
+    none, a stage records why it is skipped; a named implementation that is missing says what to install."""
 
     def skip_reason(stage):
         return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
@@ -250,10 +255,12 @@ def stand_ins(monkeypatch) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("impl", ["liger", "cce"])
 def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, dtype, monkeypatch):
-    """liger takes the -inf padding bias (and fp32 weight-gradient accumulation); Cut Cross-Entropy takes no
-    bias, so it gets the real rows only, with its gradient filtering off; under autocast both get the autocast
-    dtype's inputs, bias included. Either way: the full loss of the padded head, as the model computes it under the
-    same autocast, its gradients to the bit, and gradient 0 for the padding rows."""
+    """The Triton chunked losses get the padded head as their contracts say.
+
+    liger takes the -inf padding bias (and fp32 weight-gradient accumulation); Cut Cross-Entropy takes no bias, so it
+    gets the real rows only, with its gradient filtering off; under autocast both get the autocast dtype's inputs, bias
+    included. Either way: the full loss of the padded head, as the model computes it under the same autocast, its
+    gradients to the bit, and gradient 0 for the padding rows."""
     seen = stand_ins(monkeypatch)
     vocab, padded = 80, 128
     g = torch.Generator().manual_seed(0)
@@ -279,10 +286,12 @@ def test_triton_chunked_losses_get_the_padded_head_as_their_contract_says(impl, 
 
 @pytest.mark.parametrize("impl", ["liger", "cce"])
 def test_triton_chunked_losses_run_outside_torch_compile(impl, monkeypatch):
-    """fast_6 compiles its model, loss included, and Dynamo must not trace into the libraries' own autograd
-    functions: on torch 2.11 it could not trace liger's (fake tensors fail on its torch.addmm(out_dtype=...,
-    out=...): fast_6 died before its first step on an H100, tests/test_gpu.py::test_fast_stages_run_on_cuda).
-    The stand-in records whether it ran under Dynamo's tracing; it must have run, and eagerly."""
+    """The Triton chunked losses run eagerly, outside torch.compile's tracing.
+
+    fast_6 compiles its model, loss included, and Dynamo must not trace into the libraries' own autograd functions: on
+    torch 2.11 it could not trace liger's (fake tensors fail on its torch.addmm(out_dtype=..., out=...): fast_6 died
+    before its first step on an H100, tests/test_gpu.py::test_fast_stages_run_on_cuda). The stand-in records whether it
+    ran under Dynamo's tracing; it must have run, and eagerly."""
     stand_ins(monkeypatch)
     module, name = {
         "liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy"),
@@ -307,11 +316,13 @@ def test_triton_chunked_losses_run_outside_torch_compile(impl, monkeypatch):
 
 @pytest.mark.slow
 def test_liger_kernels_match_the_full_loss_under_tritons_interpreter(char_data):
-    """liger-kernel's real Triton kernels, run on the CPU by Triton's interpreter: two training steps of a
-    padded-vocabulary model with loss_impl="liger" give the full loss's losses and gradients (CHUNK_RTOL and
-    CHUNK_ATOL). TRITON_INTERPRET must be set before Triton is imported, hence a subprocess. Needs liger-kernel
-    and triton (`pip install liger-kernel`), skipped without them: the default suite's environment has neither,
-    and Cut Cross-Entropy's kernels use a function the interpreter lacks (it is checked on CUDA, test_gpu.py)."""
+    """liger-kernel's real Triton kernels, run on the CPU by Triton's interpreter, match the full loss.
+
+    Two training steps of a padded-vocabulary model with loss_impl="liger" give the full loss's losses and gradients
+    (CHUNK_RTOL and CHUNK_ATOL). TRITON_INTERPRET must be set before Triton is imported, hence a subprocess. Needs
+    liger-kernel and triton (`pip install liger-kernel`), skipped without them: the default suite's environment has
+    neither, and Cut Cross-Entropy's kernels use a function the interpreter lacks (it is checked on CUDA,
+    test_gpu.py)."""
     if importlib.util.find_spec("liger_kernel") is None or importlib.util.find_spec("triton") is None:
         pytest.skip("liger-kernel and triton are not installed (pip install liger-kernel)")
     script = f"""
@@ -372,9 +383,11 @@ def test_loss_benchmark_times_the_full_loss_and_each_available_implementation(ca
 
 
 def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measured_slower(char_data, monkeypatch):
-    """fast_6's CPU rule, as fast_3's: the chunked loss only where its head and loss were measured faster than the
-    full loss's at the stage's shape (at 65 characters its chunks only add work); a run for memory (the lean
-    ladder) keeps it whatever the time, since its point there is the logits it never holds."""
+    """A CPU run for time keeps the full loss where the chunked one was measured slower.
+
+    fast_6's CPU rule, as fast_3's: the chunked loss only where its head and loss were measured faster than the full
+    loss's at the stage's shape (at 65 characters its chunks only add work); a run for memory (the lean ladder) keeps it
+    whatever the time, since its point there is the logits it never holds."""
     from gpt.optimizations import chunked_loss
 
     times = iter([{"median_ms": 2.0}, {"median_ms": 5.0}])
@@ -399,9 +412,11 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
 
 
 def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(monkeypatch):
-    """F.linear_cross_entropy came into torch's history before its linear_bias= and options= (the call
-    chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back
-    to liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
+    """A torch with an older F.linear_cross_entropy falls back instead of failing the stage.
+
+    F.linear_cross_entropy came into torch's history before its linear_bias= and options= (the call
+    chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back to
+    liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
 
     def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
 
@@ -416,9 +431,11 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
 @needs_torch_chunked_loss
 @pytest.mark.slow
 def test_bf16_chunked_weight_gradient_at_the_stages_shape():
-    """The head's weight gradient of the bf16 chunked loss against fp32, at fast_6_chunked_loss's reference shape
-    (32768 rows x 192, vocabulary 65 padded to 128: 128 chunks of LOSS_CHUNK_ROWS), on random inputs: within
-    BF16_CHUNKED_WEIGHT_GRAD more than the bf16 full loss's (measured 2.6e-2 and 3.4e-3 on this project's CPU)."""
+    """The bf16 chunked loss's head weight gradient stays close to fp32's at fast_6_chunked_loss's reference shape.
+
+    Against fp32 at that shape (32768 rows x 192, vocabulary 65 padded to 128: 128 chunks of LOSS_CHUNK_ROWS), on random
+    inputs: within BF16_CHUNKED_WEIGHT_GRAD more than the bf16 full loss's (measured 2.6e-2 and 3.4e-3 on this project's
+    CPU)."""
     cfg, vocab = stage_config("fast_6_chunked_loss", "reference"), 65
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
     padded = -(-vocab // cfg.vocab_multiple) * cfg.vocab_multiple

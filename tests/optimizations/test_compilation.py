@@ -1,5 +1,6 @@
-"""torch.compile (gpt/optimizations/compilation.py, speed_4) trains as eager does, to float32 reassociation. On the
-CPU, through the project's own code (tests/equivalence.py). And the rule that compiles only where it pays
+"""torch.compile (gpt/optimizations/compilation.py, speed_4) trains as eager does, to float32 reassociation.
+
+On the CPU, through the project's own code (tests/equivalence.py). And the rule that compiles only where it pays
 (speedrun_12), whose eager run is the mathematics the compiled one is checked against above."""
 
 import dataclasses
@@ -48,9 +49,11 @@ def test_compile_matches_eager(char_data):
 
 
 def test_compiling_only_where_it_pays_keeps_a_short_cpu_run_eager_and_compiles_elsewhere():
-    """speedrun_12's run to a loss on a CPU is far shorter than the steps after which a cold compilation pays: eager,
-    with why. The same config compiles on a GPU, with a budget past the break-even, and in the timed protocol; its
-    parent, which does not ask, compiles everywhere."""
+    """Compiling only where it pays keeps a short CPU run eager and compiles elsewhere.
+
+    speedrun_12's run to a loss on a CPU is far shorter than the steps after which a cold compilation pays: eager, with
+    why. The same config compiles on a GPU, with a budget past the break-even, and in the timed protocol; its parent,
+    which does not ask, compiles everywhere."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     cfg = stage_config("speedrun_12_eager", "cpu")
     steps = cfg.train_tokens // cfg.tokens_per_step
@@ -66,8 +69,10 @@ def test_compiling_only_where_it_pays_keeps_a_short_cpu_run_eager_and_compiles_e
 
 
 def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why(char_data):
-    """What the run does, not only what the rule says: the trainer's model is the GPT itself (no compiled wrapper),
-    and the record's choices say why; the parent's model is compiled."""
+    """A stage that skips compiling trains an uncompiled model and records why.
+
+    What the run does, not only what the rule says: the trainer's model is the GPT itself (no compiled wrapper), and the
+    record's choices say why; the parent's model is compiled."""
     cpu = torch.device("cpu")
     eager_cfg = stage_config("speedrun_12_eager", "smoke", True, data_dir=str(char_data), device="cpu")
     parent_cfg = stage_config("speedrun_11_budget", "smoke", True, data_dir=str(char_data), device="cpu")

@@ -1,6 +1,7 @@
-"""Fused attention (gpt/optimizations/fused_attention.py, fast_3): SDPA matches the explicit attention, and a run for
-time keeps the explicit one where SDPA was measured slower (a run for memory keeps SDPA). On the CPU, through the
-project's own code (tests/equivalence.py)."""
+"""Fused attention (gpt/optimizations/fused_attention.py, fast_3): SDPA matches the explicit attention.
+
+A run for time keeps the explicit one where SDPA was measured slower (a run for memory keeps SDPA). On the CPU, through
+the project's own code (tests/equivalence.py)."""
 
 import pytest
 import torch
@@ -27,9 +28,11 @@ def test_sdpa_matches_naive_attention(char_data):
 
 
 def test_a_run_for_time_keeps_the_explicit_attention_where_sdpa_was_measured_slower(char_data, monkeypatch):
-    """fast_3's CPU rule: SDPA only where one forward and backward of it was measured faster at the stage's shape
-    and precision; otherwise the explicit attention, and the record's no_effect gives both times. The measurement
-    is kept (gpt/machine_cache.py) and leaves the random state alone. A GPU follows the same rule, measured there."""
+    """A run for time keeps the explicit attention where SDPA was measured slower.
+
+    fast_3's CPU rule: SDPA only where one forward and backward of it was measured faster at the stage's shape and
+    precision; otherwise the explicit attention, and the record's no_effect gives both times. The measurement is kept
+    (gpt/machine_cache.py) and leaves the random state alone. A GPU follows the same rule, measured there."""
     from gpt.optimizations import fused_attention
 
     calls = []
@@ -59,8 +62,10 @@ def test_a_run_for_time_keeps_the_explicit_attention_where_sdpa_was_measured_slo
 
 
 def test_the_attention_benchmark_leaves_the_random_state_alone():
-    """A stage measures the attentions while building its model, right after seeding it: the weights must be the
-    seed's, whatever the benchmark drew (it uses the random generator and dropout)."""
+    """The attention benchmark leaves the random state alone.
+
+    A stage measures the attentions while building its model, right after seeding it: the weights must be the seed's,
+    whatever the benchmark drew (it uses the random generator and dropout)."""
     from gpt.optimizations.fused_attention import time_attentions
 
     torch.manual_seed(0)

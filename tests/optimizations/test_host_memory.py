@@ -1,6 +1,7 @@
-"""Freed host memory kept for reuse (gpt/optimizations/host_memory.py, speedrun_13): the same arithmetic bit for bit,
-far fewer page faults, and where it does nothing, why. Each run in a process of its own: the setting is the
-process's, from the call on."""
+"""Freed host memory kept for reuse (gpt/optimizations/host_memory.py, speedrun_13): same arithmetic, fewer page faults.
+
+The same arithmetic bit for bit, far fewer page faults, and where it does nothing, why. Each run in a process of its
+own: the setting is the process's, from the call on."""
 
 import json
 import subprocess
@@ -47,9 +48,11 @@ def _run(char_data, mode: str) -> dict:
 
 @needs_glibc
 def test_kept_host_memory_trains_bit_for_bit_as_before_with_a_tenth_of_the_page_faults(char_data):
-    """The losses of 8 steps are equal to the last bit (only where bytes live changes). The page faults: measured
-    about 10,000 a step without and under 100 with at the speedrun's shape (docs/design.md); a tenth is the bound, far
-    from both, so another kernel or glibc version does not move the verdict."""
+    """Kept host memory trains bit for bit as before, with at most a tenth of the page faults.
+
+    The losses of 8 steps are equal to the last bit (only where bytes live changes). The page faults: measured about
+    10,000 a step without and under 100 with at the speedrun's shape (docs/design.md); a tenth is the bound, far from
+    both, so another kernel or glibc version does not move the verdict."""
     default, kept = _run(char_data, "default"), _run(char_data, "keep")
     assert kept["losses"] == default["losses"]
     print(f"\nminor page faults a step: {default['faults']:.0f} by default, {kept['faults']:.0f} kept")

@@ -1,7 +1,8 @@
-"""Muon (gpt/optimizations/muon.py, the speedrun ladder): Muon gets exactly the blocks' matrices and AdamW everything
-else, one step of the combined optimizer is the two torch optimizers' steps, one line for bad settings (the
-schedule's too), and a Muon run that learns; the Newton-Schulz iteration and a Muon step in bf16 against float32 (on
-the CPU here, on CUDA in tests/test_gpu.py)."""
+"""Muon (gpt/optimizations/muon.py, the speedrun ladder) gets exactly the blocks' matrices and AdamW everything else.
+
+One step of the combined optimizer is the two torch optimizers' steps, one line for bad settings (the schedule's too),
+and a Muon run that learns; the Newton-Schulz iteration and a Muon step in bf16 against float32 (on the CPU here, on
+CUDA in tests/test_gpu.py)."""
 
 import copy
 import math
@@ -25,8 +26,10 @@ HIDDEN = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|
 
 
 def built(char_data, device: str = "cpu", **overrides):
-    """The optimizer build_model makes with Muon on `device` (TrainConfig's gpt-mini unless overridden): (cfg, the
-    GPT, the optimizer). The weights are drawn on the CPU from the config's seed, so every device starts alike."""
+    """The optimizer build_model makes with Muon on `device` (TrainConfig's gpt-mini unless overridden).
+
+    Returns (cfg, the GPT, the optimizer). The weights are drawn on the CPU from the config's seed, so every device
+    starts alike."""
     cfg = optimizations.validate(
         TrainConfig(data_dir=str(char_data), device=device, matrix_optimizer="muon", **overrides)
     )
@@ -74,8 +77,10 @@ def hand_built(model, cfg):
 
 @needs_muon
 def test_steps_equal_torch_muon_and_adamw_built_by_hand(char_data):
-    """Bit-identical: the same kernels on the same tensors. Two steps, so Muon's momentum and AdamW's moments count;
-    after a schedule's scaling too."""
+    """The combined optimizer's steps equal torch's Muon and AdamW built by hand, bit for bit.
+
+    Bit-identical: the same kernels on the same tensors. Two steps, so Muon's momentum and AdamW's moments count; after
+    a schedule's scaling too."""
     cfg, raw, optimizer = built(char_data, n_layer=2, lr_decay_tokens=10_000)
     twin = copy.deepcopy(raw)
     muon, adamw = hand_built(twin, cfg)
@@ -100,8 +105,9 @@ def test_steps_equal_torch_muon_and_adamw_built_by_hand(char_data):
 
 @needs_muon
 def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
-    """fp16's GradScaler reaches Muon's and AdamW's gradients through the one optimizer: unscale_ divides every
-    gradient by the scale, and step skips both optimizers on an overflow."""
+    """fp16's GradScaler reaches Muon's and AdamW's gradients through the one optimizer.
+
+    unscale_ divides every gradient by the scale, and step skips both optimizers on an overflow."""
     cfg, raw, optimizer = built(char_data, n_layer=2)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(torch.ones(()))  # as a scaled loss would: the scale is made on first use
@@ -125,9 +131,10 @@ def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
 
 
 def run_stage_with(char_data, tmp_path, setup: str = "", **overrides) -> subprocess.CompletedProcess:
-    """speed_0_baseline's script as a user runs it, with TrainConfig overrides applied as a stage would (stage_config's
-    overrides: the config is validated after them), for 2 steps (a setting wrongly let through fails fast). `setup`
-    runs first (e.g. a torch without Muon)."""
+    """speed_0_baseline's script as a user runs it, for 2 steps, with TrainConfig overrides applied as a stage would.
+
+    The overrides as stage_config applies them: the config is validated after them. Two steps: a setting wrongly let
+    through fails fast. `setup` runs first (e.g. a torch without Muon)."""
     code = (
         f"import sys, torch\nfrom math import inf, nan\n{setup}\nfrom gpt import stage\nreal = stage.stage_config\n"
         f"stage.stage_config = lambda *a, **k: real(*a, **{{**k, **{overrides!r}}})\n"
@@ -199,8 +206,9 @@ def test_a_torch_without_muon_records_the_stage_as_skipped(char_data, tmp_path):
 
 @needs_muon
 def test_a_muon_run_with_wsd_learns(char_data):
-    """A run to a loss with Muon and wsd (the smoke profile's, 60 steps): the validation loss falls well below its
-    start (ln 65 = 4.17; 0.6 lower after 30 steps here)."""
+    """A run to a loss with Muon and wsd (the smoke profile's, 60 steps) learns.
+
+    The validation loss falls well below its start (ln 65 = 4.17; 0.6 lower after 30 steps here)."""
     budget = 60 * 4 * 32
     cfg = smoke_to_a_loss(
         char_data,
@@ -216,9 +224,11 @@ def test_a_muon_run_with_wsd_learns(char_data):
 
 @needs_muon
 def test_a_cpu_without_fast_bf16_runs_newton_schulz_in_float32(char_data, monkeypatch):
-    """torch's Muon orthogonalises in bf16, hard-coded; where this CPU's bf16 is slower (emulated), the step swaps in
-    the same iteration in float32 for Muon's step only. Its result is torch's up to bf16 rounding (measured ~1e-2 of
-    the largest entry: bound 5e-2), and the swap is undone after the step."""
+    """On a CPU without fast bf16, Muon's step runs Newton-Schulz in float32.
+
+    torch's Muon orthogonalises in bf16, hard-coded; where this CPU's bf16 is slower (emulated), the step swaps in the
+    same iteration in float32 for Muon's step only. Its result is torch's up to bf16 rounding (measured ~1e-2 of the
+    largest entry: bound 5e-2), and the swap is undone after the step."""
     from torch.optim import _muon
 
     from gpt.optimizations import muon as home
@@ -268,11 +278,13 @@ def muon_defaults() -> dict:
 
 
 def check_newton_schulz_in_bf16(device: str) -> None:
-    """torch's Newton-Schulz orthogonalisation as Muon runs it on `device` (bf16). In exact arithmetic it keeps the
-    singular vectors of G and sends each singular value s of G / |G|_F through the quintic p(s) = a s + b s³ + c s⁵,
-    ns_steps times: the result's singular values are p⁵(s), computed here in float64. bf16's result has them within
-    NEWTON_SCHULZ_BF16 (Weyl: no singular value moves by more than the spectral norm of the error) and inside
-    ORTHOGONAL_BAND, and differs from the same iteration in float32 on the CPU by less than NEWTON_SCHULZ_BF16."""
+    """torch's Newton-Schulz orthogonalisation as Muon runs it on `device` (bf16), against exact arithmetic and float32.
+
+    In exact arithmetic it keeps the singular vectors of G and sends each singular value s of G / |G|_F through the
+    quintic p(s) = a s + b s³ + c s⁵, ns_steps times: the result's singular values are p⁵(s), computed here in float64.
+    bf16's result has them within NEWTON_SCHULZ_BF16 (Weyl: no singular value moves by more than the spectral norm of
+    the error) and inside ORTHOGONAL_BAND, and differs from the same iteration in float32 on the CPU by less than
+    NEWTON_SCHULZ_BF16."""
     from torch.optim import _muon
 
     settings = muon_defaults()
@@ -295,13 +307,14 @@ def check_newton_schulz_in_bf16(device: str) -> None:
 
 
 def check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, device: str, monkeypatch) -> None:
-    """One step of the optimizer build_model makes (gpt-mini, 2 blocks), with Newton-Schulz in bf16 on `device`,
-    against the same step on the CPU in float32, from the same weights and gradients. A Muon matrix moves by
-    -lr' O (O: the orthogonalised momentum; lr' = muon_lr sqrt(max(1, rows/cols)), torch's default adjustment), and
-    the momentum is float32 on both, so the two differ by lr' |O_bf16 - O_fp32| <= lr' NEWTON_SCHULZ_BF16 in spectral
-    norm, plus float32's rounding of the sum (~1e-7 of weights of norm ~10: 1e-5 allowed); the step itself moves
-    each by lr' |O| >= 0.5 lr', several times the bound. AdamW's parameters (float32 on both) are equal to float32's
-    rounding; its step moved them by ~lr."""
+    """One step of the optimizer build_model makes, Newton-Schulz in bf16 on `device`, against float32 on the CPU.
+
+    The model is gpt-mini with 2 blocks; both steps start from the same weights and gradients. A Muon matrix moves by
+    -lr' O (O: the orthogonalised momentum; lr' = muon_lr sqrt(max(1, rows/cols)), torch's default adjustment), and the
+    momentum is float32 on both, so the two differ by lr' |O_bf16 - O_fp32| <= lr' NEWTON_SCHULZ_BF16 in spectral norm,
+    plus float32's rounding of the sum (~1e-7 of weights of norm ~10: 1e-5 allowed); the step itself moves each by lr'
+    |O| >= 0.5 lr', several times the bound. AdamW's parameters (float32 on both) are equal to float32's rounding; its
+    step moved them by ~lr."""
     monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (False, "the fp32 reference"))
     cfg, reference, reference_optimizer = built(char_data, n_layer=2)
     assert reference_optimizer.newton_schulz_dtype == torch.float32

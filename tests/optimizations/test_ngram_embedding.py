@@ -1,6 +1,7 @@
-"""The bigram embedding (gpt/optimizations/ngram_embedding.py, code in gpt/model.py): it starts at zero so the first
-forward is the parent's, it learns through AdamW (never Muon), a window's first position has no previous token, and
-a large vocabulary is hashed into a bounded table."""
+"""The bigram embedding (gpt/optimizations/ngram_embedding.py, code in gpt/model.py) starts at zero and learns.
+
+It starts at zero so the first forward is the parent's, it learns through AdamW (never Muon), a window's first position
+has no previous token, and a large vocabulary is hashed into a bounded table."""
 
 import pytest
 import torch
@@ -66,8 +67,10 @@ def test_the_first_position_takes_the_no_previous_index_and_every_pair_its_own_r
 
 
 def test_no_token_reaches_a_position_before_it_nor_wraps_around_to_the_first():
-    """Causal, table included: changing a window's last token changes no earlier position's logits (a rolled
-    previous-token index would hand it to position 0), and position 0 reads the 'no previous' row."""
+    """No token reaches a position before it, nor wraps around to the first: causal, table included.
+
+    Changing a window's last token changes no earlier position's logits (a rolled previous-token index would hand it to
+    position 0), and position 0 reads the 'no previous' row."""
     _, model = pair()
     with torch.no_grad():
         model.transformer.bigram.weight.normal_()  # trained-like, so the table matters
@@ -143,8 +146,10 @@ def test_the_trigram_table_starts_at_zero_and_the_first_forward_is_the_parents_e
 
 
 def test_the_trigram_index_reads_the_triple_ending_at_each_position_and_nothing_later():
-    """Each position's row depends on its own token and the two before it only (padded with the 'none' index at a
-    window's start), so no token reaches an earlier position, and the same triple reads the same row."""
+    """The trigram index reads the triple ending at each position and nothing later.
+
+    Each position's row depends on its own token and the two before it only (padded with the 'none' index at a window's
+    start), so no token reaches an earlier position, and the same triple reads the same row."""
     vocab = TINY["vocab_size"]
     window = torch.tensor([[4, 7, 1, 2, 9, 4, 7, 1]])
     rows = trigram_index(window, vocab, TRIGRAM_ROWS)

@@ -1,5 +1,6 @@
-"""The padded vocabulary (gpt/optimizations/padded_vocab.py, fast_4) keeps the loss and the real rows' gradients;
-without its -inf mask it would not. On the CPU, through the project's own code (tests/equivalence.py)."""
+"""The padded vocabulary (gpt/optimizations/padded_vocab.py, fast_4) keeps the loss and the real rows' gradients.
+
+Without its -inf mask it would not. On the CPU, through the project's own code (tests/equivalence.py)."""
 
 import pytest
 import torch
@@ -41,8 +42,10 @@ def test_padded_vocab_keeps_the_loss_and_the_real_rows_gradients(char_data):
 
 
 def test_padding_without_the_mask_changes_the_loss(char_data):
-    """Negative control: without the -inf bias the padding rows' logits (0) join the softmax's denominator,
-    so the loss the comparison above accepts is not reached."""
+    """Negative control: padding without the -inf mask changes the loss.
+
+    Without the -inf bias the padding rows' logits (0) join the softmax's denominator, so the loss the comparison above
+    accepts is not reached."""
     plain = train_with_grads(tiny_config(char_data), 1)[0]
     unmasked = train_with_grads(
         tiny_config(char_data, vocab_multiple=64), 1, lambda run: setattr(run.raw, "vocab_mask", None)

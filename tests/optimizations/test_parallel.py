@@ -1,8 +1,10 @@
-"""More than one process (gpt/optimizations/parallel.py): DDP (speed_6) and FSDP (memory_4) on 2 gloo processes
-match one process on the combined batch, and a reduction that sums the ranks' gradients fails that comparison;
-FSDP's bf16 parameters with an fp32 reduction (lean_1, and with the chunked loss lean_2) track fp32; CPU offload
-(lean_3) keeps memory_4's numbers; every FSDP unit gets the stage's policies. On the CPU, through the project's own
-code (tests/equivalence.py; the ranks run tests/dist_worker.py); on 2 GPUs in tests/test_gpu.py."""
+"""More than one process (gpt/optimizations/parallel.py): DDP and FSDP match one process on the combined batch.
+
+DDP (speed_6) and FSDP (memory_4) on 2 gloo processes match one process on the combined batch, and a reduction that sums
+the ranks' gradients fails that comparison; FSDP's bf16 parameters with an fp32 reduction (lean_1, and with the chunked
+loss lean_2) track fp32; CPU offload (lean_3) keeps memory_4's numbers; every FSDP unit gets the stage's policies. On
+the CPU, through the project's own code (tests/equivalence.py; the ranks run tests/dist_worker.py); on 2 GPUs in
+tests/test_gpu.py."""
 
 import contextlib
 import json
@@ -76,8 +78,10 @@ def launch_workers(cfg: TrainConfig, steps: int, out, *worker_args: str) -> None
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """Kill torchrun and its ranks. The ranks run in sessions of their own (torchrun starts them so), so
-    killing torchrun's process group would orphan them: collect their ids from /proc first."""
+    """Kill torchrun and its ranks.
+
+    The ranks run in sessions of their own (torchrun starts them so), so killing torchrun's process group would orphan
+    them: collect their ids from /proc first."""
 
     def children(pid):
         try:
@@ -166,8 +170,10 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
 
 @pytest.mark.parametrize("mode, stage_settings", [("ddp", dict(grad_accum_steps=2)), ("fsdp", {})])
 def test_ranks_gradients_summed_not_averaged_fail_that_comparison(mode, stage_settings, char_data, tmp_path):
-    """Negative control: a reduction that sums the ranks' gradients (each W = 2 times too large) is rejected by
-    the gradient comparison above, which clipping would have passed."""
+    """Negative control: the ranks' gradients summed, not averaged, fail the gradient comparison.
+
+    A reduction that sums the ranks' gradients (each W = 2 times too large) is rejected by the gradient comparison
+    above, which clipping would have passed."""
     cfg = tiny_config(
         char_data, distributed=mode, nproc=NPROC, batch_size=RANK_BATCH, grad_clip=NO_CLIP, **stage_settings
     )
@@ -181,8 +187,10 @@ def test_ranks_gradients_summed_not_averaged_fail_that_comparison(mode, stage_se
 
 
 def test_fsdp_shards_on_a_mesh_of_the_stage_device_not_the_default_one(char_data):
-    """Without a mesh, fully_shard builds one on the machine's accelerator (a CPU stage would move to cuda:0
-    on a machine with a GPU). parallelize passes its own, so fully_shard's default must never be built."""
+    """FSDP shards on a mesh of the stage's device, not the default one.
+
+    Without a mesh, fully_shard builds one on the machine's accelerator (a CPU stage would move to cuda:0 on a machine
+    with a GPU). parallelize passes its own, so fully_shard's default must never be built."""
     from torch.distributed.fsdp._fully_shard import _fully_shard
 
     cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC)
@@ -197,8 +205,9 @@ def test_fsdp_shards_on_a_mesh_of_the_stage_device_not_the_default_one(char_data
 
 @contextlib.contextmanager
 def fake_process_group():
-    """NPROC ranks, this process rank 0, and no collective that really runs (torch's "fake" backend): enough to
-    build a stage's FSDP units in the test process."""
+    """A fake process group: NPROC ranks, this process rank 0, and no collective that really runs.
+
+    torch's "fake" backend: enough to build a stage's FSDP units in the test process."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
     torch.distributed.init_process_group("fake", rank=0, world_size=NPROC, store=FakeStore())
@@ -242,12 +251,13 @@ FSDP_BF16_UPDATE_REL, FSDP_BF16_LOSS_ATOL = 0.15, 2e-3
 
 
 def fsdp_bf16_first_gradients(cfg, char_data) -> dict:
-    """Step 1's gradients under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) as its contract says,
-    on one process: each rank's micro-batches through a bf16 copy of the model (FSDP gathers bf16 parameters and
+    """Step 1's gradients under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), computed on one process.
+
+    As its contract says: each rank's micro-batches through a bf16 copy of the model (FSDP gathers bf16 parameters and
     casts the inputs), each gradient cast to fp32, averaged over the ranks and summed over the micro-batches in fp32,
-    then clipped as train_step clips (activation checkpointing recomputes the same numbers: left out). On one
-    thread, as the ranks run (launch_workers): a matmul blocked for more threads sums in another order, and its bf16
-    output then differs by an ulp here and there (measured 7e-5 norm-wise with 2 threads)."""
+    then clipped as train_step clips (activation checkpointing recomputes the same numbers: left out). On one thread, as
+    the ranks run (launch_workers): a matmul blocked for more threads sums in another order, and its bf16 output then
+    differs by an ulp here and there (measured 7e-5 norm-wise with 2 threads)."""
     x, y = loader_batches(tiny_config(char_data, batch_size=cfg.nproc * cfg.batch_size), 1)[0]  # ranks' in order
     raw = train_with_grads(tiny_config(char_data, loss=cfg.loss, goal=cfg.goal), 0)[0].raw.to(torch.bfloat16)
     params = {param_name(n): p for n, p in raw.named_parameters()}
@@ -353,8 +363,10 @@ def test_cpu_offload_on_two_processes_matches_one_process(char_data, tmp_path):
 
 
 def test_every_fsdp_unit_gets_the_offload_and_precision_policies(monkeypatch, char_data):
-    """A unit sharded without them trains the same (the comparison above cannot see it) but keeps its parameters,
-    gradients and AdamW state on the GPU, or computes in fp32: every block and the root must get them."""
+    """Every FSDP unit, each block and the root, gets the offload and precision policies.
+
+    A unit sharded without them trains the same (the comparison above cannot see it) but keeps its parameters, gradients
+    and AdamW state on the GPU, or computes in fp32: every block and the root must get them."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     monkeypatch.setattr(

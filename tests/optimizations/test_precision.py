@@ -1,8 +1,9 @@
-"""Precision (gpt/optimizations/precision.py): bf16 autocast (speed_5 on a CPU) and fp16 with a GradScaler (speed_5
-on CUDA, forced on the CPU) track fp32, and the scaler skips a step with inf gradients; bf16 without a scaler and
-TF32 (fast_2) change nothing on a CPU and, forced, track fp32; and the one rule for computing in bf16, which FSDP's
-mixed precision and Muon's Newton-Schulz follow too. On the CPU, through the project's own code
-(tests/equivalence.py); on CUDA in tests/test_gpu.py."""
+"""Precision (gpt/optimizations/precision.py): bf16 autocast, fp16 with a GradScaler, bf16 without one, and TF32.
+
+bf16 autocast (speed_5 on a CPU) and fp16 with a GradScaler (speed_5 on CUDA, forced on the CPU) track fp32, and the
+scaler skips a step with inf gradients; bf16 without a scaler and TF32 (fast_2) change nothing on a CPU and, forced,
+track fp32; and the one rule for computing in bf16, which FSDP's mixed precision and Muon's Newton-Schulz follow too. On
+the CPU, through the project's own code (tests/equivalence.py); on CUDA in tests/test_gpu.py."""
 
 import dataclasses
 import math
@@ -89,9 +90,11 @@ def check_fp16_tracks_fp32(char_data, amp: MixedPrecision, device: str = "cpu") 
 
 
 def test_grad_scaler_skips_a_step_with_inf_gradients_and_halves_its_scale(char_data):
-    """GradScaler's documented rule: after `growth_interval` steps without inf/NaN gradients the scale is
-    multiplied by growth_factor (2); a step whose gradients hold an inf is skipped (parameters and AdamW's
-    state untouched) and the scale multiplied by backoff_factor (0.5)."""
+    """The GradScaler skips a step with inf gradients and halves its scale, as documented.
+
+    GradScaler's documented rule: after `growth_interval` steps without inf/NaN gradients the scale is multiplied by
+    growth_factor (2); a step whose gradients hold an inf is skipped (parameters and AdamW's state untouched) and the
+    scale multiplied by backoff_factor (0.5)."""
     cfg = tiny_config(char_data, lr=3e-3, batch_size=16, grad_accum_steps=2)
     batches = loader_batches(cfg, steps=4)
     raw, model, optimizer = build_model(cfg, make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size).vocab_size, CPU)
@@ -119,9 +122,11 @@ def test_grad_scaler_skips_a_step_with_inf_gradients_and_halves_its_scale(char_d
 
 
 def test_bf16_stage_changes_nothing_on_a_cpu(char_data, monkeypatch):
-    """On the CPU autocast is bf16 (or fp32) without a scaler whether amp_bf16 is on or not, and TF32 does
-    not exist: the stage runs the same code, and its record says why (and the next stage's, with SDPA measured
-    faster, says nothing)."""
+    """The bf16 stage changes nothing on a CPU, and its record says why.
+
+    On the CPU autocast is bf16 (or fp32) without a scaler whether amp_bf16 is on or not, and TF32 does not exist: the
+    stage runs the same code, and its record says why (and the next stage's, with SDPA measured faster, says
+    nothing)."""
     from gpt.optimizations import fused_attention
 
     monkeypatch.setattr(fused_attention, "measured_attention_choice", lambda cfg, device_type: ("sdpa", None))
@@ -144,11 +149,13 @@ BF16_GRAD_RTOL = 48**0.5 * 2**-8
 
 
 def test_bf16_without_a_scaler_trains_like_fp32(char_data, monkeypatch):
-    """fast_2's choice on a GPU with bf16 units computes in bf16 (not fp16: fp16 without a scaler underflows small
+    """fast_2's bf16 without a scaler trains like fp32.
+
+    fast_2's choice on a GPU with bf16 units computes in bf16 (not fp16: fp16 without a scaler underflows small
     gradients at scale; on this tiny model it is closer to fp32 than bf16 is, so the dtype is the check) and scales
-    nothing (a GradScaler left on gives the same bits, its power-of-2 scale is exact in bf16, but keeps its host
-    sync: the choice is the check); run on the CPU, its first step's gradients match fp32's within BF16_GRAD_RTOL and
-    its losses within speed_5's AMP_LOSS_ATOL."""
+    nothing (a GradScaler left on gives the same bits, its power-of-2 scale is exact in bf16, but keeps its host sync:
+    the choice is the check); run on the CPU, its first step's gradients match fp32's within BF16_GRAD_RTOL and its
+    losses within speed_5's AMP_LOSS_ATOL."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100's answer
     chosen = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
     assert chosen.dtype == torch.bfloat16 and chosen.scaler is None, chosen
@@ -177,10 +184,12 @@ def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
 
 @pytest.mark.parametrize("gpu, bf16_units", [("V100 or T4: emulated bf16 only", False), ("A100 or newer", True)])
 def test_every_bf16_choice_on_a_gpu_follows_one_rule(gpu, bf16_units, char_data, monkeypatch):
-    """autocast (amp_bf16), FSDP's mixed precision (lean_1) and Muon's Newton-Schulz compute in bf16 on a GPU only
-    where it has bf16 units: torch.cuda.is_bf16_supported() also counts emulated bf16, several times slower than
-    fp16 on a T4 or V100: such a GPU keeps fp16 with its GradScaler, FSDP's fp32 parameters and fp32 Newton-Schulz.
-    FSDP once asked only `device.type != "cpu"` and gathered bf16 there."""
+    """Every bf16 choice on a GPU follows one rule: bf16 only where the GPU has bf16 units.
+
+    autocast (amp_bf16), FSDP's mixed precision (lean_1) and Muon's Newton-Schulz compute in bf16 on a GPU only where it
+    has bf16 units: torch.cuda.is_bf16_supported() also counts emulated bf16, several times slower than fp16 on a T4 or
+    V100: such a GPU keeps fp16 with its GradScaler, FSDP's fp32 parameters and fp32 Newton-Schulz. FSDP once asked only
+    `device.type != "cpu"` and gathered bf16 there."""
     from gpt.optimizations.muon import newton_schulz_dtype
 
     def is_bf16_supported(including_emulation=True):

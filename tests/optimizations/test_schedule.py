@@ -1,9 +1,10 @@
-"""The learning-rate schedule (gpt/optimizations/schedule.py): wsd's shape, and that Muon's and AdamW's groups both
-follow it, each from its own peak, as the curve records; Muon's own schedule (set_learning_rates, muon_momentum; the
-speedrun's muon_lr_warmup and muon_momentum_warmup_tokens): Muon's groups at their peak rate from the first step while
-AdamW's warm up, and Muon's momentum rising linearly from 0.85 to muon_momentum, then held; the speedrun's budget
-cuts. Its bad settings are refused in one line with Muon's (tests/optimizations/test_muon.py:
-test_bad_settings_are_one_line_and_exit_2) and here. Fast, on the CPU."""
+"""The learning-rate schedule (gpt/optimizations/schedule.py): wsd, Muon's own schedule and the speedrun's budget cuts.
+
+wsd's shape, and that Muon's and AdamW's groups both follow it, each from its own peak, as the curve records; Muon's own
+schedule (set_learning_rates, muon_momentum; the speedrun's muon_lr_warmup and muon_momentum_warmup_tokens): Muon's
+groups at their peak rate from the first step while AdamW's warm up, and Muon's momentum rising linearly from 0.85 to
+muon_momentum, then held; the speedrun's budget cuts. Its bad settings are refused in one line with Muon's
+(tests/optimizations/test_muon.py: test_bad_settings_are_one_line_and_exit_2) and here. Fast, on the CPU."""
 
 import pytest
 import torch
@@ -43,8 +44,10 @@ def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
 
 @needs_muon
 def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_data):
-    """Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the
-    same share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
+    """The schedule scales Muon's and AdamW's groups, each from its own peak.
+
+    Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the same
+    share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
     budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
     cfg = smoke_to_a_loss(
         char_data,
@@ -71,9 +74,11 @@ def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_d
 
 @needs_muon
 def test_the_curve_records_adamws_learning_rate_and_muons_beside_it(char_data):
-    """A run to a loss with Muon: each point's `lr` is AdamW's (the run's lr setting, as every other stage's curve
-    has it), its `muon_lr` Muon's at the same share of muon_lr; before the first step neither exists. AdamW's
-    warm-up peak is 1e-3 here and Muon's 0.03: the two cannot be mistaken for each other."""
+    """The curve records AdamW's learning rate as `lr` and Muon's beside it as `muon_lr`.
+
+    A run to a loss with Muon: each point's `lr` is AdamW's (the run's lr setting, as every other stage's curve has it),
+    its `muon_lr` Muon's at the same share of muon_lr; before the first step neither exists. AdamW's warm-up peak is
+    1e-3 here and Muon's 0.03: the two cannot be mistaken for each other."""
     budget = 8 * 4 * 32  # 8 steps of the smoke batch, evaluated every 2
     cfg = smoke_to_a_loss(
         char_data,
@@ -140,8 +145,10 @@ def test_muons_groups_skip_the_warm_up_and_take_the_momentum_adamws_do_not(char_
 
 @needs_muon
 def test_a_muon_step_uses_the_momentum_set(char_data):
-    """torch's Muon reads the group's momentum at each step (its buffer: buf.lerp_(grad, 1 - momentum)): after one
-    step from an empty buffer, the buffer is (1 - 0.85) x the gradient, so the momentum set is the one used."""
+    """A Muon step uses the momentum set in its group.
+
+    torch's Muon reads the group's momentum at each step (its buffer: buf.lerp_(grad, 1 - momentum)): after one step
+    from an empty buffer, the buffer is (1 - 0.85) x the gradient, so the momentum set is the one used."""
     cfg, raw, optimizer = built(char_data, muon_momentum_warmup_tokens=2000, **SCHEDULE)
     set_learning_rates(optimizer, cfg, 0)
     p = optimizer.muon.param_groups[0]["params"][0]
@@ -165,10 +172,12 @@ def test_bad_settings_are_refused(overrides, message):
 
 
 def test_speedrun_7s_budget_moves_the_decay_to_where_its_parent_reached_the_target():
-    """speedrun_7_budget on the cpu profile: 72% of speedrun_6's 384,000 tokens, the schedule ending there, so the
-    decay (the same 40%) starts at 165,888 tokens instead of 230,400: before the ~230,000-260,000 tokens where its
-    parent and itself reach the target on the tuning seeds (docs/speedrun.md). The warm-up stays a tenth of the budget,
-    the evaluations keep their number (40); nothing else changes."""
+    """speedrun_7_budget moves the decay to before where its parent reached the target.
+
+    speedrun_7_budget on the cpu profile: 72% of speedrun_6's 384,000 tokens, the schedule ending there, so the decay
+    (the same 40%) starts at 165,888 tokens instead of 230,400: before the ~230,000-260,000 tokens where its parent and
+    itself reach the target on the tuning seeds (docs/speedrun.md). The warm-up stays a tenth of the budget, the
+    evaluations keep their number (40); nothing else changes."""
     parent = stage_config("speedrun_6_bigram", "cpu")
     cfg = stage_config("speedrun_7_budget", "cpu")
     assert parent.train_tokens == 384_000 and cfg.train_tokens == cfg.lr_decay_tokens == 276_480
@@ -186,8 +195,10 @@ def test_speedrun_8_changes_only_muons_schedule():
 
 
 def test_speedrun_11s_budget_is_60_percent_of_speedrun_10s():
-    """speedrun_11_budget on the cpu profile: 165,888 tokens (54 steps of 3,072), the decay from 99,532.8 tokens
-    (step 32), the warm-up a tenth of the budget; nothing else changes against speedrun_10."""
+    """speedrun_11_budget's budget is 60% of speedrun_10's.
+
+    speedrun_11_budget on the cpu profile: 165,888 tokens (54 steps of 3,072), the decay from 99,532.8 tokens (step 32),
+    the warm-up a tenth of the budget; nothing else changes against speedrun_10."""
     parent, cfg = stage_config("speedrun_10_trigram", "cpu"), stage_config("speedrun_11_budget", "cpu")
     assert parent.train_tokens == 276_480 and cfg.train_tokens == cfg.lr_decay_tokens == 165_888
     assert cfg.train_tokens // cfg.tokens_per_step == 54 and cooldown_start(cfg) == pytest.approx(99_532.8)

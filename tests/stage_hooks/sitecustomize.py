@@ -1,7 +1,8 @@
-"""Test-only instrumentation of a real stage run, outside the project's code. Python imports a `sitecustomize`
-module at start-up from its path: the tests put this directory on PYTHONPATH, so every process of a stage (the
-launcher and each torchrun rank, which inherit the environment) runs this file first, and the tests run the very
-command a user types. It does nothing unless one of these is set:
+"""Test-only instrumentation of a real stage run, outside the project's code.
+
+Python imports a `sitecustomize` module at start-up from its path: the tests put this directory on PYTHONPATH, so
+every process of a stage (the launcher and each torchrun rank, which inherit the environment) runs this file first,
+and the tests run the very command a user types. It does nothing unless one of these is set:
 
     HOOK_FAULT=raise|kill:<rank>:<steps>:<file>
         after <steps> training steps, rank <rank> fails in its next one: it raises, or SIGKILLs itself
