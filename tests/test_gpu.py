@@ -1,13 +1,14 @@
-"""The GPU suite: what the CPU tests cannot check, on the user's hardware. Run it once on a GPU machine before
-the ladder:
+"""The GPU suite: what the CPU tests cannot check, on the user's hardware.
+
+Run it once on a GPU machine before the ladder:
 
     .venv/bin/python -m pytest -m gpu
 
-Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need
-2 GPUs. CI has no GPU. They ran on one H100 (torch 2.11, 2026-11-26): every one-GPU test passed; the 2-GPU
-ones have not run anywhere yet, and their bounds, marked "not yet measured", are estimates. The speedrun's tests at
-the end (Muon's bf16 Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added
-later and have not run on a GPU yet; their CPU twins run in the CPU suite.
+Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need 2 GPUs. CI
+has no GPU. They ran on one H100 (torch 2.11, 2026-11-26): every one-GPU test passed; the 2-GPU ones have not run
+anywhere yet, and their bounds, marked "not yet measured", are estimates. The speedrun's tests at the end (Muon's bf16
+Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added later and have not run
+on a GPU yet; their CPU twins run in the CPU suite.
 """
 
 import os
@@ -63,10 +64,11 @@ def cuda_run(char_data, tmp_path, **overrides) -> tuple[dict, dict]:
 
 
 def test_eager_stage_peak_equals_what_the_allocator_snapshot_shows(char_data, tmp_path):
-    """The record's peak (max_memory_allocated over the timed repeats) is the peak of the traced step, which
-    is one more step like them (within 1%: the trace cannot show a block the allocator left unsplit, larger
-    than its request; this model's blocks are all small); the breakdown's parameters and AdamW state are
-    their blocks (512-byte rounding)."""
+    """The record's peak is the traced step's peak, and the breakdown's parameters and AdamW state are their blocks.
+
+    The record's peak is max_memory_allocated over the timed repeats; the traced step is one more step like them (within
+    1%: the trace cannot show a block the allocator left unsplit, larger than its request; this model's blocks are all
+    small). The blocks are counted with 512-byte rounding."""
     record, snapshot = cuda_run(char_data, tmp_path)
     m = record["metrics"]
     assert record["choices"]["memory_method"] == "cuda_max_allocated"
@@ -83,10 +85,12 @@ def test_eager_stage_peak_equals_what_the_allocator_snapshot_shows(char_data, tm
 
 
 def test_cuda_graph_stage_reports_what_its_graphs_hold(char_data, tmp_path):
-    """A compiled stage runs CUDA graphs ("reduce-overhead"): its peak is the allocator's reservation, which
-    holds the graphs' private pool; beside its eager parent, the report compares the two on reserved memory
-    and says so. Its memory step is a replay, which the allocator's history does not see (the CPU test
-    tests/test_train.py holds the record's side; this, that the trace really misses the pool): no breakdown."""
+    """A stage with CUDA graphs reports the allocator's reservation as its peak, and no breakdown.
+
+    A compiled stage runs CUDA graphs ("reduce-overhead"): its peak is the allocator's reservation, which holds the
+    graphs' private pool; beside its eager parent, the report compares the two on reserved memory and says so. Its
+    memory step is a replay, which the allocator's history does not see (the CPU test tests/test_train.py holds the
+    record's side; this, that the trace really misses the pool): no breakdown."""
     eager, _ = cuda_run(char_data, tmp_path / "eager")
     graphs, snapshot = cuda_run(char_data, tmp_path / "graphs", compile=True)
     m = graphs["metrics"]
@@ -133,11 +137,13 @@ def test_two_gpus_match_one_gpu_on_the_combined_batch(mode, stage_settings, char
 
 @two_gpus
 def test_two_gpus_with_cpu_offload_match_one_gpu(char_data, tmp_path):
-    """lean_3 where it does something. The CPU suite runs the same comparison on 2 gloo processes
+    """lean_3 on 2 GPUs with CPU offload matches one GPU: the offload where it does something.
+
+    The CPU suite runs the same comparison on 2 gloo processes
     (tests/optimizations/test_parallel.py:test_cpu_offload_on_two_processes_matches_one_process), but there the shards
     are copied host to host, unpinned (a CPU-only torch has no pinned memory): only here do they go to pinned host
-    memory and back to the GPU around each all-gather, the gradients to the host, and AdamW step on host shards
-    while the model computes on the GPU (with host collectives beside NCCL: gpt/distributed.py:backend_for)."""
+    memory and back to the GPU around each all-gather, the gradients to the host, and AdamW step on host shards while
+    the model computes on the GPU (with host collectives beside NCCL: gpt/distributed.py:backend_for)."""
     from test_parallel import LEAN_3
 
     check_two_processes_match_one("fsdp", LEAN_3, char_data, tmp_path, "cuda", GPU_DIST_GRAD_TOL, GPU_DIST_PARAM_TOL)
@@ -151,8 +157,10 @@ def test_fp16_with_grad_scaler_trains_like_fp32(char_data):
 
 
 def test_pinned_non_blocking_copies_give_identical_batches(char_data):
-    """Tolerance 0: the copy from pinned memory is only queued (non_blocking); once synchronised it must
-    equal the host batch and the blocking copy from pageable memory."""
+    """A non-blocking copy from pinned memory gives the host batch exactly, as the blocking copy does.
+
+    Tolerance 0: the copy from pinned memory is only queued (non_blocking); once synchronised it must equal the host
+    batch and the blocking copy from pageable memory."""
     cuda = torch.device("cuda")
     pinned, pageable = tiny_config(char_data, pin_memory=True), tiny_config(char_data, pin_memory=False)
     dataset = make_dataset(pinned.dataset, pinned.data_dir, pinned.block_size)
@@ -167,10 +175,11 @@ def test_pinned_non_blocking_copies_give_identical_batches(char_data):
 
 @two_gpus
 def test_compiled_ddp_stage_records_its_cuda_graphs_once(char_data, tmp_path, monkeypatch):
-    """speed_6_ddp (compiled, CUDA graphs, DDP over NCCL) as a user runs it, with the compiler's logs on: no
-    recompilation and no CUDA graph recorded again (a re-recording costs a recording's time and pool memory
-    each time): the graphs recorded with 1 timed repeat are all there are with 3. The allocator snapshot
-    lands beside the record (rank 0 writes it)."""
+    """speed_6_ddp (compiled, CUDA graphs, DDP over NCCL) records its CUDA graphs once and never recompiles.
+
+    Run as a user runs it, with the compiler's logs on: no recompilation and no CUDA graph recorded again (a
+    re-recording costs a recording's time and pool memory each time): the graphs recorded with 1 timed repeat are all
+    there are with 3. The allocator snapshot lands beside the record (rank 0 writes it)."""
     monkeypatch.setenv("TORCH_LOGS", "recompiles,+torch._inductor.cudagraph_trees")
     recordings = []
     for repeats in (1, 3):
@@ -204,9 +213,10 @@ def test_compiled_ddp_stage_records_its_cuda_graphs_once(char_data, tmp_path, mo
 
 
 def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProcess, dict]:
-    """`stage` at the smoke profile's small shapes on CUDA, with its memory step (the allocator's history of one
-    step). A DDP/FSDP stage runs on 2 GPUs where there are 2, else as 1 rank under torchrun (FSDP over a mesh of
-    one: the same code paths, all-gather and reduce-scatter included)."""
+    """`stage` at the smoke profile's small shapes on CUDA, with its memory step (the allocator's history of a step).
+
+    A DDP/FSDP stage runs on 2 GPUs where there are 2, else as 1 rank under torchrun (FSDP over a mesh of one: the same
+    code paths, all-gather and reduce-scatter included)."""
     script = [
         str(STAGES_DIR / f"{stage}.py"),
         "--profile",
@@ -228,9 +238,11 @@ def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProces
 
 @pytest.mark.parametrize("stage", stages_of("memory") + stages_of("lean"))
 def test_memory_and_lean_stages_finish_with_their_memory_step(stage, char_data, tmp_path):
-    """On torch 2.11 the memory step crashed under activation checkpointing (memory_2 on): the allocator's
-    history and checkpointing's early stop (gpt/optimizations/checkpointing.py:checkpoint_blocks). lean_3 on 2 GPUs
-    died at its first optimizer step while its group had NCCL only (clip_grad_norm_ all-reduces host gradients:
+    """The memory and lean stages finish on CUDA with their memory step, where two of them once crashed.
+
+    On torch 2.11 the memory step crashed under activation checkpointing (memory_2 on): the allocator's history and
+    checkpointing's early stop (gpt/optimizations/checkpointing.py:checkpoint_blocks). lean_3 on 2 GPUs died at its
+    first optimizer step while its group had NCCL only (clip_grad_norm_ all-reduces host gradients:
     tests/test_process_group.py holds that on the CPU, this the real "cuda:nccl,cpu:gloo" group)."""
     reason = chunked_loss.why_unavailable("auto", "cuda") if stage_config(stage, "smoke").loss == "chunked" else None
     if reason:
@@ -243,10 +255,12 @@ def test_memory_and_lean_stages_finish_with_their_memory_step(stage, char_data, 
 
 
 def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data):
-    """The diagnosis behind checkpoint_blocks' early_stop=False, as a control: one checkpointed step while the
-    allocator records Python stacks. With PyTorch's default early stop, torch 2.11 raised "SystemError: <built-in
-    method dropout ...> returned NULL without setting an exception" (an exception lost on its way out of the
-    op); the ladder's setting runs. On other versions only the ladder's setting is asserted."""
+    """The diagnosis behind checkpoint_blocks' early_stop=False: checkpointing's early stop crashed the memory step.
+
+    As a control: one checkpointed step while the allocator records Python stacks. With PyTorch's default early stop,
+    torch 2.11 raised "SystemError: <built-in method dropout ...> returned NULL without setting an exception" (an
+    exception lost on its way out of the op); the ladder's setting runs. On other versions only the ladder's setting is
+    asserted."""
     cfg = tiny_config(char_data, device="cuda", dropout=0.1, activation_checkpointing=True)
     cuda = torch.device("cuda")
     x = torch.randint(60, (8, cfg.block_size), device=cuda)
@@ -269,8 +283,10 @@ def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data
 
 @pytest.mark.parametrize("stage", stages_of("fast"))
 def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
-    """Every fast stage runs compiled on CUDA; where no chunked implementation is installed (torch 2.11 without
-    liger-kernel or Cut Cross-Entropy) fast_6 computes the full loss and its record says why."""
+    """Every fast stage runs compiled on CUDA.
+
+    Where no chunked implementation is installed (torch 2.11 without liger-kernel or Cut Cross-Entropy) fast_6 computes
+    the full loss and its record says why."""
     r, record = stage_on_cuda(stage, char_data, tmp_path)
     assert r.returncode == 0 and record["status"] == "ok", (r.stdout + r.stderr)[-4000:]
     assert record["metrics"]["profiler"]["compiled_regions_per_step"] >= 1  # compiled since speed_4
@@ -280,11 +296,12 @@ def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
 
 @pytest.mark.parametrize("stage", ["fast_2_bf16", "fast_3_sdpa"])
 def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_data):
-    """The planner against max_memory_allocated at the reference profile's fast shapes (gpt-mini, batch 256,
-    block 128), one eager step after one warm-up: the naive attention (fast_2) and SDPA with dropout (fast_3),
-    whose CUDA kernel the planner simulates (gpt/memory/estimator.py:_cuda_sdpa). Its old estimate, the CPU's math
-    path, was twice what the H100 measured. 10% is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are
-    ~4% here."""
+    """The planner estimates the CUDA attention kernels within 10% of max_memory_allocated.
+
+    Measured at the reference profile's fast shapes (gpt-mini, batch 256, block 128), one eager step after one warm-up:
+    the naive attention (fast_2) and SDPA with dropout (fast_3), whose CUDA kernel the planner simulates
+    (gpt/memory/estimator.py:_cuda_sdpa). Its old estimate, the CPU's math path, was twice what the H100 measured. 10%
+    is the issue's bound; cuBLAS workspaces (unmodelled, ~64 MiB) are ~4% here."""
     from gpt.memory.planner import compare_records
 
     cfg = stage_config(
@@ -297,8 +314,10 @@ def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_d
 
 
 def test_gathered_batches_on_cuda_are_the_dataloaders_batches(char_data):
-    """Tolerance 0: fast_1 gathers its batches on the GPU from the token array there; they are the DataLoader's
-    batches of the same sampler, and the host draws only the start indices."""
+    """fast_1's batches, gathered on the GPU, are the DataLoader's batches of the same sampler.
+
+    Tolerance 0: fast_1 gathers its batches on the GPU from the token array there, and the host draws only the start
+    indices."""
     cfg = tiny_config(char_data)
     dataset = make_dataset("tokens", cfg.data_dir, cfg.block_size)
     sampler = lambda: WindowSampler(len(dataset), 8, 4, seed=5)  # noqa: E731
@@ -311,11 +330,13 @@ def test_gathered_batches_on_cuda_are_the_dataloaders_batches(char_data):
 
 @pytest.mark.parametrize("impl", chunked_loss.IMPLEMENTATIONS)
 def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
-    """fast_6's shape class on CUDA (GPT-2's vocabulary padded to 50304, bf16 inputs as under autocast): each
-    installed implementation's loss and gradients are as close to fp32 as the full bf16 loss's (bound: twice
-    its difference plus 1e-3 of the largest gradient for liger, which accumulates the weight gradient in fp32;
-    torch and Cut Cross-Entropy add theirs in bf16, so plus BF16_CHUNKED_WEIGHT_GRAD, the CPU test's bound:
-    cce measured 1.7e-2 against 4.6e-3 on an H100), and the padding rows get no gradient."""
+    """Each installed chunked loss is as close to fp32 as the full bf16 loss, and the padding rows get no gradient.
+
+    fast_6's shape class on CUDA (GPT-2's vocabulary padded to 50304, bf16 inputs as under autocast): each installed
+    implementation's loss and gradients are as close to fp32 as the full bf16 loss's (bound: twice its difference plus
+    1e-3 of the largest gradient for liger, which accumulates the weight gradient in fp32; torch and Cut Cross-Entropy
+    add theirs in bf16, so plus BF16_CHUNKED_WEIGHT_GRAD, the CPU test's bound: cce measured 1.7e-2 against 4.6e-3 on an
+    H100)."""
     if not chunked_loss.installed(impl):
         pytest.skip(f"{impl} is not installed")
     cuda, vocab, padded = torch.device("cuda"), 50257, 50304
@@ -355,10 +376,11 @@ def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
 
 @pytest.mark.parametrize("stage", LEARNING_STAGES)
 def test_stages_train_to_a_loss_on_cuda(stage, char_data):
-    """Training to a loss on CUDA (README "Time to loss"): eager fp32, fp16 with its GradScaler and the compiled
-    bf16 stage with CUDA graphs learn on a budget of the same number of steps for each (the CPU learns on it too:
-    tests/test_time_to_loss.py), evaluated off the clock (synchronised at every evaluation only), with the first
-    step's start-up given apart; the record is complete."""
+    """Eager fp32, fp16 with its GradScaler and compiled bf16 with CUDA graphs train to a loss on CUDA.
+
+    Training to a loss (README "Time to loss"): each stage learns on a budget of the same number of steps (the CPU
+    learns on it too: tests/test_time_to_loss.py), evaluated off the clock (synchronised at every evaluation only), with
+    the first step's start-up given apart; the record is complete."""
     cfg = learning_budget(stage, char_data, "cuda")
     record = time_to_loss.run(cfg, label=stage)
     m = record["metrics"]
@@ -373,8 +395,10 @@ def test_stages_train_to_a_loss_on_cuda(stage, char_data):
 
 
 def test_muons_newton_schulz_in_bf16_on_cuda_is_near_orthogonal_and_near_float32():
-    """torch's Muon orthogonalises in bf16 on the GPU's tensor cores (cuBLAS may also reduce in bf16): the bound is
-    the CPU twin's, derived from bf16's precision (tests/optimizations/test_muon.py: NEWTON_SCHULZ_BF16)."""
+    """Muon's Newton-Schulz in bf16 on CUDA is near orthogonal and near its float32 result.
+
+    torch's Muon orthogonalises in bf16 on the GPU's tensor cores (cuBLAS may also reduce in bf16): the bound is the CPU
+    twin's, derived from bf16's precision (tests/optimizations/test_muon.py: NEWTON_SCHULZ_BF16)."""
     check_newton_schulz_in_bf16("cuda")
 
 
@@ -389,9 +413,11 @@ def speedrun_on_cuda(char_data):
 
 
 def test_the_speedruns_last_stage_learns_compiled_and_records_its_cuda_graphs_once(speedrun_on_cuda):
-    """The modern blocks (rotary, QK-norm, RMSNorm, ReLU²) and Muon under torch.compile's "reduce-overhead" mode,
-    bf16 autocast and CUDA graphs, evaluated between two replays at every step: the loss falls, nothing compiles
-    again, and the graphs are recorded once, not at each evaluation."""
+    """The speedrun's last stage learns compiled with CUDA graphs, and records its graphs once.
+
+    The modern blocks (rotary, QK-norm, RMSNorm, ReLU²) and Muon under torch.compile's "reduce-overhead" mode, bf16
+    autocast and CUDA graphs, evaluated between two replays at every step: the loss falls, nothing compiles again, and
+    the graphs are recorded once, not at each evaluation."""
     check_the_last_stage_learns_compiled(speedrun_on_cuda)
 
 
@@ -400,8 +426,10 @@ def test_the_speedruns_optimizer_groups_follow_wsd_on_cuda(speedrun_on_cuda):
 
 
 def test_the_noise_scale_measures_on_cuda(char_data, tmp_path):
-    """python -m gpt.noise_scale on CUDA at the smoke profile's shapes: speed_0's run (fp32, eager) with its batches
-    halved, then t(B) with speedrun_1's code compiled with CUDA graphs at each batch; the record names the GPU."""
+    """python -m gpt.noise_scale measures on CUDA at the smoke profile's shapes, and its record names the GPU.
+
+    speed_0's run (fp32, eager) with its batches halved, then t(B) with speedrun_1's code compiled with CUDA graphs at
+    each batch."""
     record = measure_smoke(char_data, "cuda", tmp_path / "noise.json")
     check_smoke_measurement(record)
     assert record["device"] == torch.cuda.get_device_name()

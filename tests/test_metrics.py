@@ -1,7 +1,8 @@
-"""What a GPU run measures, checked on the CPU where the logic allows: how peak memory is measured per stage,
-the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic one, written as the allocator
-writes it), the marks that place a step's phases in that trace, and the GPU names of the MFU table.
-tests/test_gpu.py checks the same on a real GPU."""
+"""What a GPU run measures, checked on the CPU where the logic allows.
+
+How peak memory is measured per stage, the timeline and breakdown derived from a CUDA allocator snapshot (a synthetic
+one, written as the allocator writes it), the marks that place a step's phases in that trace, and the GPU names of the
+MFU table. tests/test_gpu.py checks the same on a real GPU."""
 
 import contextlib
 import json
@@ -39,10 +40,11 @@ def test_cuda_graph_stages_are_measured_by_reserved_memory_the_others_as_before(
 
 
 class FakeAllocator:
-    """Writes what torch.cuda.memory._snapshot() returns for one device: 'device_traces' (every alloc,
-    free_requested and free_completed since recording started, with the requested size, among other actions)
-    and 'segments' (the blocks at the end, with their size and state). A block is its request rounded up to
-    512 bytes unless `block` says otherwise. Addresses are fresh unless one is reused on purpose."""
+    """Writes what torch.cuda.memory._snapshot() returns for one device.
+
+    'device_traces': every alloc, free_requested and free_completed since recording started, with the requested size,
+    among other actions; 'segments': the blocks at the end, with their size and state. A block is its request rounded up
+    to 512 bytes unless `block` says otherwise. Addresses are fresh unless one is reused on purpose."""
 
     def __init__(self, device=0):
         self.device, self.live, self.trace, self.next, self.allocations = device, {}, [], 1 << 20, 0
@@ -95,11 +97,13 @@ class FakeAllocator:
 
 @pytest.mark.parametrize("grad_mib", [4, 10])
 def test_timeline_and_breakdown_at_the_peak_from_a_snapshot(grad_mib):
-    """A training step in miniature (MiB): parameters, optimizer state and a workspace exist before the
-    trace, one block is freed during it; a forward pass makes two activations and a temporary; backward
-    makes a temporary and a gradient in the address an activation just gave back. With a 4 MiB gradient the
-    peak is the backward temporary's allocation, with both activations alive; with 10 MiB it is the gradient's:
-    the same address then counts as a gradient, because the allocation there is the one the optimizer read."""
+    """The timeline and the breakdown at the peak, from the snapshot of a training step in miniature.
+
+    The step (MiB): parameters, optimizer state and a workspace exist before the trace, one block is freed during it; a
+    forward pass makes two activations and a temporary; backward makes a temporary and a gradient in the address an
+    activation just gave back. With a 4 MiB gradient the peak is the backward temporary's allocation, with both
+    activations alive; with 10 MiB it is the gradient's: the same address then counts as a gradient, because the
+    allocation there is the one the optimizer read."""
     a = FakeAllocator(device=1)
     param, state, _workspace, stale = a.alloc(4), a.alloc(8), a.alloc(1), a.alloc(2)
     a.start_recording()
@@ -147,9 +151,10 @@ def test_a_trace_that_frees_what_it_never_saw_allocated():
 
 
 def test_blocks_count_at_the_allocator_size():
-    """The trace has requested sizes; max_memory_allocated counts blocks. A block alive at the end counts at
-    its size in the segments (here a 1.5 MiB request in a 2 MiB block, left unsplit), one freed within the
-    trace at its request rounded up to 512 bytes (100 bytes -> 512)."""
+    """Blocks count at the allocator's size: the trace has requested sizes, max_memory_allocated counts blocks.
+
+    A block alive at the end counts at its size in the segments (here a 1.5 MiB request in a 2 MiB block, left unsplit),
+    one freed within the trace at its request rounded up to 512 bytes (100 bytes -> 512)."""
     a = FakeAllocator()
     a.start_recording()
     kept = a.alloc(1.5, block=2 * MiB)
@@ -161,8 +166,10 @@ def test_blocks_count_at_the_allocator_size():
 
 
 def test_step_marks_place_forward_passes_and_gradients():
-    """The hooks of StepMarks on a real model and optimizer: one [start, end] per forward pass (two micro-batches
-    here), the gradients seen as the optimizer steps, nothing for CPU tensors (no allocator block)."""
+    """The hooks of StepMarks place the forward passes and the gradients on a real model and optimizer.
+
+    One [start, end] per forward pass (two micro-batches here), the gradients seen as the optimizer steps, nothing for
+    CPU tensors (no allocator block)."""
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     count = iter(range(100))
@@ -226,11 +233,13 @@ def test_unknown_gpu_gets_no_mfu_and_says_so(monkeypatch):
 
 
 def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkeypatch):
-    """The memory planner calls mixed_precision, and so the CPU benchmark, under FakeTensorMode: fake matmuls
-    take no time (unguarded, n=1024 'ran' at ~1e14 FLOP/s here, 300x the real rate), and the absurd peak would
-    be cached for every later stage's MFU. Every tensor the benchmark multiplies must be a real one. (Checked on
-    the tensors, not by comparing two timed rates: a busy machine moves a short rate by 45x, seen with two helpers'
-    tests beside the suite.)"""
+    """The CPU matmul benchmark multiplies real tensors, even under FakeTensorMode.
+
+    The memory planner calls mixed_precision, and so the CPU benchmark, under FakeTensorMode: fake matmuls take no time
+    (unguarded, n=1024 'ran' at ~1e14 FLOP/s here, 300x the real rate), and the absurd peak would be cached for every
+    later stage's MFU. Every tensor the benchmark multiplies must be a real one. (Checked on the tensors, not by
+    comparing two timed rates: a busy machine moves a short rate by 45x, seen with two helpers' tests beside the
+    suite.)"""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     made, randn = [], torch.randn
@@ -243,8 +252,10 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
 
 
 def test_fresh_peak_measurement_replaces_a_stale_cached_figure(tmp_path, monkeypatch):
-    """run_all measures the peaks afresh before its first stage: a figure cached on a busier day (or another
-    VM with the same CPU name) must not survive it, while a stage run alone keeps reading the cache."""
+    """A fresh peak measurement replaces a stale cached figure; a stage run alone keeps reading the cache.
+
+    run_all measures the peaks afresh before its first stage: a figure cached on a busier day (or another VM with the
+    same CPU name) must not survive it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(flops, "matmul_rate", lambda dtype, n=2048, seconds=2.0, rounds=1: 7e10)
     flops.measure_cpu_matmul_flops(torch.float32)  # caches 7e10
@@ -273,8 +284,10 @@ def test_matmul_rate_keeps_the_best_round(monkeypatch):
 
 
 def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
-    """TimelineMemTracker skips MemTracker's per-module peaks (O(modules) per op); the global peak snapshot,
-    the only one the breakdown reads, must stay MemTracker's own, category by category."""
+    """TimelineMemTracker's global peak is MemTracker's, without the cost of the per-module peaks.
+
+    TimelineMemTracker skips MemTracker's per-module peaks (O(modules) per op); the global peak snapshot, the only one
+    the breakdown reads, must stay MemTracker's own, category by category."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     def tracked(tracker_cls):
@@ -304,8 +317,10 @@ def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
 
 
 def test_compile_cache_state_tells_a_compile_from_a_cache_load(monkeypatch):
-    """compile_s of a stage whose graphs came from the on-disk cache is not a compile time: the record says
-    which it was, from dynamo's counters (AOTAutograd's and Inductor's cache hits and misses)."""
+    """The record tells a compile from a load from the on-disk compile cache.
+
+    compile_s of a stage whose graphs came from the on-disk cache is not a compile time: the record says which it was,
+    from dynamo's counters (AOTAutograd's and Inductor's cache hits and misses)."""
     from collections import Counter, defaultdict
 
     from torch._dynamo import utils
@@ -326,9 +341,11 @@ def test_compile_cache_state_tells_a_compile_from_a_cache_load(monkeypatch):
 
 @pytest.mark.parametrize("device", [torch.device("cpu"), CUDA])
 def test_mfu_of_an_fsdp_bf16_stage_is_against_the_bf16_peak(device, monkeypatch):
-    """FSDP's mixed precision (lean_*) computes in bf16 with autocast off: its MFU is against the bf16 peak, not the
-    float32 one of its autocast dtype (lean_1 read 96.2% of 'its dtype's' peak on this CPU, ~22% of bf16's; on an
-    H100 bf16's dense peak is ~15x TF32-less fp32's). The record says the dtype it computed in."""
+    """The MFU of an FSDP bf16 stage is against the bf16 peak, and the record says the dtype it computed in.
+
+    FSDP's mixed precision (lean_*) computes in bf16 with autocast off: its MFU is against the bf16 peak, not the
+    float32 one of its autocast dtype (lean_1 read 96.2% of 'its dtype's' peak on this CPU, ~22% of bf16's; on an H100
+    bf16's dense peak is ~15x TF32-less fp32's)."""
     from types import SimpleNamespace
 
     from gpt.optimizations import parallel

@@ -173,8 +173,9 @@ HF = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=12)
 
 
 def make_hf_state_dict():
-    """Random weights in Hugging Face GPT-2's layout: HF names, Conv1D weights stored [in, out], and
-    the attn.bias / attn.masked_bias buffers. Larger than init scale so that every weight matters."""
+    """Random weights in Hugging Face GPT-2's layout, larger than init scale so that every weight matters.
+
+    HF names, Conv1D weights stored [in, out], and the attn.bias / attn.masked_bias buffers."""
     g = torch.Generator().manual_seed(0)
     C, V, P = HF["n_embd"], HF["vocab_size"], HF["n_positions"]
 

@@ -1,6 +1,7 @@
-"""A distributed stage across two machines, played on this one: two torchrun agents with one process each
-meet through a c10d rendezvous on 127.0.0.1, started with the command README gives for several machines.
-They must train as one job: the parameters equal those of one process on the combined batch.
+"""A distributed stage across two machines, played on this one, trains as one job.
+
+Two torchrun agents with one process each meet through a c10d rendezvous on 127.0.0.1, started with the command README
+gives for several machines. They must train as one job: the parameters equal those of one process on the combined batch.
 
 Slow (about two minutes on 2 cores: the DDP stage compiles, in each rank and in the single-process run).
 """

@@ -1,5 +1,7 @@
-"""The speedrun's n-gram floor (gpt/ngram_floor.py): its Kneser-Ney model is a distribution over the vocabulary for
-every context, seen or not, and it predicts better from more text. On a tiny excerpt: a second."""
+"""The speedrun's n-gram floor (gpt/ngram_floor.py): its Kneser-Ney model and how it gains from more text.
+
+The model is a distribution over the vocabulary for every context, seen or not, and it predicts better from more text.
+On a tiny excerpt: a second."""
 
 import numpy as np
 import pytest

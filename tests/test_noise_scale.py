@@ -1,6 +1,7 @@
-"""The gradient noise scale (gpt/noise_scale.py): the estimator against a synthetic case with a closed-form answer, the
-halves trick (the plain step's update; the halves' own squared norms), the batch choice on a hand-made t(B), a smoke
-measurement end to end, and one line for bad input."""
+"""The gradient noise scale (gpt/noise_scale.py): its estimator, halves trick, batch choice and command.
+
+The estimator against a synthetic case with a closed-form answer, the halves trick (the plain step's update; the halves'
+own squared norms), the batch choice on a hand-made t(B), a smoke measurement end to end, and one line for bad input."""
 
 import json
 import math
@@ -32,10 +33,12 @@ def smoke_config(char_data, **overrides):
 
 
 def test_estimator_recovers_trace_sigma_over_grad_sq():
-    """Per-sample gradients g_i = G + xi_i, xi_i ~ N(0, Sigma) with |G|^2 = 1 and tr(Sigma) = 40: B_simple -> 40.
-    The tolerance is four standard errors of the two means over the draws (their relative errors added); at B = 16
-    the per-draw |G|^2 estimate is often near 0 or negative, so averaging the per-draw ratios instead fails, and so
-    does swapping the small and big batch."""
+    """The estimator recovers B_simple = tr(Sigma) / |G|^2 from per-sample gradients with a known noise.
+
+    Per-sample gradients g_i = G + xi_i, xi_i ~ N(0, Sigma) with |G|^2 = 1 and tr(Sigma) = 40: B_simple -> 40. The
+    tolerance is four standard errors of the two means over the draws (their relative errors added); at B = 16 the
+    per-draw |G|^2 estimate is often near 0 or negative, so averaging the per-draw ratios instead fails, and so does
+    swapping the small and big batch."""
     torch.manual_seed(0)
     dim, b_big, b_small, draws = 64, 16, 8, 4000
     grad = torch.randn(dim, dtype=torch.float64)
@@ -58,8 +61,9 @@ def test_estimator_recovers_trace_sigma_over_grad_sq():
 
 
 def test_moving_average_is_bias_corrected():
-    """A constant stays constant from the first step (no pull towards the zero it starts from); a step change
-    relaxes with the time constant."""
+    """The moving average is bias-corrected: a constant stays constant from the first step.
+
+    No pull towards the zero it starts from; a step change relaxes with the time constant."""
     assert ema([3.0] * 50, 10) == pytest.approx([3.0] * 50)
     after = ema([0.0] * 200 + [1.0] * 10, 10)
     assert after[-1] == pytest.approx(1 - 0.9**10, rel=1e-6)
@@ -69,8 +73,10 @@ def test_moving_average_is_bias_corrected():
 
 
 def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
-    """One step of speed_0 (smoke) trained as two halves: the parameters after it equal the plain step's within
-    float rounding, and the recorded squared norms equal the halves' and the batch's gradients computed apart."""
+    """A step trained as two halves gives the plain step's update and records the halves' squared norms.
+
+    One step of speed_0 (smoke): the parameters after it equal the plain step's within float rounding, and the recorded
+    squared norms equal the halves' and the batch's gradients computed apart."""
     cfg = smoke_config(char_data, batch_size=8)
     device = torch.device("cpu")
     probe = train.prepare(cfg, device, 1, "probe")  # the same seed: the same initial weights and first batch
@@ -126,8 +132,10 @@ def test_suggested_settings_follow_the_square_root_rule(char_data):
 
 
 def test_where_the_timed_stage_cannot_run_it_stops_in_one_line_before_training(char_data, tmp_path, monkeypatch):
-    """t(B) is timed with speedrun_1's code: where that cannot run, the command says why at once, before any training
-    (it once measured the whole curve, minutes, then died building that stage)."""
+    """Where the timed stage cannot run, the command says why in one line, before any training.
+
+    t(B) is timed with speedrun_1's code: where that cannot run, the command stops at once (it once measured the whole
+    curve, minutes, then died building that stage)."""
     monkeypatch.setattr(noise_scale.optimizations, "why_cannot_run", lambda cfg, device_type: "it needs two GPUs")
     monkeypatch.setattr(noise_scale, "measure", lambda *a, **k: pytest.fail("trained before saying it cannot run"))
     with pytest.raises(SystemExit) as e:
@@ -149,8 +157,10 @@ def test_where_the_timed_stage_cannot_run_it_stops_in_one_line_before_training(c
 
 
 def test_on_a_torch_without_the_chunked_op_t_b_is_timed_with_the_full_loss(monkeypatch):
-    """torch 2.11 has no F.linear_cross_entropy: speedrun_1, a run for time, computes the full loss there, so the
-    noise scale runs instead of refusing."""
+    """On a torch without the chunked op, t(B) is timed with the full loss.
+
+    torch 2.11 has no F.linear_cross_entropy: speedrun_1, a run for time, computes the full loss there, so the noise
+    scale runs instead of refusing."""
     monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)  # as on torch 2.11
     timed = stage_config(noise_scale.TIMED_WITH, "smoke", device="cpu")
     assert noise_scale.optimizations.why_cannot_run(timed, "cpu") is None
@@ -175,17 +185,20 @@ def smoke_args(char_data, device: str, out, *more: str) -> list[str]:
 
 
 def measure_smoke(char_data, device: str, out) -> dict:
-    """`python -m gpt.noise_scale` on the smoke profile on `device` (smoke_args): its record, written to `out` (where
-    the device has no chunked loss, speedrun_1's code computes the full loss: chunked_loss.loss_used)."""
+    """`python -m gpt.noise_scale` on the smoke profile on `device` (smoke_args): its record, written to `out`.
+
+    Where the device has no chunked loss, speedrun_1's code computes the full loss: chunked_loss.loss_used."""
     assert noise_scale.main(smoke_args(char_data, device, out)) == 0
     return json.loads(out.read_text())
 
 
 def check_smoke_measurement(record: dict) -> None:
-    """A measurement's record: B_noise a finite positive number of samples (S / |G|^2 over the last quarter of the
-    smoke run; on this CPU its |G|^2 estimate is 0.39, 3.7 standard errors of the window's mean above 0, and B_noise
-    9.0; another device trains on the same batches from the same weights), every B_simple on the curve finite, a
-    finite positive step time for each batch and a choice among them."""
+    """A measurement's record holds a finite positive B_noise, a finite curve and step times, and a chosen batch.
+
+    B_noise is a finite positive number of samples (S / |G|^2 over the last quarter of the smoke run; on this CPU its
+    |G|^2 estimate is 0.39, 3.7 standard errors of the window's mean above 0, and B_noise 9.0; another device trains on
+    the same batches from the same weights), every B_simple on the curve finite, a finite positive step time for each
+    batch and a choice among them."""
     b_noise = record["window"]["b_noise"]
     assert math.isfinite(b_noise) and b_noise > 0, record["window"]
     assert all(math.isfinite(p["b_simple"]) for p in record["curve"][1:])
@@ -196,8 +209,10 @@ def check_smoke_measurement(record: dict) -> None:
 
 
 def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypatch):
-    """The whole command on the smoke profile; t(B) eager (each batch would compile its own graphs, two thirds of
-    this test's time: the compiled step is speedrun_1's, which the ladder runs; tests/test_gpu.py compiles it)."""
+    """The whole noise scale command runs end to end on the smoke profile, with t(B) eager.
+
+    t(B) is eager because each batch would compile its own graphs, two thirds of this test's time: the compiled step is
+    speedrun_1's, which the ladder runs; tests/test_gpu.py compiles it."""
     timed = noise_scale.step_times
     monkeypatch.setattr(
         noise_scale,
@@ -230,9 +245,10 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
 
 
 def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch):
-    """t(B) times each batch on the graph its own stage would run: compiled for that batch alone. Without a reset,
-    Dynamo marks the batch dimension dynamic at the second size and times it on a dynamic-shape graph (symbols
-    created for the sizes): the first t(B) of 2026-11-26 timed batches 24, 48 and 96 that way."""
+    """t(B) times each batch on the graph its own stage would run: compiled for that batch alone.
+
+    Without a reset, Dynamo marks the batch dimension dynamic at the second size and times it on a dynamic-shape graph
+    (symbols created for the sizes): the first t(B) of 2026-11-26 timed batches 24, 48 and 96 that way."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     symbols = []  # the sizes Dynamo made symbolic (a static size is created as a constant)
@@ -253,10 +269,12 @@ def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch
 
 
 def test_step_times_are_timed_as_training_is(char_data, monkeypatch):
-    """Training to a loss synchronises the device at the ends of a stretch of steps, not between them (no step
-    waits for the one before to finish on the device): t(B) is timed the same way, once before the timed steps and
-    once after, their mean. A clock that ticks once a second on every reading: one stretch of 4 steps reads it
-    twice (1 s: 0.25 s a step); a clock read between steps gives 1 s a step."""
+    """Step times are timed as training is: the device is synchronised at the ends of a stretch of steps.
+
+    Training to a loss synchronises the device at the ends of a stretch of steps, not between them (no step waits for
+    the one before to finish on the device): t(B) is timed the same way, once before the timed steps and once after,
+    their mean. A clock that ticks once a second on every reading: one stretch of 4 steps reads it twice (1 s: 0.25 s a
+    step); a clock read between steps gives 1 s a step."""
     from gpt import time_to_loss
 
     ticks, synchronized = iter(range(10**6)), []
@@ -270,9 +288,10 @@ def test_step_times_are_timed_as_training_is(char_data, monkeypatch):
 
 
 def test_a_curve_measured_on_a_gpu_names_the_gpu(char_data, tmp_path, monkeypatch):
-    """The record of a run on a GPU names the GPU as the machine of its curve (what a reused curve's note in the
-    report says it was computed on) and of its step times, not the host's CPU. A CPU stands in for the GPU: the
-    device resolves to CUDA, torch names it, and the curve and step times are made up (nothing runs on it)."""
+    """The record of a run on a GPU names the GPU as the machine of its curve and step times, not the host's CPU.
+
+    The curve's machine is what a reused curve's note in the report says it was computed on. A CPU stands in for the
+    GPU: the device resolves to CUDA, torch names it, and the curve and step times are made up (nothing runs on it)."""
     from gpt.devices import cpu_model
 
     gpu = "NVIDIA H100 80GB HBM3"
@@ -322,8 +341,10 @@ def test_the_module_runs_as_a_command():
 
 @pytest.mark.parametrize("profile", ["reference", "cpu"])
 def test_t_b_covers_the_batch_the_stage_trains_at(profile):
-    """The reference profile's speedrun_2 trains at 128 (its baseline's 32 x4): t(B) must time that batch, which the
-    fixed 12-96 (plus 32) of before left out; by default 1-8 times the baseline's batch."""
+    """t(B) covers the batch the stage trains at: by default 1-8 times the baseline's batch.
+
+    The reference profile's speedrun_2 trains at 128 (its baseline's 32 x4): t(B) must time that batch, which the fixed
+    12-96 (plus 32) of before left out."""
     baseline = stage_config(noise_scale.BASELINE, profile, to_a_loss=True).batch_size
     stage = stage_config(noise_scale.CHOOSES_FOR, profile).batch_size
     batches = noise_scale.timed_batches(baseline, stage, None)

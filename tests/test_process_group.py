@@ -17,8 +17,9 @@ from gpt.optimizations import parallel
 
 
 def on_cpu(backend: str) -> str:
-    """The same device -> backend map with gloo standing in for NCCL, which this machine does not have: bare
-    "nccl" serves the GPU only ("cuda:gloo"); "cuda:nccl,cpu:gloo" becomes "cuda:gloo,cpu:gloo"."""
+    """The same device -> backend map with gloo standing in for NCCL, which this machine does not have.
+
+    Bare "nccl" serves the GPU only ("cuda:gloo"); "cuda:nccl,cpu:gloo" becomes "cuda:gloo,cpu:gloo"."""
     return (backend if ":" in backend else f"cuda:{backend}").replace("nccl", "gloo")
 
 
@@ -40,9 +41,11 @@ def clip_host_gradients(rank: int, world: int, port: int, backend: str) -> None:
 
 
 def test_cpu_offload_group_can_clip_gradients_in_host_memory():
-    """lean_3 on 2 GPUs: clip_grad_norm_ all-reduces the norm of host gradient shards through the group, which so
-    needs a CPU backend beside NCCL (a group of "nccl" alone: "No backend type associated with device type cpu").
-    One rank never all-reduces, so only two processes show it; gloo stands in for NCCL on this machine."""
+    """The CPU offload group can clip gradients in host memory: it needs a CPU backend beside NCCL.
+
+    lean_3 on 2 GPUs: clip_grad_norm_ all-reduces the norm of host gradient shards through the group (a group of "nccl"
+    alone: "No backend type associated with device type cpu"). One rank never all-reduces, so only two processes show
+    it; gloo stands in for NCCL on this machine."""
     cfg = stage_config("lean_3_cpu_offload", "reference")
     assert cfg.fsdp_cpu_offload
     backend = parallel.backend(cfg, torch.device("cuda", 0))
@@ -51,8 +54,10 @@ def test_cpu_offload_group_can_clip_gradients_in_host_memory():
 
 @pytest.mark.parametrize("backend, config", [("nccl", "cuda:nccl"), ("cuda:nccl,cpu:gloo", "cuda:nccl,cpu:gloo")])
 def test_a_failed_rank_aborts_an_nccl_group_whatever_else_it_holds(backend, config, monkeypatch):
-    """After a failure, NCCL is aborted rather than drained (distributed.shutdown): also in the combined group of
-    the CPU offload stage, whose dist.get_backend() is the whole "cuda:nccl,cpu:gloo", not "nccl"."""
+    """After a failure, NCCL is aborted rather than drained (distributed.shutdown), whatever else the group holds.
+
+    Also in the combined group of the CPU offload stage, whose dist.get_backend() is the whole "cuda:nccl,cpu:gloo", not
+    "nccl"."""
     aborted, destroyed = mock.Mock(), mock.Mock()
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)  # what torch answers for such a group

@@ -1,5 +1,7 @@
-"""The committed records (gpt/published.py): a default run's JSON files, and nothing else, land in
-records/<profile>-<device>/, replacing an earlier run's, so that results.md can be regenerated from a clone."""
+"""The committed records (gpt/published.py) hold a default run's JSON files and nothing else.
+
+They land in records/<profile>-<device>/, replacing an earlier run's, so that results.md can be regenerated from a
+clone."""
 
 from gpt.published import json_files, publish
 

@@ -1,5 +1,6 @@
-"""The quick run's own parts (gpt/quick.py): its GPU tests' closing line and time cap, its limit, its estimate; the
-run itself is tested with stub stages in tests/test_report.py."""
+"""The quick run's own parts (gpt/quick.py): its GPU tests' closing line and time cap, its limit, its estimate.
+
+The run itself is tested with stub stages in tests/test_report.py."""
 
 import subprocess
 import time
