@@ -1,5 +1,7 @@
-"""results.md from records (tables, deltas, failed/skipped rows, plots) and run_all's orchestration
-(resume, records for stages that die, Ctrl-C), on synthetic records with the real schema. Fast."""
+"""The report (results.md from records) and run_all's orchestration, on synthetic records with the real schema.
+
+results.md's tables, deltas, failed/skipped rows and plots; run_all's resume, records for stages that die, and Ctrl-C.
+Fast."""
 
 import json
 import re
@@ -302,8 +304,10 @@ def test_memory_report_partial_ladder_and_planner(tmp_path):
 
 
 def test_planner_section_bounds_offload_by_host_memory_and_says_why_a_cpu_comparison_agrees(tmp_path):
-    """A CPU-offload fit that needs more host memory than HOST_GIB_PER_GPU is not a row but a bound in words; a
-    CPU run's estimate-vs-measured shows only the stages that differ, and says why the rest agree."""
+    """The planner's section bounds CPU offload by host memory and says why a CPU comparison agrees.
+
+    A CPU-offload fit that needs more host memory than HOST_GIB_PER_GPU is not a row but a bound in words; a CPU run's
+    estimate-vs-measured shows only the stages that differ, and says why the rest agree."""
     write_ladder(tmp_path, [fake_record("memory_0_baseline")])
     offload = "beyond: lean_3, CPU offload (2 GPUs)"
     (tmp_path / "memory_fit.json").write_text(
@@ -384,9 +388,11 @@ def cuda_record(stage: str, allocated: float, reserved: float | None, **metrics)
 
 
 def test_memory_changes_compare_like_with_like_across_methods(tmp_path, capsys):
-    """CUDA graphs: speed_4's allocated peak (20 MiB) misses the graph pool; its peak is reserved memory
-    (160), compared with speed_3's reserved (150), never with its allocated (100). A parent without a
-    reserved figure gives no change at all. Every such cell is explained under the table."""
+    """Memory changes compare like with like: a CUDA-graph stage's reserved peak with its parent's reserved peak.
+
+    CUDA graphs: speed_4's allocated peak (20 MiB) misses the graph pool; its peak is reserved memory (160), compared
+    with speed_3's reserved (150), never with its allocated (100). A parent without a reserved figure gives no change at
+    all. Every such cell is explained under the table."""
     write_ladder(
         tmp_path,
         [
@@ -491,9 +497,11 @@ def test_breakdown_gives_the_bottleneck_one_line_per_stage_and_a_plot(tmp_path):
     ],
 )
 def test_a_stage_that_added_data_wait_is_never_told_there_was_little_to_remove(breakdown, data_wait, tmp_path):
-    """speed_3's change acts on data wait and copy, which held 2% and 0.1% of its parent's step; but the stage's own
-    data wait, as its row in the table gives it (the timed repeats), is large: the sentence must not say there was
-    little to remove, and it gives both measurements of the wait, each named."""
+    """A stage that added data wait is never told there was little to remove.
+
+    speed_3's change acts on data wait and copy, which held 2% and 0.1% of its parent's step; but the stage's own data
+    wait, as its row in the table gives it (the timed repeats), is large: the sentence must not say there was little to
+    remove, and it gives both measurements of the wait, each named."""
     write_ladder(
         tmp_path,
         [
@@ -514,9 +522,11 @@ def test_a_stage_that_added_data_wait_is_never_told_there_was_little_to_remove(b
 
 
 def test_ladders_beyond_the_book_compare_with_the_stage_they_continue_from(tmp_path):
-    """fast_1's 'vs previous' is against speed_5_amp and every fast stage's 'vs baseline' against speed_0; the
-    anchor column gives build-nanogpt's change where a stage has one; a stage with no effect on this device
-    says so instead of a gain; the lean ladder, with no figures to compare with, has no reference column."""
+    """Ladders beyond the book compare with the stage they continue from, and with speed_0.
+
+    fast_1's 'vs previous' is against speed_5_amp and every fast stage's 'vs baseline' against speed_0; the anchor
+    column gives build-nanogpt's change where a stage has one; a stage with no effect on this device says so instead of
+    a gain; the lean ladder, with no figures to compare with, has no reference column."""
     speed = [fake_record(s, seconds=8.0 / (i + 1)) for i, s in enumerate(stages_of("speed")[:6])]  # speed_5: 1.33 s
     fast = [
         fake_record("fast_1_pretokenized", seconds=1.0),
@@ -585,8 +595,10 @@ def test_resume_keeps_only_final_records_of_the_same_profile_and_device():
 
 
 def test_resume_reruns_a_skipped_stage_whose_reason_no_longer_holds(tmp_path, monkeypatch):
-    """A stage skipped for what this machine lacked (the chunked loss before its library was installed, a second
-    GPU) runs again on --resume once nothing stops it; while the reason holds, the record is kept."""
+    """--resume reruns a stage skipped for what this machine lacked once the reason no longer holds.
+
+    A stage skipped for what this machine lacked (the chunked loss before its library was installed, a second GPU) runs
+    again on --resume once nothing stops it; while the reason holds, the record is kept."""
     job = run_all.ladder_jobs(["fast_6_chunked_loss"], tmp_path)[0]
     skipped = fake_record("fast_6_chunked_loss", status="skipped")
     monkeypatch.setattr(run_all.optimizations, "why_cannot_run", lambda cfg, device_type: "needs what is missing")
@@ -745,8 +757,10 @@ def running(pid: int) -> bool:
 
 
 def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages, monkeypatch):
-    """run_all measures the CPU's matmul peaks before the first stage and fp32 again after the last; the
-    header gives both, and warns when the end's is >5% higher (the start's peak, the MFU basis, was low)."""
+    """The report states the CPU's matmul peaks and warns when the host sped up during the run.
+
+    run_all measures the CPU's matmul peaks before the first stage and fp32 again after the last; the header gives both,
+    and warns when the end's is >5% higher (the start's peak, the MFU basis, was low)."""
     out, behave, _ = stub_stages
     calibrations = []
     monkeypatch.setattr(
@@ -774,9 +788,11 @@ def test_report_states_the_cpu_peaks_and_warns_when_the_host_sped_up(stub_stages
 def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     stub_stages, tmp_path, monkeypatch, capsys
 ):
-    """--quick: the plan first; the timed stages at fewer repeats; a stage still running at the limit is stopped,
-    those after it are recorded as not run; every record says quick and its wall clock; the report is written
-    beside the records, never over the committed ones; --resume completes the run."""
+    """A --quick run keeps its limit, marks its records as quick, and publishes nothing over the committed ones.
+
+    --quick: the plan first; the timed stages at fewer repeats; a stage still running at the limit is stopped, those
+    after it are recorded as not run; every record says quick and its wall clock; the report is written beside the
+    records, never over the committed ones; --resume completes the run."""
     _, behave, _ = stub_stages
     monkeypatch.setattr(run_all, "REPO_ROOT", tmp_path)  # the default folder: <repo>/runs/smoke-cpu-quick
     monkeypatch.setattr(run_all, "publish", lambda *a: pytest.fail("a quick run published its records"))
@@ -811,8 +827,10 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
 
 @pytest.mark.slow
 def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
-    """`./run_all.sh --quick` for real on the smoke profile (minutes on 2 cores): the speed and fast ladders and
-    the speedrun, each stage a real record marked quick, and a page that says so."""
+    """`./run_all.sh --quick` for real on the smoke profile trains every section it plans.
+
+    Minutes on 2 cores: the speed and fast ladders and the speedrun, each stage a real record marked quick, and a page
+    that says so."""
     out = tmp_path / "quick"
     r = subprocess.run(
         [
@@ -843,8 +861,10 @@ def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
 
 
 def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
-    """Before the first stage: one line per stage that will be skipped, and per stage that computes the full loss
-    for want of a chunked implementation (here: as on torch 2.11)."""
+    """The run says at its start what cannot run here.
+
+    Before the first stage: one line per stage that will be skipped, and per stage that computes the full loss for want
+    of a chunked implementation (here: as on torch 2.11)."""
     from gpt.optimizations import chunked_loss
 
     monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)
@@ -859,8 +879,10 @@ def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
 
 @pytest.mark.parametrize("how", ["interrupted", "--only"])
 def test_a_run_that_does_not_finish_whole_leaves_the_committed_page_as_it_was(how, stub_stages, tmp_path, monkeypatch):
-    """A default run stopped after its first stages, or one of a single ladder, once replaced every committed record
-    and results.md with its own few: now it writes its report beside its records and the committed ones stay."""
+    """A run that does not finish whole leaves the committed records and results.md as they were.
+
+    A default run stopped after its first stages, or one of a single ladder, once replaced every committed record and
+    results.md with its own few: now it writes its report beside its records and the committed ones stay."""
     _, behave, _ = stub_stages
     committed = tmp_path / "records" / "smoke-cpu"
     committed.mkdir(parents=True)
@@ -942,8 +964,10 @@ def committed_page(tmp_path_factory) -> tuple[str, Path]:
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
 def test_the_page_opens_with_its_summary_and_no_table_is_wider_than_seven_columns(committed_page):
-    """The summary comes first, the machine after it (folded); every table of the whole page has at most 7 columns;
-    the columns are defined in docs/measurement.md, each table linking to its section, not repeated per ladder."""
+    """The page opens with its summary, and no table is wider than seven columns.
+
+    The summary comes first, the machine after it (folded); every table of the whole page has at most 7 columns; the
+    columns are defined in docs/measurement.md, each table linking to its section, not repeated per ladder."""
     from gpt.report.document import MAX_COLUMNS
 
     md, _ = committed_page
@@ -962,8 +986,10 @@ def test_the_page_opens_with_its_summary_and_no_table_is_wider_than_seven_column
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
 def test_the_page_draws_the_thesis_the_waterfall_and_one_change_across_machines(committed_page):
-    """Three figures from the records, each written and embedded; the lean ladder is drawn in the memory figure;
-    the speedrun's record table with the task above it; the planner's forensics left to gpt/memory/README.md."""
+    """The page draws the thesis, the waterfall and one change across machines, from the records.
+
+    Three figures from the records, each written and embedded; the lean ladder is drawn in the memory figure; the
+    speedrun's record table with the task above it; the planner's forensics left to gpt/memory/README.md."""
     md, plots = committed_page
     for name in ("thesis.png", "speedrun_waterfall.png", "machines.png", "memory.png"):
         assert (plots / name).read_bytes()[:4] == PNG, name

@@ -1,7 +1,9 @@
-"""The speedrun ladder (gpt/ladder.py "speedrun", stages/speedrun_*.py, run_all's section, the report's): its plumbing,
-its target and its judgement, the one claim of its systems stage, that it keeps the model, and its last stage trained
-as the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/test_gpu.py). The training changes'
-own mechanics are tested beside their homes (tests/optimizations/test_muon.py, test_schedule.py, test_architecture.py,
+"""The speedrun ladder: its plumbing, target and judgement, its systems stage, and its last stage as the ladder runs it.
+
+Its code: gpt/ladder.py "speedrun", stages/speedrun_*.py, run_all's section, the report's. Tested here: its plumbing,
+its target and its judgement, the one claim of its systems stage, that it keeps the model, and its last stage trained as
+the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/test_gpu.py). The training changes' own
+mechanics are tested beside their homes (tests/optimizations/test_muon.py, test_schedule.py, test_architecture.py,
 test_ngram_embedding.py) and the noise scale in tests/test_noise_scale.py."""
 
 from dataclasses import dataclass
@@ -41,8 +43,10 @@ def test_every_speedrun_stage_trains_to_a_loss_on_the_baselines_settings():
 
 
 def test_the_systems_stage_changes_only_what_the_fast_ladder_proves_keeps_the_model():
-    """speedrun_1 switches on the changes of speed_4, speed_5 and fast_1..fast_6 and nothing else: not speed_1's
-    batch, not the learning rate, not the budget."""
+    """The systems stage changes only what the fast ladder proves keeps the model.
+
+    speedrun_1 switches on the changes of speed_4, speed_5 and fast_1..fast_6 and nothing else: not speed_1's batch, not
+    the learning rate, not the budget."""
     base = stage_config("speed_0_baseline", "cpu", to_a_loss=True).to_dict()
     systems = stage_config("speedrun_1_systems", "cpu").to_dict()
     fast = stage_config("fast_6_chunked_loss", "cpu", to_a_loss=True).to_dict()
@@ -55,11 +59,12 @@ def test_the_systems_stage_changes_only_what_the_fast_ladder_proves_keeps_the_mo
 
 @needs_torch_chunked_loss
 def test_the_systems_stage_computes_the_baselines_gradients(char_data):
-    """The first step's gradients of the systems stage's settings against the baseline's, on a tiny model: the
-    same batch, the same weights, so the same gradients up to float32 reassociation (SDPA, the chunked loss and
-    compile add up the same sums in another order: measured < 1e-6 of the largest gradient). A stage that changed
-    the batch, the data or the loss would differ by the gradient's own size. goal="memory" keeps SDPA and the
-    chunked loss whatever their speed here, so the changed code really runs; bf16 stays off (fp32 on this CPU
+    """The systems stage's settings give the baseline's first-step gradients, up to float32 reassociation.
+
+    On a tiny model, with the same batch and the same weights, so the same gradients up to float32 reassociation (SDPA,
+    the chunked loss and compile add up the same sums in another order: measured < 1e-6 of the largest gradient). A
+    stage that changed the batch, the data or the loss would differ by the gradient's own size. goal="memory" keeps SDPA
+    and the chunked loss whatever their speed here, so the changed code really runs; bf16 stays off (fp32 on this CPU
     unless bf16 is faster: then the check is bf16's, bounded in tests/optimizations/test_precision.py)."""
     common = dict(lr=1e-3, grad_clip=NO_CLIP, goal="memory")
     base = tiny_config(char_data, **common)
@@ -126,9 +131,11 @@ def write_speedrun(tmp_path, stage_curves: dict[str, list[list[tuple]]]):
 
 
 def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(tmp_path):
-    """Target 2.1. speedrun_1 crosses it at 19 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 19 s, 475
-    tokens); speedrun_2's second seed ends at 2.15: the stage does not hold. The baseline's seeds are timed to the
-    target the same way: the better one at 1.9/2.1 of its 100 s, the worse one at the end of its 120 s."""
+    """A stage is timed to the target, and holds only if every seed reaches it.
+
+    Target 2.1. speedrun_1 crosses it at 19 s (interpolated between 10 s at 3.0 and 30 s at 1.0: 19 s, 475 tokens);
+    speedrun_2's second seed ends at 2.15: the stage does not hold. The baseline's seeds are timed to the target the
+    same way: the better one at 1.9/2.1 of its 100 s, the worse one at the end of its 120 s."""
     write_speedrun(
         tmp_path,
         {
@@ -149,7 +156,9 @@ def test_a_stage_is_timed_to_the_target_and_holds_only_if_every_seed_reaches_it(
 
 
 def test_the_findings_name_the_fewest_training_seconds_when_a_later_stage_gave_some_back(tmp_path):
-    """speedrun_1 reaches the target 2.1 in 19 s, speedrun_2 (its last stage, which holds) in 25 s: the headline is
+    """The findings name the fewest training seconds when a later stage gave some back.
+
+    speedrun_1 reaches the target 2.1 in 19 s, speedrun_2 (its last stage, which holds) in 25 s: the headline is
     speedrun_2's, and a second finding names speedrun_1's fewer seconds; with speedrun_2 at 15 s there is none."""
     slower = {
         "speedrun_1_systems": [[(0, 0, 4.0), (250, 10, 3.0), (750, 30, 1.0)]],
@@ -164,10 +173,12 @@ def test_the_findings_name_the_fewest_training_seconds_when_a_later_stage_gave_s
 
 
 def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_path):
-    """Beside training seconds to the target, each stage's whole wall clock (run_all's run.wall_s where the record has
-    it, else the process's own process_s) and both ratios against speed_0's, whose seeds took 150 and 170 s of wall
-    clock: speedrun_1's 40 s is 4.00x sooner. speedrun_3 has only its own process_s: its wall clock is shown but no
-    ratio against speed_0's, measured from outside; speedrun_4's record has neither."""
+    """The table gives each stage's whole wall clock beside its training seconds to the target.
+
+    Each stage's whole wall clock (run_all's run.wall_s where the record has it, else the process's own process_s) and
+    both ratios against speed_0's, whose seeds took 150 and 170 s of wall clock: speedrun_1's 40 s is 4.00x sooner.
+    speedrun_3 has only its own process_s: its wall clock is shown but no ratio against speed_0's, measured from
+    outside; speedrun_4's record has neither."""
     write_speedrun(
         tmp_path,
         {
@@ -217,10 +228,12 @@ def test_the_table_gives_the_whole_wall_clock_beside_the_training_seconds(tmp_pa
 
 
 def test_the_record_table_states_the_task_the_margin_and_the_record(tmp_path):
-    """modded-nanogpt's way: the task in one line above the table; each stage's tokens to the target of its budget
-    (its config's train_tokens) with the margin left, its factor against its parent beside the one against speed_0,
-    and its record file. speedrun_1 reaches 2.1 at 475 of its 1,000 tokens (52% left) in 19 s; speedrun_2 at 400 of
-    its 500 in 8 s (20% left): 2.38x sooner than speedrun_1."""
+    """The record table states the task, each stage's margin and its record file, modded-nanogpt's way.
+
+    The task in one line above the table; each stage's tokens to the target of its budget (its config's train_tokens)
+    with the margin left, its factor against its parent beside the one against speed_0, and its record file. speedrun_1
+    reaches 2.1 at 475 of its 1,000 tokens (52% left) in 19 s; speedrun_2 at 400 of its 500 in 8 s (20% left): 2.38x
+    sooner than speedrun_1."""
     write_speedrun(
         tmp_path,
         {
@@ -264,8 +277,10 @@ def test_the_speedup_range_is_taken_across_the_seeds():
 
 
 def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_path, monkeypatch):
-    """--only speedrun: speed_0's seeds first (nothing else of the time-to-loss section), the target from them,
-    the noise scale, then each speedrun stage once and the last with every seed, each given the target."""
+    """run_all runs the baseline's seeds, then the speedrun with the target from them.
+
+    --only speedrun: speed_0's seeds first (nothing else of the time-to-loss section), the target from them, the noise
+    scale, then each speedrun stage once and the last with every seed, each given the target."""
     calls = []
 
     def fake_run_stage(cmd, log, show, deadline=None):
@@ -336,8 +351,10 @@ def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_pat
 def test_a_speedrun_stage_run_alone_races_to_speed_0s_model_in_its_folder_or_the_committed_one(
     tmp_path, monkeypatch, capsys
 ):
-    """Without --target-loss a speedrun stage takes the target run_all would give it: speed_0's seeds in its own
-    folder first, else the committed records; with neither it says it trains the whole budget."""
+    """A speedrun stage run alone races to speed_0's model, from speed_0's records in its folder or the committed ones.
+
+    Without --target-loss a speedrun stage takes the target run_all would give it: speed_0's seeds in its own folder
+    first, else the committed records; with neither it says it trains the whole budget."""
     from gpt import stage
 
     committed, out = tmp_path / "committed", tmp_path / "out"
@@ -354,8 +371,9 @@ def test_a_speedrun_stage_run_alone_races_to_speed_0s_model_in_its_folder_or_the
 
 @pytest.fixture
 def torch_211_image(monkeypatch):
-    """What a CUDA image with torch 2.11 and no optional kernel library offers: no F.linear_cross_entropy, neither
-    liger-kernel nor Cut Cross-Entropy importable."""
+    """What a CUDA image with torch 2.11 and no optional kernel library offers.
+
+    No F.linear_cross_entropy, neither liger-kernel nor Cut Cross-Entropy importable."""
     import importlib.util
 
     import torch
@@ -371,8 +389,10 @@ def torch_211_image(monkeypatch):
 
 @pytest.mark.parametrize("stage", SPEEDRUN)
 def test_every_speedrun_stage_runs_on_a_cuda_image_without_a_chunked_loss(stage, torch_211_image, monkeypatch):
-    """The speedrun is judged by time: where no chunked implementation runs, its stages compute the full loss and
-    say so (the record's choices), instead of being skipped whole, as they were on torch 2.11."""
+    """Every speedrun stage runs on a CUDA image without a chunked loss, computing the full loss.
+
+    The speedrun is judged by time: where no chunked implementation runs, its stages compute the full loss and say so
+    (the record's choices), instead of being skipped whole, as they were on torch 2.11."""
     cfg = stage_config(stage, "reference")
     assert cfg.loss == "chunked"  # speedrun_1 asks for it; the fallback is the device's, not the config's
     assert why_cannot_run(cfg, "cuda") is None
@@ -385,16 +405,20 @@ def test_every_speedrun_stage_runs_on_a_cuda_image_without_a_chunked_loss(stage,
 
 
 def test_a_run_for_memory_or_a_named_implementation_still_needs_the_chunked_loss(torch_211_image):
-    """lean_2's point is the logits it never holds, and an implementation asked for by name is the user's choice:
-    both are skipped with the reason rather than silently computing the full loss."""
+    """A run for memory, or a loss implementation named by the user, still needs the chunked loss.
+
+    lean_2's point is the logits it never holds, and an implementation asked for by name is the user's choice: both are
+    skipped with the reason rather than silently computing the full loss."""
     assert why_cannot_run(stage_config("lean_2_chunked_loss", "reference"), "cuda").startswith("the chunked loss")
     named = stage_config("speedrun_1_systems", "reference", loss_impl="liger")
     assert why_cannot_run(named, "cuda") == "the chunked loss 'liger' needs `pip install liger-kernel`"
 
 
 def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
-    """The record's choices name the loss and the attention the model computed with, and why they are not the
-    config's: here speedrun_1's chunked loss on a torch without it."""
+    """The record says which loss and attention ran, and why.
+
+    The record's choices name the loss and the attention the model computed with, and why they are not the config's:
+    here speedrun_1's chunked loss on a torch without it."""
     from gpt.choices import model_choices
     from gpt.model import GPTConfig
 
@@ -411,9 +435,10 @@ SPEEDRUN_STEPS = 40  # of speedrun_5's batch (16 on the smoke profile): warm-up 
 
 @dataclass
 class StageTrace:
-    """A watched run to a loss of the speedrun's last stage: its config and record; at each evaluation, the steps done,
-    the CUDA graphs recorded and the graphs Dynamo compiled so far in this process; each step's learning rates, one
-    per param group, as AdamW's and Muon's step() began."""
+    """A watched run to a loss of the speedrun's last stage.
+
+    Its config and record; at each evaluation, the steps done, the CUDA graphs recorded and the graphs Dynamo compiled
+    so far in this process; each step's learning rates, one per param group, as AdamW's and Muon's step() began."""
 
     cfg: TrainConfig
     record: dict
@@ -423,11 +448,12 @@ class StageTrace:
 
 
 def trace_last_stage(char_data, device: str) -> StageTrace:
-    """speedrun_5_wsd trained to a loss on `device` for SPEEDRUN_STEPS steps at the smoke profile's shapes, with all
-    its ladder switches on (compile, with CUDA graphs on CUDA; autocast; gathered batches; Muon; the modern blocks;
-    wsd), evaluated after every step: on CUDA each evaluation comes between two replays of the step's graphs. Where
-    the device has no chunked loss (torch 2.11 on CUDA without liger-kernel or Cut Cross-Entropy) the stage computes
-    the full loss (chunked_loss.loss_used)."""
+    """speedrun_5_wsd trained to a loss on `device` for SPEEDRUN_STEPS steps at the smoke profile's shapes.
+
+    All its ladder switches on (compile, with CUDA graphs on CUDA; autocast; gathered batches; Muon; the modern blocks;
+    wsd), evaluated after every step: on CUDA each evaluation comes between two replays of the step's graphs. Where the
+    device has no chunked loss (torch 2.11 on CUDA without liger-kernel or Cut Cross-Entropy) the stage computes the
+    full loss (chunked_loss.loss_used)."""
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 
@@ -468,12 +494,13 @@ def trace_last_stage(char_data, device: str) -> StageTrace:
 
 
 def check_the_last_stage_learns_compiled(trace: StageTrace) -> None:
-    """The stage trained compiled (Dynamo compiled its graphs at the first step, and none after: evaluations do not
-    make it recompile), in "reduce-overhead" mode with bf16 autocast on CUDA, and learnt: the validation loss fell
-    from ~ln 65 = 4.17 by a fifth or more (to 2.93 on this CPU, bf16), the training loss too. On CUDA its graphs were
-    recorded once: over the second half of the run, every step of which follows an evaluation, the count of
-    recordings stays what it was (an evaluation that broke the graphs would add a re-recording at every step), and
-    is not 0."""
+    """The stage trained compiled, without recompiling at evaluations, and learnt.
+
+    Dynamo compiled its graphs at the first step, and none after: evaluations do not make it recompile; in
+    "reduce-overhead" mode with bf16 autocast on CUDA. The validation loss fell from ~ln 65 = 4.17 by a fifth or more
+    (to 2.93 on this CPU, bf16), the training loss too. On CUDA its graphs were recorded once: over the second half of
+    the run, every step of which follows an evaluation, the count of recordings stays what it was (an evaluation that
+    broke the graphs would add a re-recording at every step), and is not 0."""
     cfg, m = trace.cfg, trace.record["metrics"]
     device = resolve_device(cfg.device)
     cuda_graphs = uses_cuda_graphs(compile_mode(cfg, device))
@@ -497,10 +524,12 @@ def check_the_last_stage_learns_compiled(trace: StageTrace) -> None:
 
 
 def check_the_groups_follow_wsd(trace: StageTrace) -> None:
-    """As each step ran, every AdamW group's learning rate was wsd's at the tokens that step brings training to, and
-    every Muon group's the same share of muon_lr. wsd is written out here from its definition (the docstring of
-    gpt/optimizations/schedule.py), not from its code; the run's steps cover its three phases: warm-up (rising),
-    stable (the peak), decay (falling linearly to min_lr at the budget's end)."""
+    """As each step ran, every param group's learning rate followed wsd.
+
+    Every AdamW group's learning rate was wsd's at the tokens that step brings training to, and every Muon group's the
+    same share of muon_lr. wsd is written out here from its definition (the docstring of gpt/optimizations/schedule.py),
+    not from its code; the run's steps cover its three phases: warm-up (rising), stable (the peak), decay (falling
+    linearly to min_lr at the budget's end)."""
     cfg = trace.cfg
     decay_from = (1 - cfg.lr_cooldown) * cfg.lr_decay_tokens
 
@@ -535,8 +564,9 @@ def cpu_trace(char_data) -> StageTrace:
 
 @pytest.mark.slow
 def test_the_last_stage_learns_compiled_on_the_cpu(cpu_trace):
-    """The CPU twin of tests/test_gpu.py's run on CUDA: the same run, compiled without CUDA graphs. Slow: it compiles
-    (~45 s on 2 cores)."""
+    """The CPU twin of tests/test_gpu.py's run on CUDA: the same run, compiled without CUDA graphs.
+
+    Slow: it compiles (~45 s on 2 cores)."""
     check_the_last_stage_learns_compiled(cpu_trace)
 
 

@@ -1,7 +1,9 @@
-"""Where the time goes (gpt/step_profiler.py): the interval arithmetic and both attributions (CPU, CUDA) on
-synthetic trace events whose breakdown is known by hand, then real profiled runs: the profiled steps come
-after the timed ones and never change them, the trace opens and holds the phases, DDP's all-reduce shows up
-as communication. The CUDA run itself is checked by a `gpu` test (skipped without a GPU)."""
+"""Where the time goes (gpt/step_profiler.py): the interval arithmetic, both attributions, and real profiled runs.
+
+The interval arithmetic and both attributions (CPU, CUDA) on synthetic trace events whose breakdown is known by hand,
+then real profiled runs: the profiled steps come after the timed ones and never change them, the trace opens and holds
+the phases, DDP's all-reduce shows up as communication. The CUDA run itself is checked by a `gpu` test (skipped without
+a GPU)."""
 
 import json
 import random
@@ -137,8 +139,10 @@ def test_phase_labels_exist_only_while_a_profiler_runs():
 
 
 def test_profiled_steps_come_after_the_timed_ones_and_never_change_them(char_data, tmp_path, monkeypatch):
-    """Same seed, with and without profiling: the timed losses are bit-identical (the profiled steps come
-    after them), no timed step runs under the profiler, and only the profiled run writes a trace."""
+    """The profiled steps come after the timed ones and never change them.
+
+    Same seed, with and without profiling: the timed losses are bit-identical (the profiled steps come after them), no
+    timed step runs under the profiler, and only the profiled run writes a trace."""
     profiled_calls = []
     real_train_step = train.train_step
 
@@ -223,8 +227,10 @@ def test_no_profiler_flag_skips_the_profiled_steps(char_data, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("compile_", [False, True], ids=["eager", "cuda-graphs"])
 def test_cuda_breakdown_sees_kernels_and_gpu_idle(char_data, tmp_path, compile_):
-    """On the GPU the breakdown comes from kernels: they must be in the trace (with CUDA graphs too, whose
-    kernels are replayed from one launch), attributed to the phases, and the copy timed with CUDA events."""
+    """On the GPU the breakdown comes from kernels, attributed to the phases.
+
+    The kernels must be in the trace (with CUDA graphs too, whose kernels are replayed from one launch), attributed to
+    the phases, and the copy timed with CUDA events."""
     cfg = tiny_config(
         char_data, device="cuda", samples=32, repeats=2, compile=compile_, profile_steps=3, measure_memory=False
     )

@@ -1,5 +1,6 @@
-"""The code's form: `ruff format` and `ruff check` with the rules chosen in pyproject.toml find nothing to change
-(skipped where ruff is not installed: `pip install -e ".[test]"` installs it)."""
+"""The code's form: `ruff format` and `ruff check` with the rules chosen in pyproject.toml find nothing to change.
+
+Skipped where ruff is not installed: `pip install -e ".[test]"` installs it."""
 
 import shutil
 import subprocess

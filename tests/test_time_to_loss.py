@@ -1,6 +1,8 @@
-"""Training to a loss (gpt/time_to_loss.py): the schedule, the held-out windows, evaluation that leaves training
-alone, the time-to-target rule, real learning on the smoke profile, the "changes convergence" mark with a negative
-control, W&B's curves, and one line for bad input. About a minute in all."""
+"""Training to a loss (gpt/time_to_loss.py): its schedule, windows, time-to-target rule, learning and report marks.
+
+The schedule, the held-out windows, evaluation that leaves training alone, the time-to-target rule, real learning on the
+smoke profile, the "changes convergence" mark with a negative control, W&B's curves, and one line for bad input. About a
+minute in all."""
 
 import contextlib
 import json
@@ -47,9 +49,11 @@ LEARNING_STEPS = 150  # the smoke baseline's budget in optimizer steps: ~4.4 -> 
 
 
 def learning_budget(stage: str, data_dir, device: str, steps: int = LEARNING_STEPS, **settings) -> TrainConfig:
-    """The smoke profile's run to a loss with a budget of `steps` optimizer steps for `stage` itself, through
-    --train-tokens (the schedule follows it). The profile's budget is in tokens of the baseline's batch: a stage
-    after speed_1's batch x8 gets 8x fewer steps of it (18), too few to learn on (~4.2 -> ~3.8)."""
+    """The smoke profile's run to a loss with a budget of `steps` optimizer steps for `stage` itself.
+
+    The budget goes through --train-tokens (the schedule follows it). The profile's budget is in tokens of the
+    baseline's batch: a stage after speed_1's batch x8 gets 8x fewer steps of it (18), too few to learn on (~4.2 ->
+    ~3.8)."""
     cfg = stage_config(stage, "smoke", True, data_dir=str(data_dir), device=device)
     budget = steps * cfg.tokens_per_step
     evals = profile_settings("smoke", "time_to_loss")["train_tokens"] // cfg.eval_every_tokens  # the profile's 5
@@ -63,10 +67,11 @@ def learning_budget(stage: str, data_dir, device: str, steps: int = LEARNING_STE
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", LEARNING_STAGES)
 def test_each_stage_trained_to_a_loss_in_the_tests_learns_on_its_budget(stage, char_data):
-    """The budget tests/test_gpu.py trains these stages with on CUDA, here on the CPU: a GPU takes the same steps,
-    so a budget too small to learn on shows here first. The loader runs in this process (num_workers 0: its worker
-    processes, which start at every evaluation, take minutes on 2 busy cores and change nothing that is learnt).
-    Slow: fast_5 compiles."""
+    """Each stage trained to a loss in the tests learns on its budget, here on the CPU.
+
+    The budget tests/test_gpu.py trains these stages with on CUDA: a GPU takes the same steps, so a budget too small to
+    learn on shows here first. The loader runs in this process (num_workers 0: its worker processes, which start at
+    every evaluation, take minutes on 2 busy cores and change nothing that is learnt). Slow: fast_5 compiles."""
     m = time_to_loss.run(learning_budget(stage, char_data, "cpu", num_workers=0), label=stage)["metrics"]
     assert m["steps"] >= LEARNING_STEPS
     assert m["val_loss_final"] < 0.8 * m["val_loss_initial"]
@@ -112,8 +117,10 @@ def test_validation_windows_are_the_same_for_every_stage_and_run(char_data):
 
 
 def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
-    """Evaluating after every step or only at the end: the same parameters after training, dropout on (a draw
-    from the training RNG by the evaluation would move every later mask)."""
+    """Evaluation leaves the training trajectory bit-identical.
+
+    Evaluating after every step or only at the end: the same parameters after training, dropout on (a draw from the
+    training RNG by the evaluation would move every later mask)."""
     trainers = []
     real = train.prepare
     monkeypatch.setattr(train, "prepare", lambda *a, **k: trainers.append(real(*a, **k)) or trainers[-1])
@@ -128,7 +135,9 @@ def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
 
 
 def test_a_run_that_stops_at_its_target_is_the_full_runs_curve_up_to_the_crossing(char_data):
-    """stop_at_target (the speedrun's stages) ends the run at the first evaluation at or below the target: the same
+    """A run that stops at its target is the full run's curve up to the crossing.
+
+    stop_at_target (the speedrun's stages) ends the run at the first evaluation at or below the target: the same
     evaluations up to there as the whole budget's run (values, tokens), the same crossing, and no step more."""
     cfg = smoke_to_a_loss(char_data, train_tokens=4096, lr_decay_tokens=4096, eval_every_tokens=512)
     full = time_to_loss.run(cfg)["metrics"]
@@ -154,11 +163,12 @@ WINDOWS = 200  # the cpu profile's validation windows
 
 
 def constructed_losses(shift: float, steps: int = 60) -> torch.Tensor:
-    """Per-window losses at each step (rows): a curve falling ever more slowly, 2 + 2 r exp(-t/10), where each window
-    has its own offset (spread 0.3) and its own rate r (spread 0.1: a window's change varies, so the estimate's
-    windows do not fall exactly as the rest), plus a little noise per evaluation; the estimate's windows (the first
-    quarter) sit `shift` above the rest (below where negative), so the estimate alone would reach the target late (or
-    early)."""
+    """Per-window losses at each step (rows): a curve falling ever more slowly, 2 + 2 r exp(-t/10).
+
+    Each window has its own offset (spread 0.3) and its own rate r (spread 0.1: a window's change varies, so the
+    estimate's windows do not fall exactly as the rest), plus a little noise per evaluation; the estimate's windows (the
+    first quarter) sit `shift` above the rest (below where negative), so the estimate alone would reach the target late
+    (or early)."""
     g = torch.Generator().manual_seed(7)
     offsets = 0.3 * torch.randn(WINDOWS, generator=g, dtype=torch.float64)
     rates = 1 + 0.1 * torch.randn(WINDOWS, generator=g, dtype=torch.float64)
@@ -172,9 +182,10 @@ def constructed_losses(shift: float, steps: int = 60) -> torch.Tensor:
 
 
 def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int | None, list[dict]]:
-    """The evaluation at which a run stopping at `target` declares it reached, through time_to_loss's own choice of
-    windows (evaluation_of), stopping rule (at_target) and loop (train_and_evaluate), on `losses` instead of a model;
-    and its curve."""
+    """The evaluation at which a run stopping at `target` declares it reached, and its curve.
+
+    Found through time_to_loss's own choice of windows (evaluation_of), stopping rule (at_target) and loop
+    (train_and_evaluate), on `losses` instead of a model."""
     steps = len(losses) - 1
     trainer = SimpleNamespace(
         step=SimpleNamespace(steps_done=0), cfg=SimpleNamespace(micro_batch_size=10), raw=None, amp=None, device=None
@@ -216,12 +227,14 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
 
 @pytest.mark.parametrize("shift", [-0.06, 0.0, 0.06])
 def test_the_target_is_declared_at_the_same_evaluation_as_with_every_window_every_time(shift, monkeypatch):
-    """On a constructed case whose estimate's windows read up to ~1.6 standard errors above or below the rest: for
-    every target along the curve, the run declares the target reached at the first evaluation whose full windows
-    are at or below it, as a run reading every window every time does; never on an estimate (no estimate is at or
-    below the target); and with estimates while the loss is far above, the saving. Fails with no margin (the
-    estimate above the target while the full windows reach it: declared late), where an estimate may declare the
-    target (declared early), and where the prediction adds the offset with the wrong sign."""
+    """The target is declared at the same evaluation as by a run that reads every window every time.
+
+    On a constructed case whose estimate's windows read up to ~1.6 standard errors above or below the rest: for every
+    target along the curve, the run declares the target reached at the first evaluation whose full windows are at or
+    below it, as a run reading every window every time does; never on an estimate (no estimate is at or below the
+    target); and with estimates while the loss is far above, the saving. Fails with no margin (the estimate above the
+    target while the full windows reach it: declared late), where an estimate may declare the target (declared early),
+    and where the prediction adds the offset with the wrong sign."""
     losses = constructed_losses(shift)
     full = losses.mean(1)
     moved, on_estimates, estimates = [], [], 0
@@ -238,9 +251,11 @@ def test_the_target_is_declared_at_the_same_evaluation_as_with_every_window_ever
 
 
 def test_pairing_the_estimate_with_the_last_full_evaluation_reads_fewer_windows(monkeypatch):
-    """The prediction's error is the spread of the windows' changes, not of their losses: on the constructed case,
-    with targets along the curve's second half (where the unpaired rule reads every window), it reads fewer windows
-    than the estimate's own loss and spread would. Fails where the offset is dropped (near_target unpaired)."""
+    """Pairing the estimate with the last full evaluation reads fewer windows.
+
+    The prediction's error is the spread of the windows' changes, not of their losses: on the constructed case, with
+    targets along the curve's second half (where the unpaired rule reads every window), it reads fewer windows than the
+    estimate's own loss and spread would. Fails where the offset is dropped (near_target unpaired)."""
     losses = constructed_losses(0.0)
     full = losses.mean(1)
 
@@ -270,9 +285,11 @@ def test_an_estimate_needs_enough_windows_and_leaves_the_full_evaluation_s_batch
 
 
 def test_window_sums_are_the_cross_entropy_of_every_window_and_their_spread():
-    """One cross-entropy per token gives both sums. The reference is computed in float64 from the same float32 logits;
-    the only difference allowed is float32 rounding of each token's loss (a relative 1e-7 on losses near log 65 ~ 4,
-    kept through float64 sums), so 1e-6 relative bounds it with a margin, and a missed or doubled window is 1/12 off."""
+    """The window sums give every window's cross-entropy and their spread, both from one cross-entropy per token.
+
+    The reference is computed in float64 from the same float32 logits; the only difference allowed is float32 rounding
+    of each token's loss (a relative 1e-7 on losses near log 65 ~ 4, kept through float64 sums), so 1e-6 relative bounds
+    it with a margin, and a missed or doubled window is 1/12 off."""
     torch.manual_seed(0)
     windows, block, vocab = 12, 8, 65
     x_all = torch.randint(vocab, (windows, block))
@@ -295,8 +312,10 @@ def test_window_sums_are_the_cross_entropy_of_every_window_and_their_spread():
 
 
 def _paired_sums(rank: int, world: int) -> WindowSums:
-    """Twelve windows read by a stand-in model (an embedding's logits) against their losses under an earlier one,
-    this process's share of them, as a run's estimate reads them against its last full evaluation."""
+    """This process's share of twelve windows' paired sums, read by a stand-in model against an earlier one.
+
+    The stand-in model is an embedding's logits; the windows are read against their losses under the earlier one, as a
+    run's estimate reads them against its last full evaluation."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(65, (12, 8), generator=g), torch.randint(65, (12, 8), generator=g)
     val = ValidationSet.__new__(ValidationSet)  # the real share and batch, over these windows
@@ -332,10 +351,12 @@ def _paired_sums_on_a_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_paired_sums_on_two_processes_are_one_process_s(tmp_path):
-    """Under DDP or FSDP each process pairs its own windows with its own reference, and the six sums (losses,
-    targets, windows, squares, changes, their squares) are all-reduced: two gloo processes give what one process
-    reading every window gives, up to float64 rounding in another order (1e-12). Fails where the changes are left
-    out of the all-reduce."""
+    """Paired sums on two processes are one process's.
+
+    Under DDP or FSDP each process pairs its own windows with its own reference, and the six sums (losses, targets,
+    windows, squares, changes, their squares) are all-reduced: two gloo processes give what one process reading every
+    window gives, up to float64 rounding in another order (1e-12). Fails where the changes are left out of the
+    all-reduce."""
     out = tmp_path / "sums.pt"
     mp.start_processes(_paired_sums_on_a_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="spawn")
     one = astuple(_paired_sums(0, 1))[:6]
@@ -345,10 +366,12 @@ def test_paired_sums_on_two_processes_are_one_process_s(tmp_path):
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_data, monkeypatch):
-    """The first step compiles; with CUDA graphs (torch.compile's "reduce-overhead") the second records them, and
-    both are start-up, each timed on its own, not training seconds. On a clock of the steps' own making (10 s, 5 s,
-    then 1 s each, the evaluations taking none): without CUDA graphs only the first step is start-up (the steady
-    step the mean of the other five, 1.8 s); with them the first two are, and every later step is 1 s of training."""
+    """Recording the CUDA graphs is start-up, not training, as is the first step's compilation.
+
+    The first step compiles; with CUDA graphs (torch.compile's "reduce-overhead") the second records them, and both are
+    start-up, each timed on its own, not training seconds. On a clock of the steps' own making (10 s, 5 s, then 1 s
+    each, the evaluations taking none): without CUDA graphs only the first step is start-up (the steady step the mean of
+    the other five, 1.8 s); with them the first two are, and every later step is 1 s of training."""
     monkeypatch.setattr(RunChoices, "cuda_graphs", property(lambda self: cuda_graphs))
     now = [0.0]
     monkeypatch.setattr(time_to_loss, "time", SimpleNamespace(perf_counter=lambda: now[0]))
@@ -413,9 +436,11 @@ def test_time_to_target_is_interpolated_between_the_evaluations_around_it():
 
 
 def test_the_crossing_weights_seconds_and_tokens_by_the_loss_fraction():
-    """A quarter of the way from the evaluation before (tokens 100, 1 s, loss 3.0) to the one at the crossing
-    (tokens 200, 5 s, loss 2.0): seconds not proportional to tokens (a slow stretch), so seconds and tokens each
-    need the weight f = (3.0 - 2.75) / (3.0 - 2.0) = 1/4 from the evaluation before (1 - f would give 175, 4 s)."""
+    """The crossing weights both seconds and tokens by the loss fraction from the evaluation before.
+
+    A quarter of the way from the evaluation before (tokens 100, 1 s, loss 3.0) to the one at the crossing (tokens 200,
+    5 s, loss 2.0): seconds not proportional to tokens (a slow stretch), so seconds and tokens each need the weight f =
+    (3.0 - 2.75) / (3.0 - 2.0) = 1/4 from the evaluation before (1 - f would give 175, 4 s)."""
     c = [
         {"step": 10 * i, "tokens": 100 * i, "seconds": s, "val_loss": v}
         for i, (s, v) in enumerate([(0.0, 4.0), (1.0, 3.0), (5.0, 2.0)])
@@ -425,8 +450,10 @@ def test_the_crossing_weights_seconds_and_tokens_by_the_loss_fraction():
 
 
 def test_the_target_is_interpolated_where_80_percent_falls_between_evaluations():
-    """Four intervals of 100 tokens: 80% of 400 is 320 tokens, a fifth of the way from the evaluation at 300
-    (loss 2.0) to the one at 400 (loss 1.5): 1.9, which no evaluation holds."""
+    """The target is interpolated where 80% of the budget falls between evaluations.
+
+    Four intervals of 100 tokens: 80% of 400 is 320 tokens, a fifth of the way from the evaluation at 300 (loss 2.0) to
+    the one at 400 (loss 1.5): 1.9, which no evaluation holds."""
     assert target_from({"metrics": {"curve": curve(4.0, 3.0, 2.5, 2.0, 1.5)}}) == pytest.approx(1.9)
 
 
@@ -457,8 +484,10 @@ def test_changes_convergence_beyond_the_seed_spread_either_way(final, changed):
 
 @pytest.fixture(scope="module")
 def smoke_runs(char_data):
-    """The baseline with 3 seeds, stages that keep the mathematics (speed_3's DataLoader workers and pinned
-    memory, at the baseline's batch) and break it (the learning rate x100), trained to the smoke budget."""
+    """The baseline with 3 seeds and stages that keep or break the mathematics, trained to the smoke budget.
+
+    The stage that keeps it: speed_3's DataLoader workers and pinned memory, at the baseline's batch; the one that
+    breaks it: the learning rate x100."""
     base = smoke_to_a_loss(char_data)
     runs = {"speed_0_baseline": time_to_loss.run(base)}
     target = target_from(runs["speed_0_baseline"])
@@ -508,8 +537,9 @@ def test_the_mark_fires_on_a_broken_stage_and_not_on_one_that_keeps_the_maths(sm
 
 
 def test_the_report_reads_the_runs(smoke_runs, tmp_path):
-    """The section from real records: the target, the seeds' spread, the mark on the broken run (in speed_1's
-    place), the speed ladder's plot."""
+    """The section from real records: the target, the seeds' spread, the mark on the broken run, the ladder's plot.
+
+    The broken run stands in speed_1's place; the plot is the speed ladder's."""
     folder = tmp_path / "time_to_loss"
     folder.mkdir()
     for name, stage in (("speed_0_baseline", "speed_0_baseline"), ("lr x100", "speed_1_batch_size")):
@@ -549,8 +579,10 @@ def write_loss_records(tmp_path, *records):
 
 
 def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_target(tmp_path):
-    """No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how
-    much sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
+    """The summary says in one sentence why per-sample gains do not reach the target.
+
+    No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how much
+    sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
     from gpt.report.summary import loss_caveat, loss_sentence
 
     runs = write_loss_records(
@@ -575,7 +607,9 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
 
 
 def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):
-    """fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
+    """A stage with no effect only when trained to a loss says why, beside its timed gain.
+
+    fast_6's chunked loss: a gain in the timed ladder (large vocabulary), no effect at the time-to-loss shape (65
     characters): the section says so with both models' shapes; a stage with no effect in both gets no line."""
     from gpt.report.time_to_loss import no_effect_findings
 
@@ -612,8 +646,10 @@ def test_a_finding_when_the_gain_per_sample_does_not_carry_over(tmp_path):
 
 
 def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path):
-    """DDP at the same rate with half the steps per token ends beyond the seeds' spread: a line says why; a stage
-    at its parent's rate and loss (speed_5 after a same-loss speed_4) gets none."""
+    """A changed convergence without a gain per sample gets a finding that says why.
+
+    DDP at the same rate with half the steps per token ends beyond the seeds' spread: a line says why; a stage at its
+    parent's rate and loss (speed_5 after a same-loss speed_4) gets none."""
     base = (4.0, 3.0, 2.5, 2.2, 2.0)
     runs = write_loss_records(
         tmp_path,
@@ -632,10 +668,12 @@ def test_a_finding_for_a_changed_convergence_without_a_gain_per_sample(tmp_path)
 
 
 def test_stages_after_a_changed_model_are_timed_to_that_model(tmp_path):
-    """After speed_1's batch x8 (marked) no stage reaches the baseline's target, but the stages that keep speed_1's
-    model are timed to its loss at 80% of the budget: a column and one finding (the last fast stage against speed_1
-    and against speed_5_amp, where the fast ladder starts, and the baseline, whose curve passes that loss too);
-    speed_6, which changes the model again, keeps none."""
+    """Stages after a changed model are timed to that model's loss.
+
+    After speed_1's batch x8 (marked) no stage reaches the baseline's target, but the stages that keep speed_1's model
+    are timed to its loss at 80% of the budget: a column and one finding (the last fast stage against speed_1 and
+    against speed_5_amp, where the fast ladder starts, and the baseline, whose curve passes that loss too); speed_6,
+    which changes the model again, keeps none."""
     base, batch96 = (4.0, 3.0, 2.5, 2.2, 2.0, 1.9), (4.0, 3.5, 3.2, 3.0, 2.9, 2.8)
     records = [
         ("speed_0_baseline", 100.0, 80, base),
@@ -797,8 +835,10 @@ def test_memory_stages_are_not_trained_to_a_loss(char_data):
 
 
 def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_target(tmp_path, monkeypatch):
-    """The fifth section's order: speed_0 with three seeds, the target from its curve, then the other speed and
-    fast stages with it; each job's record in <out>/time_to_loss/, each command the stage script's own."""
+    """run_all trains the baseline's seeds first, then every stage with the target from them.
+
+    The fifth section's order: speed_0 with three seeds, the target from its curve, then the other speed and fast stages
+    with it; each job's record in <out>/time_to_loss/, each command the stage script's own."""
     from gpt import run_all
     from gpt.ladder import stages_of
 
@@ -863,8 +903,10 @@ def test_run_all_trains_the_baseline_seeds_first_then_every_stage_with_its_targe
 
 
 def test_the_process_age_is_read_from_the_os(tmp_path):
-    """gpt/clocks.py:process_age_s: a child process that sleeps half a second before asking is at least that old,
-    and not much older; where the OS does not say (no /proc), None."""
+    """gpt/clocks.py:process_age_s reads a process's age from the OS.
+
+    A child process that sleeps half a second before asking is at least that old, and not much older; where the OS does
+    not say (no /proc), None."""
     from gpt import clocks
 
     code = "import time; time.sleep(0.5); from gpt.clocks import process_age_s; print(process_age_s())"
@@ -882,9 +924,11 @@ def test_the_process_age_is_read_from_the_os(tmp_path):
 
 
 def test_a_run_to_a_loss_splits_its_wall_clock(char_data, monkeypatch):
-    """The record gives the process's own split of its wall clock: before the set-up (imports, arguments), the set-up
-    (data, model, run-time measurements, optimizer), the start-up, training and evaluations, and the whole, each
-    within the next; and the minor page faults of the steady training steps, per step."""
+    """The record of a run to a loss gives the process's own split of its wall clock.
+
+    Before the set-up (imports, arguments), the set-up (data, model, run-time measurements, optimizer), the start-up,
+    training and evaluations, and the whole, each within the next; and the minor page faults of the steady training
+    steps, per step."""
     cfg = smoke_to_a_loss(char_data)
     m = time_to_loss.run(
         TrainConfig.from_dict(

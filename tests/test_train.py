@@ -48,9 +48,10 @@ def test_short_cpu_run_lowers_the_loss_and_returns_a_valid_record(char_data):
 
 
 def test_cpu_memory_step_is_the_last_warm_up_step_when_there_are_two(char_data, monkeypatch):
-    """With two warm-up steps the second is the CPU's memory step (no extra step after timing), and it
-    measures what an extra step after timing measures: the same breakdown; the steps taken are one fewer,
-    and the training itself (losses) is unchanged."""
+    """With two warm-up steps the second is the CPU's memory step, with no extra step after timing.
+
+    It measures what an extra step after timing measures: the same breakdown; the steps taken are one fewer, and the
+    training itself (losses) is unchanged."""
     steps = []
     step = train.train_step
     monkeypatch.setattr(train, "train_step", lambda *a: steps.append(1) or step(*a))
@@ -87,10 +88,12 @@ H100_GRAPH_REPLAY = {
 
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_not_see(cuda_graphs, monkeypatch):
-    """The CUDA memory step is traced by the caching allocator's history; a CUDA-graph replay runs in the graphs'
-    private pool without asking the allocator, so the trace holds neither activations nor gradients. Such a stage
-    records no breakdown and no curve (null) rather than that one (d44d90b recorded it); its snapshot is kept, and
-    an eager stage's breakdown is unchanged."""
+    """A CUDA-graph stage records no memory breakdown, as its replay runs unseen by the allocator.
+
+    The CUDA memory step is traced by the caching allocator's history; a CUDA-graph replay runs in the graphs' private
+    pool without asking the allocator, so the trace holds neither activations nor gradients. Such a stage records no
+    breakdown and no curve (null) rather than that one (d44d90b recorded it); its snapshot is kept, and an eager stage's
+    breakdown is unchanged."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(protocol, "cuda_step_memory", lambda *a: {**H100_GRAPH_REPLAY})
@@ -113,9 +116,11 @@ def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_n
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
 def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data):
-    """The memory step (here the last warm-up step) runs under MemTracker's dispatch mode, which dynamo cannot
-    trace; without care dynamo marks the model's frame "skip" there and every timed step after it runs eager,
-    silently (no recompilation). The profiled step after timing must still run the compiled graphs."""
+    """A compiled model stays compiled after the memory step.
+
+    The memory step (here the last warm-up step) runs under MemTracker's dispatch mode, which dynamo cannot trace;
+    without care dynamo marks the model's frame "skip" there and every timed step after it runs eager, silently (no
+    recompilation). The profiled step after timing must still run the compiled graphs."""
     cfg = dict(warmup_iters=2, samples=16, repeats=1, profile_steps=1)
     record = protocol.run(tiny_config(char_data, compile=True, **cfg))
     assert record["metrics"]["memory_breakdown_mib"]["total"] > 0  # the tracked warm-up step happened
@@ -132,10 +137,11 @@ def test_cpu_training_is_deterministic(char_data):
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
 def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkeypatch):
-    """The CUDA path of the step loop (compile mode "reduce-overhead": a cudagraph_mark_step_begin before
-    every step, the loss cloned out of the graph's memory) forced on the CPU, where reduce-overhead compiles
-    without CUDA graphs. Every step marks its beginning; the losses are those of eager training within
-    test_compile_matches_eager's tolerance."""
+    """The step loop's CUDA-graph bookkeeping runs on the CPU and trains as eager training does.
+
+    The CUDA path of the step loop (compile mode "reduce-overhead": a cudagraph_mark_step_begin before every step, the
+    loss cloned out of the graph's memory) forced on the CPU, where reduce-overhead compiles without CUDA graphs. Every
+    step marks its beginning; the losses are those of eager training within test_compile_matches_eager's tolerance."""
     marks = []
     mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())

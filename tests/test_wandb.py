@@ -1,5 +1,6 @@
-"""W&B logging of a stage record: an offline run holds the config, the per-step curves and the summary;
-a W&B failure is one warning line, never an exception. Offline, no network, a few seconds."""
+"""W&B logging of a stage record: an offline run holds the config, the per-step curves and the summary.
+
+A W&B failure is one warning line, never an exception. Offline, no network, a few seconds."""
 
 import json
 import struct
@@ -11,8 +12,10 @@ from gpt import wandb_log
 
 
 def read_offline_run(run_file):
-    """The records of an offline run's .wandb file (W&B's append-only log: a 7-byte header, then
-    LevelDB-style 32 KiB blocks of chunks, each with a 7-byte header: crc32, length, type)."""
+    """The records of an offline run's .wandb file.
+
+    W&B's append-only log: a 7-byte header, then LevelDB-style 32 KiB blocks of chunks, each with a 7-byte header:
+    crc32, length, type."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data, block, pos, chunks, records = run_file.read_bytes(), 32768, 7, b"", []
@@ -132,8 +135,10 @@ def logged_curve(record: dict, wandb_dir) -> list[dict]:
 
 
 def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
-    """A curve point of a Muon stage holds AdamW's learning rate as `lr` and Muon's as `muon_lr`: W&B gets both, each
-    under its own name (curve/lr the same in every stage), and no Muon rate where the point has none."""
+    """A Muon stage's curve logs AdamW's learning rate as `lr` and Muon's as `muon_lr` beside it.
+
+    W&B gets both from a curve point, each under its own name (curve/lr the same in every stage), and no Muon rate where
+    the point has none."""
     points = [
         {"step": 0, "tokens": 0, "seconds": 0.0, "train_loss": None, "val_loss": 4.0, "lr": None, "muon_lr": None},
         {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3, "muon_lr": 0.03},
@@ -149,8 +154,10 @@ def test_a_muon_curve_logs_adamws_learning_rate_and_muons_beside_it(wandb_dir):
 
 
 def test_a_curve_logs_the_wall_clock_beside_the_training_seconds(wandb_dir):
-    """Each evaluation's process wall clock (`wall_s`) is W&B's curve/wall_seconds, so a speedrun panel switches its
-    x-axis between training seconds and the wall clock a user waits; a point without it (an older record) logs none."""
+    """A curve logs each evaluation's process wall clock beside the training seconds.
+
+    The process wall clock (`wall_s`) is W&B's curve/wall_seconds, so a speedrun panel switches its x-axis between
+    training seconds and the wall clock a user waits; a point without it (an older record) logs none."""
     points = [
         {"step": 0, "tokens": 0, "seconds": 0.0, "wall_s": 12.5, "train_loss": None, "val_loss": 4.0, "lr": None},
         {"step": 2, "tokens": 256, "seconds": 1.0, "train_loss": 3.9, "val_loss": 3.8, "lr": 1e-3},
