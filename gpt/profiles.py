@@ -5,8 +5,7 @@
 - cpu: sized so the four ladders finish in under half an hour on 2 CPU cores. Default without CUDA.
   The speed ladder reads GPT-2 BPE tokens, batch 8 (64 from speed_1 on): 128 samples per repeat, the
   fewest that speed_6's two ranks of 64 can share. The memory ladder's repeat is 24 samples: two steps of 12
-  (one per rank under FSDP). With batch 16, 256 and 48 samples the four ladders took 47 minutes on a 2-core
-  AMD EPYC VM. The memory ladder reads the reference's kind of data (characters,
+  (one per rank under FSDP). The memory ladder reads the reference's kind of data (characters,
   block 128) and keeps GPT-2-large's depth (36 layers) at a quarter of its width (320, five 64-wide heads as
   in GPT-2), batch 12. The shape is chosen so that the same things make each stage's peak as on the H100
   (`python -m gpt.memory estimate --profile cpu --target cpu` checks a shape in seconds): activations at the

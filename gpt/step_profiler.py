@@ -5,9 +5,9 @@ Perfetto; the time breakdown is computed from the trace's events.
 
 Phases. `region(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
 "ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
-profiler runs: entering and leaving a record_function costs about 5 us even with no profiler (a dispatcher
-call and an object), the check 0.2 us (measured on the 2-core machine this was written on), so the timed
-repeats pay nothing measurable for the labels.
+profiler runs: entering and leaving a record_function costs a dispatcher call and an object even with no
+profiler, the check far less (docs/design.md, "The figures behind the rules"), so the timed repeats pay nothing
+measurable for the labels.
 
 Breakdown. Every instant of the profiled steps' wall time goes to exactly one category, so the shares add up
 to 100% (`attribute`, pure interval arithmetic):

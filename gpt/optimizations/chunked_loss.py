@@ -19,13 +19,13 @@ All three give the loss and gradients of the full loss up to float summation ord
 - Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
 - the head's weight gradient: liger accumulates it in fp32 (accum_dtype); Cut Cross-Entropy adds its blocks'
   input and weight gradients into buffers of the input's dtype (cut-cross-entropy 25.1.1, cce_backward.py: no
-  fp32 option), so in bf16: on an H100 (torch 2.11, 2048 rows x 768 -> 50304) its gradients were 1.7e-2 of the
-  largest entry from fp32's, against 4.6e-3 for the bf16 full loss (tests/test_gpu.py); torch adds each chunk's weight
+  fp32 option), so in bf16 its gradients are further from fp32's than the bf16 full loss's (measured on an H100:
+  tests/test_gpu.py); torch adds each chunk's weight
   gradient into a buffer of the input's dtype, bf16 under bf16 autocast, with its default policy on CUDA
   ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
-  gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks: at fast_6's
-  reference shape (128 chunks), 2.6e-2 of the largest entry against 3.4e-3 for the bf16 full loss, on a CPU
-  (tests/optimizations/test_chunked_loss.py:test_bf16_chunked_weight_gradient_at_the_stages_shape).
+  gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks, measured at
+  fast_6's reference shape (128 chunks) by
+  tests/optimizations/test_chunked_loss.py:test_bf16_chunked_weight_gradient_at_the_stages_shape.
 Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
 
 Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS
@@ -178,8 +178,8 @@ def triton_library_loss(
     """liger's or Cut Cross-Entropy's kernels, run as the library ships them, outside torch.compile.
 
     A compiled model's graph breaks here: on torch 2.11 Dynamo could not trace liger's autograd function (fake tensors
-    fail on its torch.addmm(out_dtype=..., out=...); fast_6 died before its first step on an H100), and Inductor has
-    nothing to add to a library's own Triton kernels."""
+    fail on its torch.addmm(out_dtype=..., out=...)), and Inductor has nothing to add to a library's own Triton
+    kernels."""
     if impl == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
