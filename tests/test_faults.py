@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from record_schema import record_problems
 from test_report import fake_record, running, stub_stages  # noqa: F401 (stub_stages is a fixture)
 
 from gpt import run_all, supervision
 from gpt.ladder import STAGES_DIR, all_stages, stages_of, timed_ladders
-from gpt.records import record_problems
 from gpt.run_all import stage_command as real_stage_command
 
 HOOKS = REPO / "tests" / "stage_hooks"  # holds sitecustomize.py

@@ -21,6 +21,7 @@ from dataclasses import fields
 import pytest
 import torch
 from equivalence import max_diff, tiny_config
+from record_schema import record_problems
 from test_checkpointing import with_pytorchs_early_stop
 from test_chunked_loss import BF16_CHUNKED_WEIGHT_GRAD
 from test_muon import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
@@ -41,7 +42,7 @@ from gpt.optimizations import chunked_loss
 from gpt.optimizations.feeding import make_loader, to_device
 from gpt.optimizations.precision import mixed_precision
 from gpt.peak_memory import traced_memory
-from gpt.records import read_record, record_path, record_problems, write_record
+from gpt.records import read_record, record_path, write_record
 from gpt.report.document import write_report
 
 pytestmark = pytest.mark.gpu

@@ -14,10 +14,10 @@ import uuid
 import pytest
 import torch
 from conftest import REPO, free_port
+from record_schema import record_problems
 from test_faults import assert_nothing_left, marked_env, run_marked
 
 from gpt.ladder import STAGES_DIR, parent_of, stage_config
-from gpt.records import record_problems
 
 # "The same parameters", made precise. Both runs take the same 4 optimizer steps on the same samples, with
 # dropout 0 (ranks cannot draw the masks one process draws). FSDP (float32): the gradients are the same sums

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from record_schema import record_problems
 
 from gpt import run_all
 from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
-from gpt.records import record_path, record_problems, write_record
+from gpt.records import record_path, write_record
 from gpt.report.document import write_report
 
 PNG = b"\x89PNG"

@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 from conftest import REPO
+from record_schema import record_problems
 from test_train import tiny_config
 
 from gpt import protocol, step_profiler, train
-from gpt.records import record_problems
 from gpt.step_profiler import attribute, breakdown, intersect, length, subtract, union
 
 # ---------------------------------------------------------------------------------------------------------

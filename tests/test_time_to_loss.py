@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import REPO, free_port
 from equivalence import tiny_config
+from record_schema import record_problems
 
 from gpt import evaluation, optimizations, time_to_loss, train
 from gpt.choices import RunChoices
@@ -31,7 +32,6 @@ from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_s
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.profiles import profile_settings
-from gpt.records import record_problems
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.stage import parse_args, to_a_loss_overrides
 from gpt.train import learning_rate

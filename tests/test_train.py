@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from record_schema import record_problems
 
 from gpt import choices, protocol, train
 from gpt.config import TrainConfig
 from gpt.optimizations import compilation
-from gpt.records import record_problems
 
 TINY = dict(
     preset="gpt-mini",
