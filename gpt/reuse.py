@@ -6,15 +6,24 @@ along speed_0's run (a property of the recipe and the data: `python -m gpt.noise
 are the machine's, are measured afresh every time). On 2 CPU cores they are minutes of every run (docs/running.md),
 spent reproducing the figures already committed in records/.
 
-So a record of either carries its provenance: the SHA-256 of every source file of this repository that its process had
+So a record of either carries its provenance: a hash of every source file of this repository that its process had
 imported (the stage scripts with them), the torch version, the data it read and its arguments (`key`). run_all reuses
 the committed record (records/<profile>-<device>/) when the same files hash the same now and the rest matches, and
-says so in its output and in results.md; `./run_all.sh --fresh` computes everything anew. A change that could alter the
-result edits one of those files (a new import is an edit too), so a stale record is never reused.
+says so in its output and in results.md; `./run_all.sh --fresh` computes everything anew.
+
+What is hashed is what runs: a Python file's syntax tree without its docstrings (`HASH_RULE`), so a reworded
+docstring, a comment or a reformatting leaves the record reusable, while any change to the code (a constant, a new
+import, a renamed variable) changes the hash, so a stale record is never reused. Docstrings may be left out because
+none of these records holds one: their figures come from the code, and a stage's docstring is read only as its
+description (gpt/ladder.py). A provenance names its rule (`hash`); one hashed by another rule (or by bytes, before
+the rule had a name) is simply recomputed. A Python whose parser reads the same code into another tree would likewise
+recompute, never mistake, a record: the tree is written without the empty fields a newer Python adds.
 """
 
+import ast
 import hashlib
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +33,7 @@ from gpt.data import REPO_ROOT
 from gpt.devices import cpu_model
 from gpt.records import environment, read_record, write_record
 
+HASH_RULE = "ast-without-docstrings-v1"  # what `code_digest` keeps of a file; a new rule, a new name
 STAGES = "stages"  # read or loaded from their files (gpt/ladder.py), never in sys.modules: hashed whole
 
 
@@ -38,14 +48,56 @@ def source_files() -> list[str]:
     )
 
 
-def files_sha256(paths: list[str]) -> str | None:
-    """One hash over the files' names and contents (None: one of them is gone)."""
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    """The tree with the docstring of its module, classes and functions removed (comments are never in it)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if ast.get_docstring(node, clean=False) is not None:
+                node.body = node.body[1:]
+    return tree
+
+
+def _dump(node) -> str:
+    """ast.dump's form of a tree, less fields that are None or empty: those a newer Python adds (3.12's type_params)."""
+    if isinstance(node, ast.AST):
+        fields = (
+            f"{name}={_dump(value)}" for name, value in ast.iter_fields(node) if value is not None and value != []
+        )
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return f"[{', '.join(map(_dump, node))}]"
+    return repr(node)
+
+
+def code_digest(path: str, data: bytes) -> bytes | None:
+    """What of one file's contents counts (`HASH_RULE`): a Python file's code, another file's bytes.
+
+    None: Python that does not parse, which no process could have run."""
+    if not path.endswith(".py"):
+        return b"bytes\0" + data
+    try:
+        return b"ast\0" + _dump(_without_docstrings(ast.parse(data))).encode()
+    except (SyntaxError, ValueError):  # ValueError: a null byte
+        return None
+
+
+def _read_file(rel: str) -> bytes | None:
+    """The file at `rel` from the repository's root as it is now; None if it is gone."""
+    path = REPO_ROOT / rel
+    return path.read_bytes() if path.is_file() else None
+
+
+def files_sha256(paths: list[str], read: Callable[[str], bytes | None] = _read_file) -> str | None:
+    """One hash over the files' names and `code_digest`s (None: one of them is gone or does not parse).
+
+    `read`: a file's contents by its path, as they are now unless given (a migration reads them at a commit)."""
     h = hashlib.sha256()
     for rel in paths:
-        path = REPO_ROOT / rel
-        if not path.is_file():
+        data = read(rel)
+        digest = None if data is None else code_digest(rel, data)
+        if digest is None:
             return None
-        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(rel.encode() + b"\0" + digest + b"\0")
     return h.hexdigest()
 
 
@@ -59,6 +111,7 @@ def provenance(key: dict, machine: str | None = None) -> dict:
         "key": key,
         "torch": torch.__version__,
         "files": files,
+        "hash": HASH_RULE,
         "sha256": files_sha256(files),
         "git_commit": env["git_commit"],
         "computed": env["time"],
@@ -67,12 +120,13 @@ def provenance(key: dict, machine: str | None = None) -> dict:
 
 
 def still_valid(record: dict | None, key: dict) -> bool:
-    """The record was computed from the same code (the files it recorded, as they are now), torch and key."""
+    """The record was computed from the same code (its files as they are now, by `HASH_RULE`), torch and key."""
     prov = (record or {}).get("provenance")
     return (
         bool(prov)
         and prov.get("key") == key
         and prov.get("torch") == torch.__version__
+        and prov.get("hash") == HASH_RULE
         and prov.get("sha256") is not None
         and files_sha256(prov.get("files", [])) == prov["sha256"]
     )
