@@ -14,10 +14,10 @@ import torch
 
 from gpt.config import TrainConfig
 from gpt.optimizations import parallel
-from gpt.optimizations.chunked_loss import implementation_of, loss_used
+from gpt.optimizations.chunked_loss import implementation_of, loss_how, loss_used
 from gpt.optimizations.compilation import compile_choice, uses_cuda_graphs
 from gpt.optimizations.feeding import non_blocking
-from gpt.optimizations.fused_attention import attention_used
+from gpt.optimizations.fused_attention import attention_how, attention_used
 from gpt.optimizations.precision import MixedPrecision
 from gpt.peak_memory import memory_method
 
@@ -36,7 +36,7 @@ class RunChoices:
     memory_method: str
     loss_impl: str | None
     host_allocator: str | None  # what the C allocator does with freed blocks, where a CPU run changed it
-    model: dict  # attention, attention_why, loss, loss_why: model_choices()
+    model: dict  # attention, attention_why, attention_how, loss, loss_why, loss_how: model_choices()
 
     @property
     def cuda_graphs(self) -> bool:
@@ -92,10 +92,14 @@ def resolve(
 
 
 def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
-    """The attention and the loss the model computes with, and why where it is not what the config asks for."""
+    """The attention and the loss the model computes with, why where not as asked, and how each was chosen.
+
+    How: "measured", "rule: ..." (under CUDA graphs), None where the config's runs unchosen."""
     return {
         "attention": model_config.attention,
         "attention_why": attention_used(cfg, device.type)[1],
+        "attention_how": attention_how(cfg, device.type),
         "loss": model_config.loss,
         "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1],
+        "loss_how": loss_how(cfg, device.type),
     }

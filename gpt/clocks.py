@@ -39,6 +39,11 @@ class StepClock:
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
+def beyond_steady(startup_steps_s: list[float], steady_s: float) -> list[float]:
+    """What each start-up step took beyond a steady step, never below 0: its start-up (compile_s, startup_s)."""
+    return [max(0.0, s - steady_s) for s in startup_steps_s]
+
+
 class FeedClock:
     """What feeding the device costs per step: the wait for the DataLoader's next batch and the host-to-device copy.
 

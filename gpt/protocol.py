@@ -3,8 +3,8 @@
 See README: "How the figures are measured". `measure` is the protocol, phase by phase:
 
     prepare         the data, the model with the stage's optimizations, its optimizer and precision, and the step
-    warm_up         `warmup_iters` steps; the first one (compilation) timed on its own; on the CPU the last one
-                    is the memory step
+    warm_up         `warmup_iters` steps; the start-up ones (compilation, CUDA graphs' recording) timed on their own; on
+                    the CPU the last one is the memory step
     timed_repeats   `repeats` x "train on N samples" between two device synchronisations: the timed figures
     profile_steps   a few more steps under torch.profiler: where the time goes (gpt/step_profiler.py)
     memory_step     one instrumented step, unless a warm-up step was it (gpt/peak_memory.py)
@@ -25,11 +25,12 @@ import torch
 import torch.distributed as dist
 
 from gpt import distributed, train  # train.build_model, train.train_step: tests instrument them there
-from gpt.clocks import FeedClock, StepClock
+from gpt.clocks import FeedClock, StepClock, beyond_steady
 from gpt.config import TrainConfig
 from gpt.devices import device_name, resolve_device, synchronize
 from gpt.flops import fastest_peak_flops, mfu, peak_flops
 from gpt.optimizations import parallel
+from gpt.optimizations.compilation import startup_steps
 from gpt.peak_memory import cpu_step_memory, cuda_peaks_mib, cuda_step_memory, release_cuda_cache, reset_cuda_peak
 from gpt.records import SCHEMA_VERSION, environment
 from gpt.step_profiler import extra_steps, profile_steps
@@ -86,6 +87,7 @@ def prepare(cfg: TrainConfig, device: torch.device, label: str, memory_in_warmup
 class WarmUp:
     seconds: float
     first_step_s: float | None = None  # includes torch.compile's compilation
+    startup_steps_s: list[float] = field(default_factory=list)  # the start-up steps' seconds, each timed on its own
     first_loss: float | None = None
     compile_cache: str | None = None  # compile_cache_state after the first step
     memory: dict = field(default_factory=dict)  # the CPU's memory step, when it was the last warm-up step
@@ -94,26 +96,31 @@ class WarmUp:
 
 
 def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
-    """`warmup_iters` steps: compilation and DataLoader worker start-up happen here.
+    """`warmup_iters` steps: compilation, CUDA graphs' recording and DataLoader worker start-up happen here.
 
-    The first step is timed on its own (compile_s is it minus a steady step); then the allocator's cache
-    is released, so that the reserved figure describes training, not what compilation and autotuning
-    cached. On the CPU the last warm-up step, when it is not the first (whose optimizer state is only
-    born in its update), is the memory step: one step fewer per stage than an extra one after timing."""
+    The start-up steps (gpt/optimizations/compilation.py:startup_steps: the first, and under CUDA graphs the next two)
+    are timed each on its own: compile_s is what they took beyond a steady step. After the first, the allocator's cache
+    is released, so that the reserved figure describes training, not what compilation and autotuning cached. On the
+    CPU the last warm-up step, when it is not the first (whose optimizer state is only born in its update), is the
+    memory step: one step fewer per stage than an extra one after timing."""
     cfg, device = trainer.cfg, trainer.device
     trainer.model.train()
     forget_compilations()
     synchronize(device)
     t0 = time.perf_counter()
     warm = WarmUp(seconds=0.0)
+    startup = min(startup_steps(trainer.step.cuda_graphs), cfg.warmup_iters - memory_in_warmup)
     for i in range(cfg.warmup_iters):
         if memory_in_warmup and i == cfg.warmup_iters - 1:
             warm.memory = cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
             continue
+        step_t0 = time.perf_counter()  # after the previous start-up step's synchronisation
         loss = trainer.step()
-        if i == 0:
+        if i < startup:
             synchronize(device)
-            warm.first_step_s, warm.first_loss = time.perf_counter() - t0, loss.item()
+            warm.startup_steps_s.append(time.perf_counter() - step_t0)
+        if i == 0:
+            warm.first_step_s, warm.first_loss = warm.startup_steps_s[0], loss.item()
             warm.compile_cache = compile_cache_state() if trainer.choices.compile_mode else None
             release_cuda_cache(device)
             reset_cuda_peak(device)  # warm.cuda_peaks: the steps after compilation's own transients
@@ -302,9 +309,9 @@ def time_metrics(trainer: train.Trainer, warm: WarmUp, timed: Timed) -> dict:
         "step_times_s": timed.step_s,
         "first_step_s": warm.first_step_s,
         "warmup_s": warm.seconds,
-        # compilation happens in the first step; what it adds over a steady step is its cost
-        "compile_s": (warm.first_step_s - steady)
-        if trainer.choices.compile_mode and warm.first_step_s is not None
+        # compilation happens in the first step, CUDA graphs' recording in the next: what they add is its cost
+        "compile_s": sum(beyond_steady(warm.startup_steps_s, steady))
+        if trainer.choices.compile_mode and warm.startup_steps_s
         else None,
         "compile_cache": warm.compile_cache,
         "data_wait_pct": 100 * sum(timed.waits) / sum(timed.repeat_s),

@@ -321,7 +321,7 @@ def print_summary(record: dict, out: Path) -> None:
     )
     if m.get("compile_s") is not None:
         cache = f", {m['compile_cache']} compile cache" if m.get("compile_cache") else ""
-        print(f"  compilation: {m['compile_s']:.1f} s (first step minus a steady step{cache})")
+        print(f"  compilation: {m['compile_s']:.1f} s (start-up steps beyond steady ones{cache})")
     mfu = f"{m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "n/a"
     print(
         f"  peak memory {m['peak_memory_mib']:,.1f} MiB ({ch['memory_method']}), "

@@ -17,8 +17,8 @@ evaluation only: no `.item()` and no synchronisation between two of them.
         TowardTarget); `estimates` counts those
         points, `windows_evaluated` the windows read in all
     startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
-        the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the second (the
-        graphs' recording), each timed on its own
+        the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the next two (the
+        graphs' recording, their first replay), each timed on its own (gpt/optimizations/compilation.py:startup_steps)
     target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
     the process's wall clock, split (each None where the OS does not give the process's start, gpt/clocks.py):
         import_setup_s (the process's start to the training's set-up: imports, arguments, the process group),
@@ -33,13 +33,14 @@ import torch
 import torch.distributed as dist
 
 from gpt import distributed, train
-from gpt.clocks import minor_page_faults, process_age_s
+from gpt.clocks import beyond_steady, minor_page_faults, process_age_s
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
 from gpt.evaluation import TowardTarget, ValidationSet, WindowSums, train_and_evaluate, validation_loss, window_sums
 from gpt.loss_curve import crossing
 from gpt.optimizations import parallel
+from gpt.optimizations.compilation import startup_steps as startup_steps_of
 from gpt.optimizations.muon import learning_rates
 from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
@@ -85,8 +86,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     losses: list[torch.Tensor] = []
     curve, eval_s, startup_steps, cache = [], 0.0, [], None
     faults = [0, 0]  # minor page faults during the steady training steps, and those steps
-    # cudagraph trees run a compiled graph once unrecorded (the first step), then record it (the second step)
-    startup_count = 2 if trainer.step.cuda_graphs else 1
+    startup_count = startup_steps_of(trainer.step.cuda_graphs)  # compiling; under CUDA graphs their recording
     evaluation = evaluation_of(trainer, val, cfg)
 
     def evaluate() -> bool:
@@ -213,7 +213,7 @@ def budget_metrics(
     mean of the others; with no other, the fastest of them) is start-up."""
     n = len(startup_steps)
     steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps, default=0.0)
-    extra = [max(0.0, s - steady_s) for s in startup_steps]
+    extra = beyond_steady(startup_steps, steady_s)
     startup_s = sum(extra)
     for point in curve:  # the start-up of the steps done by then: a point between two start-up steps has one's only
         point["seconds"] = max(0.0, point["seconds"] - sum(extra[: point["step"]])) if point["step"] else 0.0

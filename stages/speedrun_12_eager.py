@@ -7,8 +7,8 @@ What held the parent back is not its steps but what comes before them. On a firs
 2-core EPYC, speedrun_11 spent 25 s compiling and 15 s timing compiled attentions and losses to choose between them,
 then 3.6 s training: its compiled steps were 1.17x faster than eager ones, so they saved about 0.6 s of the 40 s
 they cost. Compiling pays on this CPU only after about 3,000 steps (docs/design.md, "The figures behind the rules");
-the speedrun trains 54. A GPU keeps compiling: there a CUDA graph removes the launch overhead that dominates a small
-model's eager step. Code: gpt/optimizations/compilation.py:compile_skipped.
+the speedrun trains 54. On a GPU, by a rule from the committed speed_4 records, only after about 2,000: the reference
+profile's ~70 steps stay eager too. Code: gpt/optimizations/compilation.py:compile_skipped.
 """
 
 REFERENCE = {}  # no anchor: judged against speed_0 in the same run

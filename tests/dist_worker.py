@@ -10,7 +10,7 @@ Every rank writes DIR/rank<r>.pt: the input batches it trained on, its losses, i
 started (dropout draws from it), the loss its model computes (full or chunked) and (rank 0) the gradients of
 every step and the final parameters, unsharded (FSDP keeps 1/W of each parameter per rank:
 DTensor.full_tensor() gathers them). The config's device is used: "cpu" (gloo) in the default suite, "cuda"
-(NCCL, one GPU per rank) in tests/test_gpu.py.
+(NCCL, one GPU per rank) in tests/test_gpu.py, which also runs 2 ranks on one GPU over gloo (--one-gpu).
 """
 
 import argparse
@@ -89,13 +89,14 @@ def summed_reduction(run) -> None:
         _fsdp_collectives._get_gradient_divide_factors = sum_only
 
 
-def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None) -> Run:
+def run_steps(cfg: TrainConfig, steps: int, setup=None, amp=None, device: torch.device | None = None) -> Run:
     """`steps` optimizer steps of gpt.train.train_step on the batches WindowSampler gives this rank.
 
     `setup(run)` is called after the model and optimizer are built (to attach hooks). `amp` replaces the
-    config's MixedPrecision (the tests force fp16 + GradScaler, which the CPU does not choose)."""
+    config's MixedPrecision (the tests force fp16 + GradScaler, which the CPU does not choose). `device`: the config's
+    unless given (every rank on one GPU: --one-gpu)."""
     optimizations.validate(cfg)
-    rank, world, device = distributed.rank(), cfg.world_size, resolve_device(cfg.device)
+    rank, world, device = distributed.rank(), cfg.world_size, device or resolve_device(cfg.device)
     dataset = make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
     run = Run(raw, model, optimizer, rng=torch.get_rng_state())
@@ -127,17 +128,22 @@ def main(argv=None) -> None:
         action="store_true",
         help="compute in bf16 where the config asks for it, even on a CPU whose bf16 is slower",
     )
+    p.add_argument(
+        "--one-gpu",
+        action="store_true",
+        help="every rank on the one GPU cuda:0, over gloo (NCCL wants a GPU of its own per rank)",
+    )
     a = p.parse_args(argv)
     cfg = TrainConfig.from_dict(json.loads(a.config))
     if a.cpu_bf16:
         forced = lambda: (True, "forced by the test")  # noqa: E731
         precision.cpu_bf16_is_faster = forced  # the CPU's rule, which autocast and FSDP both follow
-    device = resolve_device(cfg.device)
-    distributed.init(device, parallel.backend(cfg, device))
+    device = torch.device("cuda", 0) if a.one_gpu else resolve_device(cfg.device)
+    distributed.init(device, "gloo" if a.one_gpu else parallel.backend(cfg, device))
     try:
         grads = []
         setups = (record_grads(grads), *([summed_reduction] if a.summed_reduction else []))
-        run = run_steps(cfg, a.steps, setup=lambda run: [setup(run) for setup in setups])
+        run = run_steps(cfg, a.steps, setup=lambda run: [setup(run) for setup in setups], device=device)
         params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
         torch.save(

@@ -206,7 +206,8 @@ def test_speed_report_tables_deltas_status_rows_and_plots(tmp_path):
     assert details(md, "speed_2_num_workers")[4:6] == ["1% / 0.1%", ""]  # data wait / copy, no bottleneck
     assert details(md, "speed_1_batch_size")[5] == "backward 45%"
     assert (
-        "Compilation (`speed_4_compile`): the first step took 5 s, 4.9 s more than a steady step (graphs "
+        "Compilation (`speed_4_compile`): the first step took 5 s, its start-up steps 4.9 s more than steady ones "
+        "(graphs "
         "loaded from the on-disk compile cache an earlier run filled; a first compile on a new machine takes "
         "longer)"
     ) in md

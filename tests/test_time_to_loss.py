@@ -368,17 +368,18 @@ def test_paired_sums_on_two_processes_are_one_process_s(tmp_path):
 def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_data, monkeypatch):
     """Recording the CUDA graphs is start-up, not training, as is the first step's compilation.
 
-    The first step compiles; with CUDA graphs (torch.compile's "reduce-overhead") the second records them, and both are
-    start-up, each timed on its own, not training seconds. On a clock of the steps' own making (10 s, 5 s, then 1 s
-    each, the evaluations taking none): without CUDA graphs only the first step is start-up (the steady step the mean of
-    the other five, 1.8 s); with them the first two are, and every later step is 1 s of training."""
+    The first step compiles; with CUDA graphs (torch.compile's "reduce-overhead") the second records them and the third
+    is their first replay: all three are start-up, each timed on its own, not training seconds. On a clock of the steps'
+    own making (10 s, 5 s, 3 s, then 1 s each, the evaluations taking none): without CUDA graphs only the first step is
+    start-up (the steady step the mean of the other five, 2.2 s); with them the first three are, and every later step is
+    1 s of training."""
     monkeypatch.setattr(RunChoices, "cuda_graphs", property(lambda self: cuda_graphs))
     now = [0.0]
     monkeypatch.setattr(time_to_loss, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     step = train.Stepper.__call__
 
     def timed_step(self, feed=None):
-        now[0] += {0: 10.0, 1: 5.0}.get(self.steps_done, 1.0)
+        now[0] += {0: 10.0, 1: 5.0, 2: 3.0}.get(self.steps_done, 1.0)
         return step(self, feed)
 
     monkeypatch.setattr(train.Stepper, "__call__", timed_step)
@@ -397,11 +398,11 @@ def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_da
     )["metrics"]
     assert m["first_step_s"] == 10.0
     if cuda_graphs:
-        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((9.0 + 4.0, 6.0))
+        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((9.0 + 4.0 + 2.0, 6.0))
         assert [p["seconds"] for p in m["curve"]] == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     else:
-        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((10.0 - 1.8, 6 * 1.8))
-        assert [p["seconds"] for p in m["curve"]] == pytest.approx([0.0, 1.8, 6.8, 7.8, 8.8, 9.8, 10.8])
+        assert (m["startup_s"], m["train_seconds"]) == pytest.approx((10.0 - 2.2, 6 * 2.2))
+        assert [p["seconds"] for p in m["curve"]] == pytest.approx([0.0, 2.2, 7.2, 10.2, 11.2, 12.2, 13.2])
 
 
 def test_the_speedrun_stages_stop_at_the_target_unless_told_to_train_the_whole_budget(char_data):

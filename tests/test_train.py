@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from conftest import REPO
 from record_schema import record_problems
 
-from gpt import choices, protocol, train
+from gpt import choices, clocks, protocol, train
 from gpt.config import TrainConfig
 from gpt.optimizations import compilation
 
@@ -156,6 +157,33 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     profiled = record["metrics"]["profiler"]["steps"]  # the profiled steps after timing are steps too
     assert profiled >= 1 and len(marks) == 2 + 2 * 2 + profiled  # + warm-up, repeats x steps (16 samples / 8)
     assert record["metrics"]["losses"] == pytest.approx(eager, rel=1e-5)
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_recording_the_cuda_graphs_counts_in_compile_s(cuda_graphs, char_data, monkeypatch):
+    """Recording the CUDA graphs counts in compile_s, as the first step's compilation does, not in a timed step.
+
+    The timed protocol's twin of tests/test_time_to_loss.py:test_recording_the_cuda_graphs_is_start_up_not_training, on
+    a clock of the steps' own making (10 s, 5 s, 3 s, then 1 s each): under CUDA graphs (the run's choice forced on the
+    CPU, the model left eager) compile_s is what the first three steps took beyond a steady step, 9 + 4 + 2 s; in the
+    default mode, the first step's 9 s."""
+    mode = "reduce-overhead" if cuda_graphs else "default"
+    monkeypatch.setattr(choices, "compile_choice", lambda cfg, device: (mode, None))  # the run's choices only
+    now = [0.0]
+    clock = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(protocol, "time", clock)
+    monkeypatch.setattr(clocks, "time", clock)  # the timed steps' own clock on the CPU
+    step = train.Stepper.__call__
+
+    def timed_step(self, feed=None):
+        now[0] += {0: 10.0, 1: 5.0, 2: 3.0}.get(self.steps_done, 1.0)
+        return step(self, feed)
+
+    monkeypatch.setattr(train.Stepper, "__call__", timed_step)
+    cfg = tiny_config(char_data, samples=16, repeats=2, warmup_iters=4, measure_memory=False, profile_steps=0)
+    m = protocol.run(cfg)["metrics"]
+    assert m["step_times_s"] == [1.0] * 4 and m["first_step_s"] == 10.0
+    assert m["compile_s"] == pytest.approx(9.0 + 4.0 + 2.0 if cuda_graphs else 9.0)
 
 
 def run_stage(*args, stage="speed_0_baseline"):

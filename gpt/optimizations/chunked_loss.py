@@ -46,7 +46,7 @@ from gpt import machine_cache
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
 from gpt.errors import CannotSimulate, UserError
-from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.compilation import compile_mode, cuda_graphs_rule
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -271,13 +271,26 @@ def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str,
 
     It is cfg.loss, except in a run for time (cfg.goal) with the implementation left to "auto", where the full loss
     computes the same mathematics: there the full loss where no chunked implementation runs on this device, or where the
-    chunked one was measured slower at the stage's shape. A run for memory, or one that names its implementation, keeps
-    the chunked loss: its point there is the logits it never holds, or the library the user asked for."""
+    chunked one was measured slower at the stage's shape (under CUDA graphs the chunked loss by rule: loss_how). A run
+    for memory, or one that names its implementation, keeps the chunked loss: its point there is the logits it never
+    holds, or the library the user asked for."""
     if not _falls_back(cfg):
         return cfg.loss, None
     if missing := why_unavailable(cfg.loss_impl, device_type):
         return "full", f"kept the full loss: {missing}"
+    if cuda_graphs_rule(cfg, torch.device(device_type), "the chunked loss"):
+        return "chunked", None
     return measured_loss_choice(cfg, vocab_size, device_type)
+
+
+def loss_how(cfg: TrainConfig, device_type: str) -> str | None:
+    """How the loss was chosen among those that run here (the record's choices.loss_how).
+
+    "measured", the rule under CUDA graphs (gpt/optimizations/compilation.py:cuda_graphs_rule), or None where the
+    config's loss runs unchosen, or no chunked implementation runs here (loss_why says so)."""
+    if not _falls_back(cfg) or why_unavailable(cfg.loss_impl, device_type):
+        return None
+    return cuda_graphs_rule(cfg, torch.device(device_type), "the chunked loss") or "measured"
 
 
 def missing_here(cfg: TrainConfig, device_type: str) -> str | None:

@@ -1,9 +1,11 @@
 """torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
 
 With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
-"reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a short
-run to a loss on a CPU stays eager.
+"reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a run to a
+loss too short for a cold compilation to pay stays eager, on a CPU or a GPU.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -12,10 +14,38 @@ from gpt.config import TrainConfig
 from gpt.formatting import fmt_time, steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan, check_flag
 
-# A CPU run to a loss with fewer optimizer steps than this stays eager under compile_if_it_pays: below it, a cold
-# compilation costs more seconds than its faster steps save. Measured at the speedrun's shape on a 2-core EPYC
-# (docs/design.md, "The figures behind the rules": its derivation, and why a GPU keeps compiling).
-CPU_COMPILE_PAYS_AFTER_STEPS = 3000
+
+@dataclass(frozen=True)
+class CompileCost:
+    """What a cold compilation costs on a kind of device, what it saves a step at most, and where both come from."""
+
+    cold_s: float
+    saving_per_step_s: float
+    source: str
+
+    @property
+    def pays_after_steps(self) -> int:
+        """The steps after which the saved seconds exceed the compilation's."""
+        return round(self.cold_s / self.saving_per_step_s)
+
+
+# Committed per kind of device, where compile_if_it_pays weighs them (docs/design.md, "The figures behind the rules").
+# cpu: measured at the speedrun's shape on a 2-core EPYC: 40.5 s of compiling and timing compiled kernels, 13.5 ms
+# saved a step: 3,000 steps. cuda: nothing measured at the speedrun's shape; a rule from speed_4_compile's records
+# (GPT-mini, 32,768 tokens a step, cold caches, CUDA graphs): compile_s 17.8 s on an H200 (23.1 s on an H100), and its
+# median step 9.1 ms shorter than speed_3's on the H100 (8.1 ms on the H200). The cheaper compilation and the larger
+# saving, taken as an upper bound for the speedrun's smaller model (4 layers of 128 against 6 of 192: fewer kernels to
+# fuse and fewer launches for a graph to replay), both err towards compiling: a CUDA run of fewer than 17.8 / 0.0091
+# = 1,956 steps stays eager.
+COMPILE_COSTS = {
+    "cpu": CompileCost(40.5, 0.0135, "measured: speedrun_11 on a 2-core EPYC, docs/design.md"),
+    "cuda": CompileCost(
+        17.8,
+        0.0091,
+        "rule: speed_4_compile's cold compilation on an H200 and its largest saving a step, on an H100 "
+        "(records/h200-2026-11-27, records/h100-2026-11-24), as an upper bound",
+    ),
+}
 
 
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
@@ -38,17 +68,18 @@ def compile_mode(cfg: TrainConfig, device: torch.device) -> str | None:
 def compile_skipped(cfg: TrainConfig, device: torch.device) -> str | None:
     """Why a stage that asks to compile only where it pays runs eager here, or None (compiled as asked).
 
-    It runs eager in a run to a loss on a CPU too short for a cold compilation to earn back its cost. A GPU compiles:
-    its compiled step was not measured against an eager one at this shape here, and a CUDA graph removes the launch
-    overhead that dominates a small model's eager step."""
-    if not (cfg.compile and cfg.compile_if_it_pays) or device.type != "cpu" or not cfg.train_tokens:
+    It runs eager in a run to a loss too short for a cold compilation to earn back its cost on this kind of device
+    (COMPILE_COSTS); a kind with no figure, and the timed protocol (whose steps are the point), compile as asked."""
+    cost = COMPILE_COSTS.get(device.type)
+    if not (cfg.compile and cfg.compile_if_it_pays) or cost is None or not cfg.train_tokens:
         return None
     steps = cfg.train_tokens // cfg.tokens_per_step
-    if steps >= CPU_COMPILE_PAYS_AFTER_STEPS:
+    if steps >= cost.pays_after_steps:
         return None
     return (
-        f"ran eager: {steps:,} steps, fewer than the {CPU_COMPILE_PAYS_AFTER_STEPS:,} after which compiling pays "
-        "on a CPU (a cold compilation costs more than its faster steps save)"
+        f"ran eager: {steps:,} steps, fewer than the {cost.pays_after_steps:,} after which compiling pays on a "
+        f"{device.type} (a cold compilation of {cost.cold_s:.1f} s against at most "
+        f"{1e3 * cost.saving_per_step_s:.1f} ms saved a step; {cost.source})"
     )
 
 
@@ -58,6 +89,26 @@ def uses_cuda_graphs(mode: str | None) -> bool:
     Each step must then be marked as a new iteration, and what a graph returns is overwritten by its next replay unless
     it is copied."""
     return mode == "reduce-overhead"
+
+
+def cuda_graphs_rule(cfg: TrainConfig, device: torch.device, kept: str) -> str | None:
+    """The rule that keeps a kernel a run for time asks for under CUDA graphs, or None where it is measured instead.
+
+    A kernel's time is measured call by call, compiled in the default mode: under CUDA graphs the step replays its
+    kernels in one launch, which such a call does not, so the measurement would not say how the run runs. There the
+    stage's own choice (`kept`) runs as asked, and the record says so (choices' attention_how, loss_how)."""
+    if not uses_cuda_graphs(compile_mode(cfg, device)):
+        return None
+    return f"rule: {kept} as asked under CUDA graphs (a call timed on its own does not run as the graphs replay it)"
+
+
+def startup_steps(cuda_graphs: bool) -> int:
+    """The steps at a run's start whose time beyond a steady step is start-up (compile_s, startup_s), not training.
+
+    The first: compilation, the DataLoader's workers. Under CUDA graphs the next two as well: cudagraph trees run each
+    compiled graph once unrecorded (the first step), record it at its next call (the second), then replay it; the
+    first replay (the third) is counted too, so whatever it adds is start-up, and a steady one adds nothing."""
+    return 3 if cuda_graphs else 1
 
 
 def compile_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
@@ -95,7 +146,7 @@ COMPILE = Optimization(
 def _compiled_anyway(cfg: TrainConfig, device: torch.device) -> str | None:
     if compile_skipped(cfg, device):
         return None
-    return "compiled as before: a GPU, or a run long enough for compiling to pay"
+    return "compiled as before: a run long enough for compiling to pay here, or timed step by step"
 
 
 COMPILE_IF_IT_PAYS = Optimization(

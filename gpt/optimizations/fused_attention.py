@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from gpt import machine_cache
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
-from gpt.optimizations.compilation import compile_mode
+from gpt.optimizations.compilation import compile_mode, cuda_graphs_rule
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
@@ -46,11 +46,27 @@ def fused_attention(q, k, v, dropout_p: float) -> torch.Tensor:
 def attention_used(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:
     """The attention a stage computes with, and why it is not the one its config asks for (None when it is).
 
-    SDPA except where it was measured slower on this device in a run for time (cfg.goal). A run for memory keeps it: it
-    never holds the scores."""
-    if cfg.attention != "sdpa" or cfg.goal != "time":
+    SDPA except where it was measured slower on this device in a run for time (cfg.goal); under CUDA graphs SDPA by
+    rule (attention_how). A run for memory keeps it: it never holds the scores."""
+    if not _chosen_by_time(cfg):
         return cfg.attention, None
+    if cuda_graphs_rule(cfg, torch.device(device_type), "SDPA"):
+        return "sdpa", None
     return measured_attention_choice(cfg, device_type)
+
+
+def attention_how(cfg: TrainConfig, device_type: str) -> str | None:
+    """How the attention was chosen (the record's choices.attention_how).
+
+    "measured", the rule under CUDA graphs (gpt/optimizations/compilation.py:cuda_graphs_rule), or None where the
+    config's attention runs unchosen."""
+    if not _chosen_by_time(cfg):
+        return None
+    return cuda_graphs_rule(cfg, torch.device(device_type), "SDPA") or "measured"
+
+
+def _chosen_by_time(cfg: TrainConfig) -> bool:
+    return cfg.attention == "sdpa" and cfg.goal == "time"
 
 
 def measured_attention_choice(cfg: TrainConfig, device_type: str) -> tuple[str, str | None]:

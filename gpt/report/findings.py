@@ -148,7 +148,7 @@ def compile_line(r: Rung) -> str:
     }.get(r.m("compile_cache"))
     text = (
         f"Compilation (`{r.stage}`): the first step took {fmt_time(r.m('first_step_s'))}, "
-        f"{fmt_time(r.m('compile_s'))} more than a steady step"
+        f"its start-up steps {fmt_time(r.m('compile_s'))} more than steady ones"
         + (f" ({cache})" if cache else "")
         + "; it is not in the timed repeats."
     )

@@ -127,8 +127,12 @@ def test_two_processes_match_one_process_on_the_combined_batch(mode, stage_setti
     )
 
 
-def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, device, grad_tol, param_tol) -> None:
-    """Also run on 2 GPUs (NCCL) by tests/test_gpu.py. Tolerances are (rtol, atol)."""
+def check_two_processes_match_one(
+    mode, stage_settings, char_data, tmp_path, device, grad_tol, param_tol, worker_args: tuple = ()
+) -> None:
+    """Also run on 2 GPUs (NCCL) and on one GPU shared by 2 ranks (gloo) by tests/test_gpu.py. Tolerances: (rtol, atol).
+
+    `worker_args`: tests/dist_worker.py's options (--one-gpu)."""
     # Dropout 0: the ranks draw masks from their own RNG streams, so masks could not match.
     cfg = tiny_config(
         char_data,
@@ -139,7 +143,7 @@ def check_two_processes_match_one(mode, stage_settings, char_data, tmp_path, dev
         grad_clip=NO_CLIP,
         **stage_settings,
     )
-    launch_workers(cfg, DIST_STEPS, tmp_path)
+    launch_workers(cfg, DIST_STEPS, tmp_path, *worker_args)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(NPROC)]
     single, grads_single = train_with_grads(
         tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device, grad_clip=NO_CLIP), DIST_STEPS
