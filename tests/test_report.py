@@ -4,6 +4,7 @@ results.md's tables, deltas, failed/skipped rows and plots; run_all's resume, re
 Fast."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -962,6 +963,34 @@ def committed_page(tmp_path_factory) -> tuple[str, Path]:
     """The page of the committed CPU run (every section: ladders, time to loss, speedrun, planner), in a temp dir."""
     out = tmp_path_factory.mktemp("page") / "results.md"
     return write_report(COMMITTED, out).read_text(), out.parent / "plots"
+
+
+def resolved_links(text: str, folder: Path) -> str:
+    """A page's text with each link into the repo written as the absolute path it points to from `folder`.
+
+    Its own plots (plots/ beside the page) stay as they are."""
+
+    def resolve(m: re.Match) -> str:
+        return f"]({os.path.normpath(folder / m[1])}{m[2]})"
+
+    return re.sub(r"\]\((?!https?:|#|plots/)([^)\s#]+)((?:#[^)\s]*)?)\)", resolve, text)
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+def test_the_committed_results_page_is_what_the_report_writes_from_the_committed_records(committed_page):
+    """results.md is generated, never edited: it equals what `python -m gpt.report` writes from records/cpu-cpu."""
+    md, plots = committed_page
+    assert resolved_links(md, plots.parent) == resolved_links((REPO / "results.md").read_text(), REPO)
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "records").glob("*/results.md")))
+def test_each_committed_gpu_page_is_what_the_report_writes_from_its_records(folder, tmp_path):
+    """Each records/<gpu>/results.md equals what `python -m gpt.report --runs records/<gpu>` writes now."""
+    out = write_report(REPO / "records" / folder, tmp_path / "results.md")
+    committed = REPO / "records" / folder
+    assert resolved_links(out.read_text(), tmp_path) == resolved_links(
+        (committed / "results.md").read_text(), committed
+    )
 
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
