@@ -1,34 +1,66 @@
-"""The quick run (`./run_all.sh --quick`): a first look at the ladders on a user's own machine, within a time limit.
+"""The quick run (`./run_all.sh --quick`): a first look at the ladders on a user's own machine, planned to fit a limit.
 
-What it runs, in order: on a GPU the one-GPU tests (`pytest -m gpu`, at most a quarter of the limit), the speed and
-fast ladders at QUICK_REPEATS timed repeats, then the speedrun (speed_0 on one seed, every speedrun stage on one seed,
-no noise-scale measurement); with `--only memory` the memory ladder alone. Its records are real records, each marked
-`run.quick`, kept in their own folder (runs/<profile>-<device>-quick by default) and never published over the
-committed ones; `python -m gpt.report --runs <that folder>` makes their page. A stage that does not fit in the limit
-is stopped, or not started, and its record says so; `--resume` completes the run.
+What it runs, in order: on a GPU a subset of the one-GPU tests (`pytest -m "gpu and quick"`, at most
+GPU_TESTS_CAP_S), then the speedrun (speed_0 on one seed, every speedrun stage on one seed, no noise-scale
+measurement), then the speed and fast ladders at QUICK_REPEATS timed repeats; with `--only memory` (or another
+section) that section alone. The CPU runs the same order: one order is simpler to share than two, and nothing ties the
+ladders to the speedrun (the speedrun trains its own speed_0 to a loss), so the headline goes first everywhere.
+
+Before the first stage it plans (`Plan`): each stage run's expected seconds (`Figures`: the rules are there), kept
+from the first while their sum fits the limit less the report's share; the rest is dropped from the end, printed and
+recorded as "not run" with the command that runs it. `--dry-run` prints that plan and runs nothing. The limit is also
+kept while it runs (`Deadline`): a stage still running when it comes is stopped and those after it recorded as not
+run; `--resume` completes the run. Its records are real records, each marked `run.quick`, kept in their own folder
+(runs/<profile>-<device>-quick by default) and never published over the committed ones; `python -m gpt.report --runs
+<that folder>` makes their page. Every stage process and the GPU tests share one compile cache in that folder
+(`one_compile_cache`).
 """
 
 import importlib.util
 import os
 import re
-import subprocess
+import shlex
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt.data import REPO_ROOT
+from gpt.ladder import ladder_of, stage_config, stages_of
+from gpt.published import PUBLISHED, published_dir
 from gpt.records import read_record, write_record
+from gpt.supervision import TimeLimitReached, run_stage
 
 QUICK_REPEATS = 2  # timed repeats per stage: two give a spread; the profiles' own are 3 to 5
 QUICK_WARMUP = 5  # warm-up steps at most: compilation and CUDA-graph recording happen in the first three
-# The limit when none is given, in minutes: on a GPU what issue 41 asks of one H100; on a CPU what the cpu profile's
-# quick run took on the 2-core machines this project is built on, with a margin (docs/running.md has the figures).
-DEFAULT_LIMIT_MIN = {"cuda": 9.0, "cpu": 20.0}
+# The limit when none is given, in minutes: on a GPU what one lent H100 leaves, with room (issue 52); on a CPU what the
+# cpu profile's quick run took on the 2-core machines this project is built on, with a margin (docs/running.md).
+DEFAULT_LIMIT_MIN = {"cuda": 7.0, "cpu": 20.0}
 REPORT_RESERVE = 0.05  # of the limit, kept for the report after the last stage
-GPU_TESTS_SHARE = 0.25  # of the limit, at most, for the GPU tests
+GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most
+# The one-GPU tests a quick run runs: those marked `quick` in tests/test_gpu.py, which start no stage process and train
+# nothing to a loss (the quick run's own stages do both on the GPU).
+GPU_TESTS_MARKERS = "gpu and quick"
+GPU_TESTS = "gpu tests"  # their item's section in the plan
+COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
 NOT_RUN = "not run: the quick run's {limit} limit was reached first (--resume runs it)"
+NOT_PLANNED = "not run: the quick run's plan for {limit} had no room for it (`{command}` runs it)"
 STOPPED = "stopped at the quick run's {limit} limit (--resume runs it again)"
+
+# The GPU kinds with committed records (records/<kind>-<date>/, the reference profile); another GPU is planned as the
+# first, the slower of the two.
+GPU_KINDS = ("H100", "H200")
+# A stage process's seconds before its first step on a GPU machine (imports, CUDA's context, the data set): not measured
+# there; the CPU's speedrun_13 takes 3.6 s (docs/speedrun.md), and a CUDA context adds seconds.
+PROCESS_START_S = 10.0
+# A timed stage's wall clock on a GPU besides its warm-up and timed repeats (start-up, profiled steps, memory step,
+# record), from the H200 run (records/h200-2026-11-27/note.md): the speed and fast ladders took 369 s for 10 stages
+# whose warm-ups and repeats took 181 s, 19 s a stage; the memory ladder 370 s for memory_0-2 (266 s) and a cut
+# memory_3, at most 35 s a stage.
+TIMED_REST_S = {"speed": 19.0, "fast": 19.0, "memory": 35.0, "lean": 35.0}
+# A run to a loss's evaluations, as a share of its training: the reference profile's 40 evaluations of 512 windows
+# are forward passes only, 8.5% of its 2500 training steps of 32 windows (a forward pass a third of a step).
+EVAL_SHARE = 0.1
 
 
 def minutes(seconds: float) -> str:
@@ -38,10 +70,11 @@ def minutes(seconds: float) -> str:
 
 @dataclass
 class Deadline:
-    """The quick run's limit: when it started, and how long it may last."""
+    """The quick run's limit: when it started, how long it may last, and the share kept for the report."""
 
     limit_s: float
     start: float
+    reserve: float = REPORT_RESERVE
 
     @classmethod
     def starting_now(cls, limit_min: float) -> "Deadline":
@@ -50,7 +83,7 @@ class Deadline:
     @property
     def stages_end(self) -> float:
         """When the last stage must have ended: the report needs the rest."""
-        return self.start + self.limit_s * (1 - REPORT_RESERVE)
+        return self.start + self.limit_s * (1 - self.reserve)
 
     def left(self) -> float:
         return self.stages_end - time.monotonic()
@@ -80,62 +113,202 @@ def mark(record_file: Path, wall_s: float, quick: bool) -> None:
         write_record(record_file, {**record, "run": {"quick": quick, "wall_s": round(wall_s, 2)}})
 
 
-def estimate(record_files: list[Path]) -> tuple[float, int]:
-    """Seconds the stages of `record_files` took last time (their records' wall clocks), and how many had one."""
-    walls = [r["run"]["wall_s"] for f in record_files if (r := read_record(f)) and r.get("run", {}).get("wall_s")]
-    return sum(walls), len(walls)
+# ---- the plan ------------------------------------------------------------------------------------------------------
 
 
-def print_plan(
-    sections: list[str],
-    counts: dict[str, int],
-    deadline: Deadline,
-    gpu_tests: bool,
-    earlier: tuple[float, int],
-    total: int,
-) -> None:
-    """The plan and its estimate, before the first stage."""
-    print(f"== quick run: a first look within {deadline.label} (--time-limit), every stage a real record marked quick")
-    step = 1
-    if gpu_tests:
-        print(f"   {step}. the one-GPU tests: pytest -m gpu, at most {minutes(GPU_TESTS_SHARE * deadline.limit_s)}")
-        step += 1
-    for section in sections:
-        what = {"speedrun": "speed_0 on one seed, then each speedrun stage to its final validation loss, one seed"}.get(
-            section, f"{QUICK_REPEATS} timed repeats a stage"
+def gpu_kind(name: str) -> str:
+    """The committed GPU kind a device's name (torch.cuda.get_device_name) is planned as: its own, or the first."""
+    return next((kind for kind in GPU_KINDS if kind in name.upper()), GPU_KINDS[0])
+
+
+def committed_folders(profile: str, device: str, kind: str | None) -> list[Path]:
+    """The committed records a plan reads, this machine's kind first: on a GPU every GPU kind's (reference profile)."""
+    if device != "cuda" or profile != "reference":
+        return [published_dir(profile, device)]
+    folders = {k: max(PUBLISHED.glob(f"{k.lower()}-*"), default=PUBLISHED / k.lower()) for k in GPU_KINDS}
+    return [folders[kind or GPU_KINDS[0]], *(f for k, f in folders.items() if k != kind)]
+
+
+def ok_record(path: Path) -> dict | None:
+    record = read_record(path)
+    return record if record and record.get("status") == "ok" else None
+
+
+@dataclass
+class Figures:
+    """Where a quick run's plan takes a stage run's expected seconds (launch to exit) from: the first rule that has one.
+
+    1. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
+    2. the committed record of it on this kind of device: its wall clock if it has one (records/cpu-cpu: a whole run's,
+       with more repeats than a quick run's: an upper bound); a GPU record has none, so TIMED_REST_S + its warm-up
+       (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) + QUICK_REPEATS x its `seconds_mean`;
+    3. on a GPU, a run to a loss (none has run on a GPU yet): its budget's steps at speed_0's recorded step time, times
+       the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that for evaluations,
+       PROCESS_START_S, and a cold compile (the records' slowest `compile_s`) where the stage compiles;
+    4. a stage that needs more GPUs than there are: PROCESS_START_S (it records itself skipped);
+    5. another GPU kind's committed record of it (rule 2), then its ladder's slowest stage by rules 1 and 2;
+    6. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
+    """
+
+    own: Path  # this run's folder
+    committed: list[Path]  # committed_folders
+    profile: str
+    device: str
+    gpus: int = 1
+
+    def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
+        """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
+        for rule in (self.measured, self.recorded, self.trained_to_a_loss, self.on_two_gpus, self.elsewhere):
+            if found := rule(stage, rel, to_a_loss):
+                return found
+        return 0.0, "no figure: the limit bounds it"
+
+    def measured(self, stage, rel, to_a_loss):
+        record = ok_record(self.own / rel)
+        if record and record.get("run", {}).get("quick") and record["run"].get("wall_s"):
+            return record["run"]["wall_s"], "this folder's last quick run"
+
+    def recorded(self, stage, rel, to_a_loss, folder: Path | None = None):
+        folder = folder or self.committed[0]
+        record = ok_record(folder / rel)
+        if record is None:
+            return None
+        if wall := record.get("run", {}).get("wall_s"):
+            return wall, f"{folder.name}'s wall clock"
+        m, rest = record["metrics"], TIMED_REST_S[ladder_of(stage)]
+        if m.get("seconds_mean") is not None:
+            return (
+                rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
+                f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
+            )
+
+    def trained_to_a_loss(self, stage, rel, to_a_loss):
+        baseline = ok_record(self.committed[0] / f"{stages_of('speed')[0]}.json")
+        if self.device != "cuda" or not to_a_loss or baseline is None:
+            return None
+        cfg, budget = (stage_config(s, self.profile, True, device="cuda") for s in (stage, baseline["stage"]))
+        steps, step_s = budget.train_tokens // budget.tokens_per_step, baseline["metrics"]["step_time_s"]
+        share = cpu_share(rel)
+        compile_s = max(self.compile_seconds(), default=0.0) if cfg.compile else 0.0
+        seconds = PROCESS_START_S + compile_s + (1 + EVAL_SHARE) * steps * step_s * share
+        return seconds, (
+            f"{self.committed[0].name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"
+            + (f" x {share:.2f} (its cpu-cpu share)" if share != 1 else "")
+            + f" + evaluations + start-up {PROCESS_START_S:g}"
+            + (f" + compile {compile_s:.0f}" if compile_s else "")
         )
-        print(f"   {step}. {section}: {counts[section]} stage runs, {what}")
-        step += 1
-    seconds, found = earlier
-    print(
-        f"   estimate: {minutes(seconds)} for {found} of the {total} stage runs, from the wall clocks of this "
-        "folder's earlier records"
-        if found
-        else "   estimate: none yet (no earlier quick run in this folder); the limit bounds the run"
-    )
+
+    def compile_seconds(self):
+        for path in sorted(self.committed[0].glob("*.json")):
+            if (record := ok_record(path)) and record.get("metrics", {}).get("compile_s"):
+                yield record["metrics"]["compile_s"]
+
+    def on_two_gpus(self, stage, rel, to_a_loss):
+        processes = stage_config(stage, self.profile, to_a_loss).world_size
+        if self.device == "cuda" and self.gpus < processes:
+            return PROCESS_START_S, f"start-up only: it needs {processes} GPUs and records itself skipped"
+
+    def elsewhere(self, stage, rel, to_a_loss):
+        for folder in self.committed[1:]:
+            if found := self.recorded(stage, rel, to_a_loss, folder):
+                return found
+        if to_a_loss:
+            return None
+        figures = [self.any_record(s, f"{s}.json") for s in stages_of(ladder_of(stage))]
+        if figures := [f[0] for f in figures if f]:
+            return max(figures), f"{ladder_of(stage)}'s slowest recorded stage"
+
+    def any_record(self, stage, rel):
+        """Rules 1, 2 and 5's first part: a timed stage's figure from any record of it."""
+        found = [self.measured(stage, rel, False)] + [self.recorded(stage, rel, False, f) for f in self.committed]
+        return next((f for f in found if f), None)
+
+
+def cpu_share(rel: Path) -> float:
+    """A run to a loss's training seconds over speed_0's, in the committed CPU run (1 where it has none)."""
+    folder = published_dir("cpu", "cpu")
+    stage, baseline = ok_record(folder / rel), ok_record(folder / "time_to_loss" / f"{stages_of('speed')[0]}.json")
+    if stage is None or baseline is None:
+        return 1.0
+    return stage["metrics"]["train_seconds"] / baseline["metrics"]["train_seconds"]
+
+
+@dataclass
+class Item:
+    """One thing in a quick run's plan: a stage run (its record's path) or the GPU tests (none)."""
+
+    section: str
+    name: str
+    seconds: float
+    why: str  # the rule the seconds come from
+    command: str  # what runs it (its section) alone, said where the plan leaves it out
+    record: Path | None = None
+
+
+@dataclass
+class Plan:
+    """A quick run's items in the order they run, and how many of them, from the first, fit in the stages' time."""
+
+    items: list[Item]
+    budget_s: float  # the limit less the report's share
+    kept: list[Item] = field(init=False)
+    dropped: list[Item] = field(init=False)
+
+    def __post_init__(self):
+        total, n = 0.0, 0
+        while n < len(self.items) and total + self.items[n].seconds <= self.budget_s:
+            total += self.items[n].seconds
+            n += 1
+        self.kept, self.dropped = self.items[:n], self.items[n:]
+
+    def dropped_item(self, record: Path) -> Item | None:
+        """The item of a stage run the plan leaves out, or None if it runs."""
+        return next((item for item in self.dropped if item.record == record), None)
+
+    def runs(self, section: str) -> bool:
+        return any(item.section == section for item in self.kept)
+
+
+def print_plan(plan: Plan, limit_label: str, source: str) -> None:
+    """The plan, one line an item with its expected seconds and their rule, the left-out sections, then the total."""
+    print(f"== quick run: a first look within {limit_label} (--time-limit), every stage a real record marked quick")
+    print(f"   the plan, from {source} (expected seconds: gpt/quick.py's Figures):")
+    for item in plan.kept:
+        print(f"   {minutes(item.seconds):>10}  {item.section}: {item.name}  ({item.why})")
+    for section in dict.fromkeys(item.section for item in plan.dropped):
+        left = [item for item in plan.dropped if item.section == section]
+        expected = minutes(sum(item.seconds for item in left))
+        print(f"   not run, no room in the plan: {section}, {len(left)} of its runs ({expected}): {left[0].command}")
+    print(f"total: {minutes(sum(item.seconds for item in plan.kept))}", flush=True)
+
+
+# ---- the GPU tests and the compile cache -------------------------------------------------------------------------
+
+
+def gpu_tests_command() -> list[str]:
+    """The GPU tests' command: `pytest -m "gpu and quick"` on tests/test_gpu.py, side by side where xdist is."""
+    cmd = [sys.executable, "-m", "pytest", "-m", GPU_TESTS_MARKERS, "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    if importlib.util.find_spec("xdist"):  # pytest-xdist: the GPU tests side by side, as many as there are cores / 4
+        cmd += ["-n", str(max(1, (os.cpu_count() or 4) // 4))]
+    return cmd
 
 
 def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
-    """`pytest -m gpu` (the one-GPU tests; the 2-GPU ones skip on one GPU), stopped at its share of the limit.
+    """The quick subset of the one-GPU tests, stopped with everything it started at its cap (GPU_TESTS_CAP_S).
 
-    Its closing line and exit code go to <out>/gpu_tests.json, its output to gpu_tests.log."""
-    cap = min(GPU_TESTS_SHARE * deadline.limit_s, deadline.left())
-    log = out / "gpu_tests.log"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
-    if importlib.util.find_spec("xdist"):  # pytest-xdist: the GPU tests side by side, as many as there are cores / 4
-        cmd += ["-n", str(max(1, (os.cpu_count() or 4) // 4))]
-    print(f"[gpu tests] {' '.join(cmd[1:])}  (at most {minutes(cap)}; log: {log})", flush=True)
+    It runs in a process group of its own (as a stage does: gpt/supervision.py), so that at its cap the tests' stage
+    processes stop with it. Its closing line and exit code go to <out>/gpu_tests.json, its output to gpu_tests.log."""
+    cap = min(GPU_TESTS_CAP_S, deadline.left())
+    log, cmd = out / "gpu_tests.log", gpu_tests_command()
+    print(f"[gpu tests] {shlex.join(cmd[1:])}  (at most {minutes(cap)}; log: {log})", flush=True)
     t0 = time.monotonic()
-    with open(log, "w") as f:
-        try:
-            rc = subprocess.run(
-                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, timeout=cap
-            ).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
+    try:
+        rc = run_stage(cmd, log, lambda seconds: None, Deadline(cap, t0, reserve=0.0))
+    except TimeLimitReached:
+        rc = None
     summary = closing_line(log.read_text(errors="replace"))
     result = {
-        "command": " ".join(cmd[1:]),
+        "command": shlex.join(cmd[1:]),
         "exit_code": rc,
         "seconds": round(time.monotonic() - t0, 1),
         "summary": summary if rc is not None else f"stopped at {minutes(cap)}; last line: {summary}",
@@ -150,3 +323,20 @@ def closing_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     closing = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     return (closing or lines or [""])[-1].strip("= ")
+
+
+@contextmanager
+def one_compile_cache(out: Path):
+    """Every process started inside, with torch.compile's on-disk caches in <out>/compile_cache (unless set already).
+
+    Inductor's FX graph cache and AOTAutograd's cache (on by default) live in TORCHINDUCTOR_CACHE_DIR: a stage whose
+    graphs an earlier stage of the run compiled loads them instead of compiling. Without it they share the user's
+    default folder (/tmp/torchinductor_<user>); in the run's folder, a `--resume` finds them too."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:  # the user's own choice
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out / COMPILE_CACHE)
+    try:
+        yield
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]

@@ -5,6 +5,7 @@ loss (records in <out>/time_to_loss/), then the speedrun (records in <out>/speed
 
     ./run_all.sh [--profile P] [--only speed|fast|memory|lean|time_to_loss|speedrun] [--device auto|cpu|cuda]
                   [--wandb MODE] [--out DIR] [--resume] [--no-profiler] [--fresh]
+                  [--quick [--time-limit MINUTES] [--dry-run [--gpu H100|H200]]]
 
 Each stage is its stage script (the same command a person would type), with its output in <out>/<stage>.log
 and its JSON record in <out>/<stage>.json. The stage scripts write records for what they can tell (ok,
@@ -16,7 +17,9 @@ changes (the planner's H100 estimates, the noise-scale curve) are reused from re
 """
 
 import argparse
+import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -50,7 +53,7 @@ KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `f
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
 SPEEDRUN = "speedrun"  # the ladder judged by the time to speed_0's model (gpt/ladder.py)
 SECTIONS = [*timed_ladders(), TIME_TO_LOSS, SPEEDRUN]
-QUICK_SECTIONS = ["speed", "fast", SPEEDRUN]  # a quick run's, in order (gpt/quick.py)
+QUICK_SECTIONS = [SPEEDRUN, "speed", "fast"]  # a quick run's, in order (gpt/quick.py)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -91,9 +94,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a first look within a time limit: on a GPU its tests, then the speed and fast ladders at "
-        f"{quick.QUICK_REPEATS} repeats and the speedrun on one seed (with --only: that section); records "
+        help="a first look, planned to fit a time limit: on a GPU some of its tests, then the speedrun on one seed "
+        f"and the speed and fast ladders at {quick.QUICK_REPEATS} repeats (with --only: that section); records "
         "in runs/<profile>-<device>-quick, never published (gpt/quick.py)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the quick run's plan (each stage run's expected seconds, what does not fit) and run nothing",
+    )
+    p.add_argument(
+        "--gpu",
+        choices=quick.GPU_KINDS,
+        help="with --dry-run: plan for this GPU from its committed records, on any machine",
     )
     p.add_argument(
         "--time-limit",
@@ -104,8 +117,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         + ")",
     )
     args = p.parse_args(argv)
-    if args.time_limit is not None and not args.quick:
-        p.error("--time-limit is the quick run's: add --quick")
+    for option, given in (("--time-limit", args.time_limit is not None), ("--dry-run", args.dry_run)):
+        if given and not args.quick:
+            p.error(f"{option} is the quick run's: add --quick")
+    if args.gpu and not args.dry_run:
+        p.error("--gpu plans for a GPU that is not here: add --dry-run")
     if args.time_limit is not None and not args.time_limit > 0:
         p.error(f"--time-limit must be a positive number of minutes, got {args.time_limit:g}")
     return args
@@ -252,8 +268,9 @@ def loss_jobs(
 ) -> list[Job]:
     """The jobs of `stages` trained to a loss, each with each of `seeds`.
 
-    Records and logs go in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss."""
-    folder = writable_dir(time_to_loss_dir(out, ladder))
+    Records and logs go in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss (made when a
+    job runs)."""
+    folder = time_to_loss_dir(out, ladder)
     return [
         Job(
             stage,
@@ -332,8 +349,9 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                     flush=True,
                 )
 
-        if deadline and deadline.passed():
-            record = failed_record(job, profile, device, quick.NOT_RUN.format(limit=deadline.label), "skipped")
+        writable_dir(path.parent)
+        if reason := not_run_reason(args, path):
+            record = failed_record(job, profile, device, reason, "skipped")
             write_record(path, record)
             print(f"{prefix} {outcome(record)}")
             continue
@@ -374,6 +392,16 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
         if interrupted:
             return failures, True
     return failures, False
+
+
+def not_run_reason(args, record: Path) -> str | None:
+    """Why a quick run does not run a stage: its plan left it out, or its limit came first; None: it runs."""
+    deadline, plan = args.deadline, args.plan
+    if plan and (item := plan.dropped_item(record)):
+        return quick.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+    if deadline and deadline.passed():
+        return quick.NOT_RUN.format(limit=deadline.label)
+    return None
 
 
 def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
@@ -536,28 +564,43 @@ def finished_whole(args, interrupted: bool) -> bool:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    device = device_type(args.device)
-    resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
+    device = "cuda" if args.gpu else device_type(args.device)
+    if not args.gpu:
+        resolve_device(device)  # --device cuda without a GPU: one line now, not a dozen failed stages
     profile = args.profile or default_profile(device)
     out = (args.out or REPO_ROOT / "runs" / (f"{profile}-{device}" + "-quick" * args.quick)).resolve()
+    if args.dry_run:  # nothing prepared, run or written: the plan only
+        quick_plan(args, profile, device, out)
+        return 0
     with lock_output(writable_dir(out)):  # released however the run ends, so a test's next run can take it
         return run(args, device, profile, out)
 
 
-def run(args, device: str, profile: str, out: Path) -> int:
-    """The run main() holds the lock for: the sections asked for, in order, then the planner and the report."""
-    sections = [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
-    ladders = [s for s in sections if s in timed_ladders()]
+def run_sections_of(args) -> list[str]:
+    return [args.only] if args.only else QUICK_SECTIONS if args.quick else SECTIONS
+
+
+def timed_jobs(args, profile: str, out: Path) -> list[Job]:
+    """The stage runs of the timed ladders the run's sections name, in order; fewer repeats in a quick run."""
+    ladders = [s for s in run_sections_of(args) if s in timed_ladders()]
     extra = (
         (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage)))))
         if args.quick
         else (lambda stage: [])
     )
-    jobs = ladder_jobs(stages_of(*ladders), out, extra)
+    return ladder_jobs(stages_of(*ladders), out, extra)
+
+
+def run(args, device: str, profile: str, out: Path) -> int:
+    """The run main() holds the lock for: the sections asked for, in order, then the planner and the report."""
+    sections = run_sections_of(args)
+    ladders = [s for s in sections if s in timed_ladders()]
+    jobs = timed_jobs(args, profile, out)
     progress = Progress(len(jobs) + loss_job_count(sections, args.quick))
     args.deadline = (
         quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) if args.quick else None
     )
+    args.plan = None
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
 
     print(
@@ -576,16 +619,16 @@ def run(args, device: str, profile: str, out: Path) -> int:
             "suffer, memory figures will not"
         )
     rounds = 1 if profile == "smoke" or args.quick else 4  # smoke: the tests' profile, seconds per stage
-    gpu_tests = args.quick and device == "cuda"
     if args.quick:
-        print_quick_plan(args, sections, jobs, out, gpu_tests, progress.total)
+        args.plan = quick_plan(args, profile, device, out)
     if device == "cpu":
         measure_cpu_peaks(out, rounds)
     for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
         machine_cache.forget(name)
-    if gpu_tests:
-        quick.run_gpu_tests(out, args.deadline)
-    failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
+    with quick.one_compile_cache(out) if args.quick else contextlib.nullcontext():
+        if args.plan and args.plan.runs(quick.GPU_TESTS):
+            quick.run_gpu_tests(out, args.deadline)
+        failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
 
@@ -598,33 +641,81 @@ def run(args, device: str, profile: str, out: Path) -> int:
     return 130 if interrupted else 1 if failures else 0
 
 
-def print_quick_plan(args, sections: list[str], jobs: list[Job], out: Path, gpu_tests: bool, total: int) -> None:
-    """A quick run's plan, with the estimate the wall clocks of this folder's earlier records give."""
-    counts = {s: sum(1 for j in jobs if ladder_of(j.stage) == s) or loss_job_count([s], True) for s in sections}
-    loss_records = [
-        record_path(time_to_loss_dir(out, SPEEDRUN if s.startswith("speedrun") else None), s)
-        for s in [stages_of("speed")[0], *stages_of(SPEEDRUN)]
-        if SPEEDRUN in sections
+def quick_plan(args, profile: str, device: str, out: Path) -> quick.Plan:
+    """A quick run's plan, printed: its GPU tests and stage runs in order, each with its expected seconds.
+
+    On a GPU the committed records of its kind (--gpu: the one named), elsewhere those of its profile and device. The
+    GPU tests come only in a run of every quick section. With --resume the stage runs it keeps cost nothing."""
+    kind = args.gpu or (quick.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
+    gpus = 1 if args.gpu else torch.cuda.device_count()
+    folders = quick.committed_folders(profile, device, kind)
+    figures = quick.Figures(out, folders, profile, device, gpus)
+    items = []
+    if device == "cuda" and not args.only:
+        command = quick.gpu_tests_command()
+        name, command = shlex.join(["pytest", *command[3:]]), shlex.join(command)  # [python, -m, pytest, ...]
+        items.append(quick.Item(quick.GPU_TESTS, name, quick.GPU_TESTS_CAP_S, "its cap", command))
+    for section, job in planned_jobs(args, profile, out):
+        if args.resume and not needs_run(read_record(job.record), profile, device, job):
+            continue
+        seconds, why = figures.seconds(job.stage, job.record.relative_to(out), job.to_a_loss)
+        items.append(quick.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
+    limit_min = args.time_limit or quick.DEFAULT_LIMIT_MIN[device]
+    plan = quick.Plan(items, 60 * limit_min * (1 - quick.REPORT_RESERVE))
+    source = f"{kind or device}'s records (records/{folders[0].name})"
+    quick.print_plan(plan, quick.minutes(60 * limit_min), source)
+    return plan
+
+
+def planned_jobs(args, profile: str, out: Path) -> list[tuple[str, Job]]:
+    """A quick run's stage runs, section by section in the order they run (as run_sections makes them)."""
+    sections, baseline = run_sections_of(args), stages_of("speed")[0]
+    jobs = timed_jobs(args, profile, out)
+    planned = []
+    for section in sections:
+        if section == TIME_TO_LOSS:
+            rest = stages_of(*ladder_names("also"))[1:]
+            section_jobs = loss_jobs([baseline], out, baseline_seeds(profile)) + loss_jobs(rest, out)
+        elif section == SPEEDRUN:
+            first = [] if TIME_TO_LOSS in sections else loss_jobs([baseline], out)
+            section_jobs = first + loss_jobs(stages_of(SPEEDRUN), out, ladder=SPEEDRUN)
+        else:
+            section_jobs = [job for job in jobs if ladder_of(job.stage) == section]
+        planned += [(section, job) for job in section_jobs]
+    return planned
+
+
+def rerun_command(args, section: str) -> str:
+    """The command that runs one section of a quick run alone, into the same folder, keeping what finished there."""
+    given = [
+        *(["--profile", args.profile] if args.profile else []),
+        *(["--device", args.device] if args.device != "auto" else []),
+        *(["--out", str(args.out)] if args.out else []),
+        *(["--wandb", args.wandb] if args.wandb != "offline" else []),
     ]
-    earlier = quick.estimate([j.record for j in jobs] + loss_records)
-    quick.print_plan(sections, counts, args.deadline, gpu_tests, earlier, total)
+    return shlex.join(["./run_all.sh", "--quick", "--only", section, *given, "--resume"])
 
 
 def run_sections(args, jobs, sections, profile, device, out, progress) -> tuple[int, bool]:
-    """The timed ladders' stages, then the training to a loss, then the speedrun, as `sections` ask.
+    """Each section of `sections` in its order: a timed ladder's stages, the training to a loss, or the speedrun.
 
     A kill stops them as Ctrl-C does. Returns (failed stages, interrupted)."""
     on_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    failures, interrupted = 0, False
     try:
-        failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
-        if TIME_TO_LOSS in sections and not interrupted:
-            more, interrupted = run_to_a_loss(args, profile, device, out, progress)
+        for section in sections:
+            if section == TIME_TO_LOSS:
+                more, interrupted = run_to_a_loss(args, profile, device, out, progress)
+            elif section == SPEEDRUN:
+                more, interrupted = run_speedrun(args, profile, device, out, progress, TIME_TO_LOSS in sections)
+            else:
+                ladder = [job for job in jobs if ladder_of(job.stage) == section]
+                more, interrupted = run_stages(ladder, args, profile, device, out, progress)
             failures += more
-        if SPEEDRUN in sections and not interrupted:
-            more, interrupted = run_speedrun(args, profile, device, out, progress, TIME_TO_LOSS in sections)
-            failures += more
+            if interrupted:
+                break
     except KeyboardInterrupt:  # between two stages
-        failures, interrupted = 0, True
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, on_term)
     return failures, interrupted

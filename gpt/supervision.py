@@ -13,7 +13,6 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
-from gpt.quick import Deadline
 
 LOCK_FILE = ".run_all.lock"
 
@@ -79,11 +78,11 @@ class TimeLimitReached(Exception):
     """The quick run's limit came while a stage ran: the stage was stopped."""
 
 
-def run_stage(cmd: list[str], log: Path, show, deadline: Deadline | None = None) -> int:
+def run_stage(cmd: list[str], log: Path, show, deadline=None) -> int:
     """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
 
     Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
-    `deadline` passed first."""
+    `deadline` (a gpt/quick.py Deadline, or anything with its passed()) passed first."""
     with open(log, "w") as f:
         # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
         proc = subprocess.Popen(

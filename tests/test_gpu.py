@@ -4,7 +4,8 @@ Run it once on a GPU machine before the ladder:
 
     .venv/bin/python -m pytest -m gpu
 
-Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need 2 GPUs. CI
+Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need 2 GPUs;
+those marked `quick` are the subset `./run_all.sh --quick` runs first on a GPU (at most 90 s: gpt/quick.py). CI
 has no GPU. They ran on one H100 (torch 2.11, 2026-11-26): every one-GPU test passed; the 2-GPU ones have not run
 anywhere yet, and their bounds, marked "not yet measured", are estimates. The speedrun's tests at the end (Muon's bf16
 Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added later and have not run
@@ -47,6 +48,9 @@ from gpt.report.document import write_report
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+# The quick run's subset (`pytest -m "gpu and quick"`, gpt/quick.py): the checks that start no stage process, compile
+# nothing and train nothing to a loss, since the quick run's own stages do those on the GPU.
+quick = pytest.mark.quick
 
 # The 2-GPU runs against one GPU, as on the CPU (tests/optimizations/test_parallel.py), with bounds 10x the CPU's
 # (not yet measured): GPU kernels reduce in other orders than the CPU's, and cuBLAS picks other algorithms for a
@@ -64,6 +68,7 @@ def cuda_run(char_data, tmp_path, **overrides) -> tuple[dict, dict]:
         return record, pickle.load(f)
 
 
+@quick
 def test_eager_stage_peak_equals_what_the_allocator_snapshot_shows(char_data, tmp_path):
     """The record's peak is the traced step's peak, and the breakdown's parameters and AdamW state are their blocks.
 
@@ -219,6 +224,7 @@ def test_lean_1_as_two_ranks_sharing_one_gpu_over_gloo_tracks_fp32_on_one_proces
     assert max(abs(a - b) for a, b in zip(rank_mean, single.losses)) < FSDP_BF16_LOSS_ATOL
 
 
+@quick
 def test_fp16_with_grad_scaler_trains_like_fp32(char_data):
     """The CPU test's bounds (tests/optimizations/test_precision.py), with what speed_5 really uses on CUDA."""
     amp = mixed_precision(tiny_config(char_data, amp=True, device="cuda"), torch.device("cuda"))
@@ -226,6 +232,7 @@ def test_fp16_with_grad_scaler_trains_like_fp32(char_data):
     check_fp16_tracks_fp32(char_data, amp, "cuda")
 
 
+@quick
 def test_pinned_non_blocking_copies_give_identical_batches(char_data):
     """A non-blocking copy from pinned memory gives the host batch exactly, as the blocking copy does.
 
@@ -324,6 +331,7 @@ def test_memory_and_lean_stages_finish_with_their_memory_step(stage, char_data, 
     assert max(m["memory_timeline_mib"]) == pytest.approx(m["memory_breakdown_mib"]["total"], abs=0.01)
 
 
+@quick
 def test_checkpointing_with_early_stop_is_what_crashed_the_memory_step(char_data):
     """The diagnosis behind checkpoint_blocks' early_stop=False: checkpointing's early stop crashed the memory step.
 
@@ -364,6 +372,7 @@ def test_fast_stages_run_on_cuda(stage, char_data, tmp_path):
         assert record["choices"]["loss"] == "full" and missing in record["choices"]["loss_why"]
 
 
+@quick
 @pytest.mark.parametrize("stage", ["fast_2_bf16", "fast_3_sdpa"])
 def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_data):
     """The planner estimates the CUDA attention kernels within 10% of max_memory_allocated.
@@ -383,6 +392,7 @@ def test_planner_estimates_the_attention_kernels_within_10_percent(stage, char_d
     assert row["target"] == "cuda" and abs(row["error_pct"]) < 10, row
 
 
+@quick
 def test_gathered_batches_on_cuda_are_the_dataloaders_batches(char_data):
     """fast_1's batches, gathered on the GPU, are the DataLoader's batches of the same sampler.
 
@@ -398,6 +408,7 @@ def test_gathered_batches_on_cuda_are_the_dataloaders_batches(char_data):
         assert torch.equal(xg.cpu(), xl) and torch.equal(yg.cpu(), yl)
 
 
+@quick
 @pytest.mark.parametrize("impl", chunked_loss.IMPLEMENTATIONS)
 def test_each_installed_chunked_loss_tracks_fp32_like_the_full_loss(impl):
     """Each installed chunked loss is as close to fp32 as the full bf16 loss, and the padding rows get no gradient.
@@ -464,6 +475,7 @@ def test_stages_train_to_a_loss_on_cuda(stage, char_data):
 # ---- the speedrun on CUDA: Muon, the last stage with its CUDA graphs, its schedule, the noise scale -------------
 
 
+@quick
 def test_muons_newton_schulz_in_bf16_on_cuda_is_near_orthogonal_and_near_float32():
     """Muon's Newton-Schulz in bf16 on CUDA is near orthogonal and near its float32 result.
 
@@ -472,6 +484,7 @@ def test_muons_newton_schulz_in_bf16_on_cuda_is_near_orthogonal_and_near_float32
     check_newton_schulz_in_bf16("cuda")
 
 
+@quick
 def test_a_muon_step_on_cuda_matches_float32_on_the_cpu(char_data, monkeypatch):
     check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cuda", monkeypatch)
 

@@ -1,46 +1,151 @@
-"""The quick run's own parts (gpt/quick.py): its GPU tests' closing line and time cap, its limit, its estimate.
+"""The quick run's own parts (gpt/quick.py): its plan and dry run, its GPU tests' cap, its limit, its compile cache.
 
 The run itself is tested with stub stages in tests/test_report.py."""
 
+import os
+import re
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from gpt import quick
+from gpt import quick, run_all
 from gpt.records import read_record, write_record
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan may wait a while for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 def test_the_gpu_tests_closing_line_is_recorded_and_a_cut_run_says_so(tmp_path, monkeypatch):
-    deadline = quick.Deadline.starting_now(4.0)  # a quarter of it, 1 minute, for the tests
-    caps = []
-
-    def finished(cmd, stdout, timeout, **kwargs):
-        caps.append(timeout)
-        stdout.write("....s\n========== 30 passed, 6 skipped, 52 warnings in 101.97s (0:01:41) ==========\n")
-        return subprocess.CompletedProcess(cmd, 0)
-
-    monkeypatch.setattr(quick.subprocess, "run", finished)
-    result = quick.run_gpu_tests(tmp_path, deadline)
+    closing = "========== 30 passed, 6 skipped, 52 warnings in 101.97s (0:01:41) =========="
+    monkeypatch.setattr(
+        quick, "gpu_tests_command", lambda: [sys.executable, "-c", f"print('....s'); print({closing!r})"]
+    )
+    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
     assert result["summary"] == "30 passed, 6 skipped, 52 warnings in 101.97s (0:01:41)" and result["exit_code"] == 0
-    assert caps == [pytest.approx(60, abs=1)] and read_record(tmp_path / "gpu_tests.json") == result
+    assert read_record(tmp_path / "gpu_tests.json") == result
 
-    def cut(cmd, stdout, timeout, **kwargs):
-        stdout.write("tests/test_gpu.py ....\n")
-        raise subprocess.TimeoutExpired(cmd, timeout)
-
-    monkeypatch.setattr(quick.subprocess, "run", cut)
-    result = quick.run_gpu_tests(tmp_path, deadline)
-    assert result["exit_code"] is None and result["summary"].startswith("stopped at 1 min 0 s; last line: tests/")
+    monkeypatch.setattr(quick, "GPU_TESTS_CAP_S", 1.0)
+    script = "import time; print('tests/test_gpu.py ....', flush=True); time.sleep(60)"
+    monkeypatch.setattr(quick, "gpu_tests_command", lambda: [sys.executable, "-c", script])
+    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
+    assert result["exit_code"] is None and result["summary"].startswith("stopped at 1 s; last line: ")
 
 
-def test_the_limit_keeps_room_for_the_report_and_the_estimate_reads_earlier_wall_clocks(tmp_path):
+def test_the_gpu_tests_stop_at_their_cap_with_every_process_they_started(tmp_path, monkeypatch):
+    """At their cap the GPU tests stop as a process group: a stage process a test started is not left running."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    monkeypatch.setattr(quick, "gpu_tests_command", lambda: [sys.executable, "-c", script])
+    monkeypatch.setattr(quick, "GPU_TESTS_CAP_S", 2.0)
+    t0 = time.monotonic()
+    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
+    assert result["exit_code"] is None and time.monotonic() - t0 < 30
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # its parent gone, init reaps it
+        if not running(grandchild):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, 9)
+        pytest.fail("the GPU tests' grandchild outlived their cap")
+
+
+def dry_run(capsys, *options: str) -> list[str]:
+    """The lines `./run_all.sh --quick --dry-run <options>` prints."""
+    assert run_all.main(["--quick", "--dry-run", *options]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def seconds(text: str) -> int:
+    """'6 min 5 s' or '52 s' in seconds."""
+    m = re.fullmatch(r"(?:(\d+) min )?(\d+) s", text.strip())
+    return 60 * int(m[1] or 0) + int(m[2])
+
+
+@pytest.mark.parametrize("kind", quick.GPU_KINDS)
+def test_the_plan_of_a_gpu_fits_7_minutes_in_order_and_names_the_command_of_what_it_leaves_out(kind, tmp_path, capsys):
+    """On an H100 or an H200, from their committed records: the GPU tests, the speedrun, the speed and fast ladders.
+
+    In that order, each item with its seconds, the total last and within 7 minutes less the report's share; what does
+    not fit is left out from the end, a section at a time, each with the command that runs it."""
+    lines = dry_run(capsys, "--gpu", kind, "--out", str(tmp_path / "q"))
+    assert lines[0].startswith("== quick run: a first look within 7 min 0 s") and kind in lines[1]
+    items = [re.match(r"\s+(\d+ min \d+ s|\d+ s)  ([\w ]+): (\S+)", line) for line in lines[2:]]
+    items = [m for m in items if m]
+    assert items[0][2] == "gpu tests" and seconds(items[0][1]) == 90
+    left_out = [line.split(": ", 1)[1] for line in lines if line.startswith("   not run")]
+    order = [m[2] for m in items] + [section.split(",")[0] for section in left_out]
+    assert list(dict.fromkeys(order)) == ["gpu tests", "speedrun", "speed", "fast"]
+    for section in left_out:
+        name = section.split(",")[0]
+        assert section.endswith(f": ./run_all.sh --quick --only {name} --out {tmp_path / 'q'} --resume")
+    total = seconds(lines[-1].removeprefix("total: "))
+    assert lines[-1].startswith("total: ") and total == pytest.approx(sum(seconds(m[1]) for m in items), abs=len(items))
+    assert total <= 7 * 60 * (1 - quick.REPORT_RESERVE)
+
+
+def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """--dry-run prints the plan (the memory ladder's too, and the CPU's) and starts no process, writing nothing."""
+
+    def nothing(*args, **kwargs):
+        pytest.fail("a dry run started something")
+
+    for module, name in ((run_all, "prepare_data"), (run_all, "run_stage"), (quick, "run_stage")):
+        monkeypatch.setattr(module, name, nothing)
+    monkeypatch.setattr(subprocess, "Popen", nothing)
+    out = tmp_path / "q"
+    memory = dry_run(capsys, "--gpu", "H200", "--only", "memory", "--out", str(out))
+    assert [line.split(": ")[1].split()[0] for line in memory[2:-1]] == run_all.stages_of("memory")
+    cpu = dry_run(capsys, "--device", "cpu", "--out", str(out))
+    assert "cpu-cpu's wall clock" in cpu[2] and cpu[-1].startswith("total: ")
+    assert not out.exists()
+
+
+def test_the_limit_keeps_room_for_the_report_and_a_run_reads_its_earlier_wall_clocks(tmp_path):
     deadline = quick.Deadline(limit_s=100.0, start=time.monotonic())
     assert 94 < deadline.left() <= 95 and not deadline.passed() and deadline.label == "1 min 40 s"
     assert quick.Deadline(limit_s=100.0, start=time.monotonic() - 96).passed()
-    for i, name in enumerate(["a", "b"]):
-        write_record(tmp_path / f"{name}.json", {"stage": name})
-        quick.mark(tmp_path / f"{name}.json", 10.0 * (i + 1), quick=True)
-    assert read_record(tmp_path / "a.json")["run"] == {"quick": True, "wall_s": 10.0}
-    assert quick.estimate([tmp_path / "a.json", tmp_path / "b.json", tmp_path / "missing.json"]) == (30.0, 2)
+    write_record(tmp_path / "speed_1_batch_size.json", {"stage": "speed_1_batch_size", "status": "ok"})
+    quick.mark(tmp_path / "speed_1_batch_size.json", 10.0, quick=True)
+    assert read_record(tmp_path / "speed_1_batch_size.json")["run"] == {"quick": True, "wall_s": 10.0}
+    figures = quick.Figures(tmp_path, [tmp_path / "none"], "smoke", "cpu")
+    assert figures.seconds("speed_1_batch_size", Path("speed_1_batch_size.json"), False) == (
+        10.0,
+        "this folder's last quick run",
+    )
+    assert figures.seconds("speed_2_num_workers", Path("speed_2_num_workers.json"), False)[1] == (
+        "speed's slowest recorded stage"
+    )
     assert quick.stage_arguments({"repeats": 5, "warmup_iters": 10}) == ["--repeats", "2", "--warmup-iters", "5"]
+
+
+def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
+    items = [quick.Item("a", str(i), s, "", "cmd", Path(str(i))) for i, s in enumerate([50, 40, 5, 1])]
+    plan = quick.Plan(items, budget_s=92)
+    assert [i.name for i in plan.kept] == ["0", "1"] and plan.dropped_item(Path("2")).name == "2"
+    assert plan.dropped_item(Path("0")) is None and plan.runs("a")
+
+
+def test_the_quick_runs_processes_share_one_compile_cache_in_its_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    read = [sys.executable, "-c", "import os; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"]
+    with quick.one_compile_cache(tmp_path):
+        seen = subprocess.run(read, capture_output=True, text=True).stdout.strip()
+    assert seen == str(tmp_path / quick.COMPILE_CACHE) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    with quick.one_compile_cache(tmp_path):
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"

@@ -807,8 +807,8 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--wandb", "disabled", "--quick"]
     assert run_all.main(args + ["--time-limit", "0.05"]) == 1  # 3 s: speed_1 is stopped there
     printed = capsys.readouterr().out
-    assert printed.index("== quick run: a first look within 3 s") < printed.index("speed_0_baseline")
-    assert "estimate: none yet" in printed
+    assert printed.index("== quick run: a first look within 3 s") < printed.index("[ 1/7] speed_0_baseline")
+    assert "0 s  speed: speed_0_baseline  (no figure: the limit bounds it)" in printed  # smoke: no records
     records = {s: json.loads((quick_out / f"{s}.json").read_text()) for s in speed}
     assert records["speed_0_baseline"]["status"] == "ok" and records["speed_0_baseline"]["run"]["quick"] is True
     assert records["speed_1_batch_size"]["reason"] == "stopped at the quick run's 3 s limit (--resume runs it again)"
@@ -824,8 +824,27 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     for stage in speed[1:]:
         behave(stage, "ok", fake_record(stage))
     assert run_all.main(args + ["--resume"]) == 0  # the default limit: time enough
-    assert "estimate: " in capsys.readouterr().out
+    assert "speed: speed_0_baseline" not in capsys.readouterr().out  # kept: not in the plan
     assert (quick_out / "calls.txt").read_text().split() == speed[:2] + speed[1:]
+
+
+def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs_it(stub_stages, monkeypatch):
+    """The stage runs a quick run's plan has no room for are never started, and their records say how to run them."""
+    out, behave, calls = stub_stages
+    speed = stages_of("speed")
+    for stage in speed:
+        behave(stage, "ok", fake_record(stage))
+    monkeypatch.setattr(run_all.quick.Figures, "seconds", lambda self, stage, rel, to_a_loss: (60.0, "a minute"))
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]
+    assert run_all.main(args + ["--out", str(out), "--wandb", "disabled"]) == 0  # 114 s for the stages: one fits
+    assert calls() == speed[:1]
+    command = f"./run_all.sh --quick --only speed --profile smoke --device cpu --out {out} --wandb disabled --resume"
+    for stage in speed[1:]:
+        record = json.loads((out / f"{stage}.json").read_text())
+        assert record["status"] == "skipped"
+        assert (
+            record["reason"] == f"not run: the quick run's plan for 2 min 0 s had no room for it (`{command}` runs it)"
+        )
 
 
 @pytest.mark.slow
