@@ -25,7 +25,7 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.optimizations.parallel import with_processes
-from gpt.profiles import profile_settings
+from gpt.profiles import SPEEDRUN, profile_settings
 
 STAGES_DIR = REPO_ROOT / "stages"
 STAGE_FILE = re.compile(r"(?P<ladder>[a-z]+)_(?P<n>\d+)_(?P<name>\w+)")  # a stage script's name: <ladder>_<n>_<name>
@@ -220,22 +220,40 @@ def load_stage(stage: str):
 # ---- a stage's config --------------------------------------------------------------------------------------------
 
 
-def stage_config(
-    stage: str, profile: str, to_a_loss: bool = False, processes: int | None = None, one_step: bool = False, **overrides
-) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated.
+def settings_section(stage: str, to_a_loss: bool = False, speedrun_task: bool = False) -> str:
+    """The section of its profile (gpt/profiles.py) a stage's config starts from.
 
-    The one place a stage's config is built. to_a_loss: the profile's settings for training to a loss (a stage of a
-    ladder that also trains to one) instead of the timed ones. processes: a DDP/FSDP stage on that many processes (a
-    launcher's, the planner's). one_step: samples set to one step of every process (the planner's)."""
+    The speedrun's task for a speedrun stage, and for a stage run on it (speedrun_task: speed_0's seeds that set the
+    speedrun's target); the time-to-loss settings for a run to a loss; its ladder's baseline's otherwise."""
     ladder = LADDERS[ladder_of(stage)]
-    to_a_loss = to_a_loss or ladder.to_a_loss == "only"
-    if to_a_loss and ladder.to_a_loss == "never":
+    if (to_a_loss or speedrun_task) and ladder.to_a_loss == "never":
         raise UserError(
             f"{stage} is not trained to a loss: the {ladder.name} ladder keeps its parent's trajectory (the "
             "equivalence tests of its homes, tests/optimizations/), so its time to loss is its time per token"
         )
-    settings = profile_settings(profile, "time_to_loss" if to_a_loss else base_ladder(ladder.name))
+    if speedrun_task or ladder.to_a_loss == "only":
+        return SPEEDRUN
+    return "time_to_loss" if to_a_loss else base_ladder(ladder.name)
+
+
+def stage_config(
+    stage: str,
+    profile: str,
+    to_a_loss: bool = False,
+    processes: int | None = None,
+    one_step: bool = False,
+    speedrun_task: bool = False,
+    **overrides,
+) -> TrainConfig:
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated.
+
+    The one place a stage's config is built. to_a_loss: the profile's settings for training to a loss (a stage of a
+    ladder that also trains to one) instead of the timed ones. speedrun_task: trained to a loss on the speedrun's
+    task instead (`settings_section`). processes: a DDP/FSDP stage on that many processes (a launcher's, the
+    planner's). one_step: samples set to one step of every process (the planner's)."""
+    ladder = LADDERS[ladder_of(stage)]
+    to_a_loss = to_a_loss or speedrun_task or ladder.to_a_loss == "only"
+    settings = profile_settings(profile, settings_section(stage, to_a_loss, speedrun_task))
     settings["data_dir"] = str(REPO_ROOT / settings["data_dir"])
     cfg = TrainConfig(**settings, goal=ladder.goal)
     for name in lineage(stage):

@@ -168,9 +168,9 @@ def main(argv=None):
     )
     parser.add_argument("--order", type=int, default=ORDER)
     args = parser.parse_args(argv)
-    cfg = stage_config("speed_0_baseline", args.profile, to_a_loss=True)
+    cfg = stage_config("speed_0_baseline", args.profile, speedrun_task=True)
     records = args.records or Path(__file__).resolve().parents[1] / "records" / f"{args.profile}-cpu"
-    target = speedrun_target(records)
+    target = speedrun_target(records, args.profile)
     print(
         f"{args.order}-gram interpolated Kneser-Ney, {Path(cfg.data_dir).name}'s training split, scored on "
         f"{cfg.eval_windows} validation windows of {cfg.block_size} targets (gpt/evaluation.py's)"

@@ -139,11 +139,11 @@ def halves_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "noise scale") -> dict:
-    """Train `cfg` (default: speed_0's time-to-loss settings of `profile`) to its budget, its batch as two halves.
+    """Train `cfg` (default: speed_0 on the speedrun's task of `profile`) to its budget, its batch as two halves.
 
     Returns the curve (at every evaluation: tokens, validation loss, the moving averages of |G|^2 and S, B_simple) and
     B_noise, the means over the window from READ_FROM of the budget on."""
-    cfg = cfg or stage_config(BASELINE, profile, to_a_loss=True)
+    cfg = cfg or stage_config(BASELINE, profile, speedrun_task=True)
     if not cfg.train_tokens:
         raise UserError("measuring the noise scale trains to a token budget: the config has none (train_tokens)")
     measured = halves_config(cfg)
@@ -318,7 +318,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
-    cfg = stage_config(BASELINE, args.profile, to_a_loss=True, device=args.device, data_dir=data_dir)
+    cfg = stage_config(BASELINE, args.profile, speedrun_task=True, device=args.device, data_dir=data_dir)
     batches = timed_batches(cfg.batch_size, stage_config(CHOOSES_FOR, args.profile).batch_size, args.batches)
     halves_config(cfg)  # bad settings: one line before anything runs
     timed = stage_config(TIMED_WITH, args.profile, device=args.device, data_dir=data_dir)

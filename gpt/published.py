@@ -8,15 +8,29 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.ladder import ladder_names
+from gpt.profiles import SPEEDRUN, profile_settings
 from gpt.records import time_to_loss_dir
 
 PUBLISHED = REPO_ROOT / "records"
 NOTE = "note.md"  # a records folder's provenance (e.g. made by older code), shown under the report's header
+# The default run whose committed speed_0 seeds set the speedrun's target: the task was tuned there (gpt/profiles.py)
+SPEEDRUN_TARGET_SET_BY = ("cpu", "cpu")
 
 
 def published_dir(profile: str, device: str) -> Path:
     """Where a default run of this profile on this device commits its records."""
     return PUBLISHED / f"{profile}-{device}"
+
+
+def committed_speedrun_target(profile: str, device: str) -> tuple[Path, str]:
+    """The committed run folder whose speed_0 seeds set the speedrun's target for a run of `profile`, and its profile.
+
+    One target for the speedrun's task, whatever the device (records/cpu-cpu); a profile with a task of its own
+    (smoke's tiny one) has its own default run's."""
+    home = SPEEDRUN_TARGET_SET_BY[0]
+    if profile_settings(profile, SPEEDRUN) == profile_settings(home, SPEEDRUN):
+        return published_dir(*SPEEDRUN_TARGET_SET_BY), home
+    return published_dir(profile, device), profile
 
 
 def json_files(runs: Path) -> list[Path]:

@@ -26,11 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from gpt.ladder import ladder_of, stage_config, stages_of
+from gpt.optimizations.compilation import compile_mode
 from gpt.published import PUBLISHED, published_dir
 from gpt.records import read_record, write_record
 from gpt.supervision import TimeLimitReached, run_stage
 
+SPEEDRUN = "speedrun"  # the ladder, and the folder of its records (gpt/records.py:time_to_loss_dir)
 QUICK_REPEATS = 2  # timed repeats per stage: two give a spread; the profiles' own are 3 to 5
 QUICK_WARMUP = 5  # warm-up steps at most: compilation and CUDA-graph recording happen in the first three
 # The limit when none is given, in minutes: on a GPU what one lent H100 leaves, with room (issue 52); on a CPU what the
@@ -186,10 +190,14 @@ class Figures:
         baseline = ok_record(self.committed[0] / f"{stages_of('speed')[0]}.json")
         if self.device != "cuda" or not to_a_loss or baseline is None:
             return None
-        cfg, budget = (stage_config(s, self.profile, True, device="cuda") for s in (stage, baseline["stage"]))
+        task = rel.parts[0] == SPEEDRUN  # its records' folder: the speedrun's task, whatever the profile
+        cfg, budget = (
+            stage_config(s, self.profile, True, speedrun_task=task, device="cuda") for s in (stage, baseline["stage"])
+        )
         steps, step_s = budget.train_tokens // budget.tokens_per_step, baseline["metrics"]["step_time_s"]
         share = cpu_share(rel)
-        compile_s = max(self.compile_seconds(), default=0.0) if cfg.compile else 0.0
+        compiles = compile_mode(cfg, torch.device("cuda")) is not None  # the rule may keep a short run eager
+        compile_s = max(self.compile_seconds(), default=0.0) if compiles else 0.0
         seconds = PROCESS_START_S + compile_s + (1 + EVAL_SHARE) * steps * step_s * share
         return seconds, (
             f"{self.committed[0].name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"

@@ -15,7 +15,7 @@ import torch
 from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.loss_curve import baseline_model_loss
-from gpt.profiles import profile_settings
+from gpt.profiles import SPEEDRUN, profile_settings, speedrun_task_is_time_to_loss
 
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent
@@ -153,11 +153,20 @@ def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 
-def speedrun_target(out: Path) -> float | None:
-    """The speedrun's target in a run directory: the highest final validation loss of speed_0's seeds there.
+def speedrun_baseline_dir(out: Path, profile: str) -> Path:
+    """Where a run directory of `profile` keeps speed_0's seeds on the speedrun's task, those that set its target.
 
-    From loss_curve.baseline_model_loss; None without a finished one."""
-    folder = time_to_loss_dir(out)
+    <out>/time_to_loss/ where the profile's time-to-loss settings are that task (cpu, smoke: one run of speed_0 serves
+    both sections), else <out>/speedrun/ (reference: its time to loss trains GPT-mini)."""
+    return time_to_loss_dir(out, None if speedrun_task_is_time_to_loss(profile) else SPEEDRUN)
+
+
+def speedrun_target(out: Path, profile: str) -> float | None:
+    """The speedrun's target in a run directory of `profile`: the highest final validation loss of speed_0's seeds.
+
+    Its seeds on the speedrun's task (speedrun_baseline_dir); from loss_curve.baseline_model_loss; None without a
+    finished one."""
+    folder = speedrun_baseline_dir(out, profile)
     paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
     return baseline_model_loss([read_record(p) for p in paths if p.exists()])
 

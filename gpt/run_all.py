@@ -41,9 +41,17 @@ from gpt.ladder import STAGES_DIR, base_ladder, ladder_names, ladder_of, stage_c
 from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
-from gpt.profiles import PROFILES, default_profile, profile_settings
+from gpt.profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
 from gpt.published import publish, published_dir
-from gpt.records import environment, read_record, record_path, time_to_loss_dir, writable_dir, write_record
+from gpt.records import (
+    environment,
+    read_record,
+    record_path,
+    speedrun_baseline_dir,
+    time_to_loss_dir,
+    writable_dir,
+    write_record,
+)
 from gpt.report.document import write_report
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
@@ -148,7 +156,7 @@ def still_runs(job: "Job", profile: str, device: str) -> bool:
 def prepare_data(profile: str, sections: list[str]) -> None:
     """Prepare the data sets the profile reads, if missing (prepare.py writes meta.json last)."""
     dirs = {
-        REPO_ROOT / profile_settings(profile, base_ladder(s) if s in timed_ladders() else TIME_TO_LOSS)["data_dir"]
+        REPO_ROOT / profile_settings(profile, base_ladder(s) if s in timed_ladders() else s)["data_dir"]
         for s in sections
     }
     for data_dir in sorted(dirs):
@@ -244,7 +252,9 @@ class Job:
 
     def config(self, profile: str, device: str):
         """The stage's settings in this job (a TrainConfig), as its process builds them."""
-        return stage_config(self.stage, profile, self.to_a_loss, device=device, seed=self.seed)
+        return stage_config(
+            self.stage, profile, self.to_a_loss, device=device, seed=self.seed, speedrun_task=self.speedrun_task
+        )
 
     @property
     def log(self) -> Path:
@@ -253,6 +263,10 @@ class Job:
     @property
     def to_a_loss(self) -> bool:
         return "--time-to-loss" in self.extra
+
+    @property
+    def speedrun_task(self) -> bool:
+        return "--speedrun-task" in self.extra
 
     @property
     def name(self) -> str:
@@ -264,18 +278,18 @@ def ladder_jobs(stages: list[str], out: Path, extra=lambda stage: []) -> list[Jo
 
 
 def loss_jobs(
-    stages: list[str], out: Path, seeds=(None,), target: float | None = None, ladder: str | None = None
+    stages: list[str], folder: Path, seeds=(None,), target: float | None = None, speedrun_task: bool = False
 ) -> list[Job]:
-    """The jobs of `stages` trained to a loss, each with each of `seeds`.
+    """The jobs of `stages` trained to a loss, each with each of `seeds`, their records and logs in `folder`.
 
-    Records and logs go in <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss (made when a
-    job runs)."""
-    folder = time_to_loss_dir(out, ladder)
+    speedrun_task: on the speedrun's task (speed_0's seeds that set its target), not the time-to-loss settings. The
+    folder is made when a job runs (run_stages): a quick run's dry run plans these jobs and writes nothing."""
     return [
         Job(
             stage,
             record_path(folder, stage, seed),
             ["--time-to-loss"]
+            + (["--speedrun-task"] if speedrun_task else [])
             + (["--seed", str(seed)] if seed is not None else [])
             + (["--target-loss", repr(target)] if target is not None else []),
             seed,
@@ -446,7 +460,7 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
     the same budget with that target."""
     baseline, *rest = stages_of(*ladder_names("also"))
     failures, interrupted = run_stages(
-        loss_jobs([baseline], out, baseline_seeds(profile)), args, profile, device, out, progress
+        loss_jobs([baseline], time_to_loss_dir(out), baseline_seeds(profile)), args, profile, device, out, progress
     )
     if interrupted:
         return failures, True
@@ -457,7 +471,8 @@ def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress
         f", {TARGET_AT:.0%} of the way through {baseline}'s budget",
         flush=True,
     )
-    more, interrupted = run_stages(loss_jobs(rest, out, target=target), args, profile, device, out, progress)
+    jobs = loss_jobs(rest, time_to_loss_dir(out), target=target)
+    more, interrupted = run_stages(jobs, args, profile, device, out, progress)
     return failures + more, interrupted
 
 
@@ -472,17 +487,18 @@ def run_speedrun(
 ) -> tuple[int, bool]:
     """The speedrun section, its stages trained to the baseline's model; returns (failed stages, interrupted).
 
-    First speed_0's seeds (unless the time-to-loss section just trained them), the target (the highest final
-    validation loss among them: the baseline's model), the gradient noise scale along speed_0's run (the report's
-    plot), then every speedrun stage with that target: the last one with every seed, the others with the profile's. A
-    quick run trains one seed of each and measures no noise scale."""
+    First speed_0's seeds on the speedrun's task (unless the time-to-loss section just trained them on it: the cpu
+    profile's), the target (the highest final validation loss among them: the baseline's model), the gradient noise
+    scale along speed_0's run (the report's plot), then every speedrun stage with that target: the last one with every
+    seed, the others with the profile's. A quick run trains one seed of each and measures no noise scale."""
     baseline, failures = stages_of("speed")[0], 0
     seeds = [None] if args.quick else baseline_seeds(profile)
-    if not baseline_ran:
-        failures, interrupted = run_stages(loss_jobs([baseline], out, seeds), args, profile, device, out, progress)
+    folder = speedrun_baseline_dir(out, profile)
+    if not (baseline_ran and speedrun_task_is_time_to_loss(profile)):
+        jobs = loss_jobs([baseline], folder, seeds, speedrun_task=True)
+        failures, interrupted = run_stages(jobs, args, profile, device, out, progress)
         if interrupted:
             return failures, True
-    folder = time_to_loss_dir(out)
     target = baseline_model_loss([read_record(record_path(folder, baseline, s)) for s in seeds])
     print(
         f"   speedrun target: {'none (a baseline seed did not finish)' if target is None else f'{target:.4f}'}, "
@@ -504,7 +520,8 @@ def run_speedrun(
     *stages, last = stages_of(SPEEDRUN)
     first = stage_config(last, profile).seed
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])
-    jobs = loss_jobs(stages, out, target=target, ladder=SPEEDRUN) + loss_jobs([last], out, last_seeds, target, SPEEDRUN)
+    folder = time_to_loss_dir(out, SPEEDRUN)
+    jobs = loss_jobs(stages, folder, target=target) + loss_jobs([last], folder, last_seeds, target)
     more, interrupted = run_stages(jobs, args, profile, device, out, progress)
     return failures + more, interrupted
 
@@ -548,11 +565,16 @@ def loss_stages(sections: list[str]) -> list[str]:
     return stages
 
 
-def loss_job_count(sections: list[str], quick_run: bool = False) -> int:
+def loss_job_count(sections: list[str], quick_run: bool = False, shared_baseline: bool = True) -> int:
+    """The runs to a loss the sections make.
+
+    shared_baseline: the time-to-loss section's speed_0 seeds set the speedrun's target too (the profile's time-to-loss
+    settings are the speedrun's task: profiles.speedrun_task_is_time_to_loss)."""
     baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
     count = len(stages_of(*ladder_names("also"))) + baseline_seeds - 1 if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:
-        count += len(stages_of(SPEEDRUN)) + last_seeds - 1 + (0 if TIME_TO_LOSS in sections else baseline_seeds)
+        shared = TIME_TO_LOSS in sections and shared_baseline
+        count += len(stages_of(SPEEDRUN)) + last_seeds - 1 + (0 if shared else baseline_seeds)
     return count
 
 
@@ -596,7 +618,7 @@ def run(args, device: str, profile: str, out: Path) -> int:
     sections = run_sections_of(args)
     ladders = [s for s in sections if s in timed_ladders()]
     jobs = timed_jobs(args, profile, out)
-    progress = Progress(len(jobs) + loss_job_count(sections, args.quick))
+    progress = Progress(len(jobs) + loss_job_count(sections, args.quick, speedrun_task_is_time_to_loss(profile)))
     args.deadline = (
         quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) if args.quick else None
     )
@@ -675,10 +697,12 @@ def planned_jobs(args, profile: str, out: Path) -> list[tuple[str, Job]]:
     for section in sections:
         if section == TIME_TO_LOSS:
             rest = stages_of(*ladder_names("also"))[1:]
-            section_jobs = loss_jobs([baseline], out, baseline_seeds(profile)) + loss_jobs(rest, out)
-        elif section == SPEEDRUN:
-            first = [] if TIME_TO_LOSS in sections else loss_jobs([baseline], out)
-            section_jobs = first + loss_jobs(stages_of(SPEEDRUN), out, ladder=SPEEDRUN)
+            folder = time_to_loss_dir(out)
+            section_jobs = loss_jobs([baseline], folder, baseline_seeds(profile)) + loss_jobs(rest, folder)
+        elif section == SPEEDRUN:  # as run_speedrun makes them, one seed each
+            shared = TIME_TO_LOSS in sections and speedrun_task_is_time_to_loss(profile)
+            first = [] if shared else loss_jobs([baseline], speedrun_baseline_dir(out, profile), speedrun_task=True)
+            section_jobs = first + loss_jobs(stages_of(SPEEDRUN), time_to_loss_dir(out, SPEEDRUN))
         else:
             section_jobs = [job for job in jobs if ladder_of(job.stage) == section]
         planned += [(section, job) for job in section_jobs]

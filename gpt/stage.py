@@ -17,10 +17,10 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
-from gpt.ladder import declaration, ladder_of, parent_of, stage_config, trains_to_a_loss_only
+from gpt.ladder import declaration, ladder_of, parent_of, settings_section, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
-from gpt.published import published_dir
+from gpt.published import committed_speedrun_target
 from gpt.records import (
     environment,
     failure_of,
@@ -30,6 +30,7 @@ from gpt.records import (
     read_record,
     record_path,
     snapshot_path,
+    speedrun_baseline_dir,
     speedrun_target,
     time_to_loss_dir,
     trace_path,
@@ -87,11 +88,19 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
         type=int,
         help="evaluate every this many tokens (default: the profile's, or a fortieth of --train-tokens)",
     )
+    loss.add_argument(
+        "--speedrun-task",
+        action="store_true",
+        help="train to a loss on the speedrun's task (gpt/profiles.py: SPEEDRUN_TASK), not the profile's time-to-loss "
+        "settings, as speed_0's seeds that set the speedrun's target do (their records: "
+        "gpt/records.py:speedrun_baseline_dir)",
+    )
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
     loss.add_argument(
         "--full-budget",
         action="store_true",
-        help="train the whole budget even once the target is reached (a speedrun stage stops there)",
+        help="train the whole budget even once the target is reached (a speedrun stage stops there); a speedrun "
+        "stage with no target found trains it instead of stopping with an error",
     )
     loss.add_argument("--seed", type=int, help="another seed than the profile's (record <stage>.seed<N>.json)")
     loss.add_argument(
@@ -128,24 +137,46 @@ def to_a_loss_overrides(args, profile: dict) -> dict:
     return overrides
 
 
-def default_speedrun_target(stage: str, out: Path, profile: str, device: str) -> float | None:
+def default_speedrun_target(
+    stage: str, out: Path, profile: str, device: str, full_budget: bool = False
+) -> float | None:
     """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
 
-    The stage races to that model, found in the run's folder, else in the committed records of this profile and device;
-    one line says which (or that it trains its whole budget, with no target to stop at)."""
-    for folder in (out, published_dir(profile, device)):
-        target = speedrun_target(folder)
+    The stage races to that model, found in the run's folder, else in the committed records that set the task's
+    target (gpt/published.py:committed_speedrun_target), whatever the device; one line says which. With none, a
+    one-line error, or with --full-budget a line saying it trains its whole budget with no target to stop at."""
+    places = [(out, profile), committed_speedrun_target(profile, device)]
+    for folder, folder_profile in places:
+        target = speedrun_target(folder, folder_profile)
         if target is not None:
             print(
-                f"{stage}: target {target:.4f}, speed_0_baseline's final validation loss in {folder} "
-                "(--target-loss sets another)"
+                f"{stage}: target {target:.4f}, speed_0_baseline's final validation loss in "
+                f"{speedrun_baseline_dir(folder, folder_profile)} (--target-loss sets another)"
             )
             return target
-    print(
-        f"{stage}: no target (no speed_0_baseline record in {out} or {published_dir(profile, device)}): "
-        "training the whole budget"
-    )
+    searched = " or ".join(str(speedrun_baseline_dir(folder, p)) for folder, p in places)
+    if not full_budget:
+        raise UserError(
+            f"{stage}: no target: no speed_0_baseline record in {searched} (--target-loss sets one; --full-budget "
+            "trains the budget without)"
+        )
+    print(f"{stage}: no target (no speed_0_baseline record in {searched}): training the whole budget")
     return None
+
+
+def to_a_loss_settings(stage: str, profile: str, speedrun_task: bool) -> dict:
+    """The profile's settings a run to a loss of `stage` starts from: the time-to-loss ones or the speedrun's task."""
+    return profile_settings(profile, settings_section(stage, True, speedrun_task))
+
+
+def loss_records_dir(out: Path, stage: str, profile: str, speedrun_task: bool) -> Path:
+    """Where a run to a loss keeps its record in the run directory `out`.
+
+    <out>/speedrun/ for a speedrun stage, speedrun_baseline_dir for a run on the speedrun's task (speed_0's seeds that
+    set its target), <out>/time_to_loss/ otherwise."""
+    if trains_to_a_loss_only(stage):
+        return time_to_loss_dir(out, ladder_of(stage))
+    return speedrun_baseline_dir(out, profile) if speedrun_task else time_to_loss_dir(out)
 
 
 def stage_meta(stage: str, profile: str) -> dict:
@@ -172,7 +203,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
     dev = device_type(args.device)
     profile = args.profile or default_profile(dev)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
-    to_a_loss = args.time_to_loss or args.train_tokens is not None or trains_to_a_loss_only(stage)
+    to_a_loss = args.time_to_loss or args.speedrun_task or args.train_tokens is not None or trains_to_a_loss_only(stage)
     if not to_a_loss and (
         args.full_budget or any(v is not None for v in (args.eval_every_tokens, args.target_loss, args.seed, args.lr))
     ):
@@ -197,15 +228,16 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
         loss_impl=args.loss_impl,
         device=args.device,
         profile_steps=0 if args.no_profiler else None,
-        **(to_a_loss_overrides(args, profile_settings(profile, "time_to_loss")) if to_a_loss else {}),
+        speedrun_task=args.speedrun_task,
+        **(to_a_loss_overrides(args, to_a_loss_settings(stage, profile, args.speedrun_task)) if to_a_loss else {}),
     )
     out = writable_dir(Path(args.out or REPO_ROOT / "runs" / f"{profile}-{dev}"))  # before any training
     if trains_to_a_loss_only(stage) and args.target_loss is None:
-        cfg.target_loss = default_speedrun_target(stage, out, profile, dev)
+        cfg.target_loss = default_speedrun_target(stage, out, profile, dev, args.full_budget)
     meta = stage_meta(stage, profile)
     if to_a_loss:
         meta.update(mode="time_to_loss", seed=cfg.seed)
-        out = writable_dir(time_to_loss_dir(out, ladder_of(stage) if trains_to_a_loss_only(stage) else None))
+        out = writable_dir(loss_records_dir(out, stage, profile, args.speedrun_task))
     path = record_path(out, stage, other_seed(args.seed, profile))
 
     launching = parallel.launches(cfg)

@@ -150,7 +150,8 @@ def test_each_stage_makes_one_change(profile, stage):
 
     A stage changes something, the fields of one optimization (a declared bundle: more), and the run's own settings
     (budget, learning rate: fields no optimization owns) only as a training change of the speedrun."""
-    cfg, before = stage_config(stage, profile), stage_config(parent_of(stage), profile, trains_to_a_loss_only(stage))
+    on_task = trains_to_a_loss_only(stage)  # speed_0 as the speedrun's parent: on the speedrun's task
+    cfg, before = stage_config(stage, profile), stage_config(parent_of(stage), profile, speedrun_task=on_task)
     before.stop_at_target = trains_to_a_loss_only(stage)  # the speedrun ladder's rule (gpt/ladder.py), no stage's
     after, parent = cfg.to_dict(), before.to_dict()
     changed_fields = [f for f in after if after[f] != parent[f]]

@@ -343,9 +343,9 @@ def test_the_module_runs_as_a_command():
 def test_t_b_covers_the_batch_the_stage_trains_at(profile):
     """t(B) covers the batch the stage trains at: by default 1-8 times the baseline's batch.
 
-    The reference profile's speedrun_2 trains at 128 (its baseline's 32 x4): t(B) must time that batch, which the fixed
-    12-96 (plus 32) of before left out."""
-    baseline = stage_config(noise_scale.BASELINE, profile, to_a_loss=True).batch_size
+    speedrun_2 trains at 48 on every profile (the speedrun's task, speed_0's 12 x4): t(B) times it. The fixed 12-96
+    (plus 32) of before left out the 128 it once trained at on the reference profile."""
+    baseline = stage_config(noise_scale.BASELINE, profile, speedrun_task=True).batch_size
     stage = stage_config(noise_scale.CHOOSES_FOR, profile).batch_size
     batches = noise_scale.timed_batches(baseline, stage, None)
     assert stage in batches and batches == [baseline * m for m in (1, 2, 4, 8)]

@@ -6,7 +6,10 @@ the ladder runs it (here on the CPU; on CUDA, with its CUDA graphs, in tests/tes
 mechanics are tested beside their homes (tests/optimizations/test_muon.py, test_schedule.py, test_architecture.py,
 test_ngram_embedding.py) and the noise scale in tests/test_noise_scale.py."""
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +20,12 @@ from test_time_to_loss import learning_budget
 from gpt import optimizations, run_all, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device
-from gpt.ladder import declaration, lineage, load_stage, stage_config, stages_of, trains_to_a_loss_only
+from gpt.ladder import STAGES_DIR, declaration, lineage, load_stage, stage_config, stages_of, trains_to_a_loss_only
 from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import compile_mode, uses_cuda_graphs
-from gpt.published import published_dir
-from gpt.records import read_record, record_path, time_to_loss_dir, write_record
+from gpt.published import SPEEDRUN_TARGET_SET_BY, published_dir
+from gpt.records import read_record, record_path, speedrun_target, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_findings, speedrun_section, speedup_range
 
 MEASUREMENT = REPO / "docs" / "measurement.md"
@@ -314,6 +317,43 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     assert ("noise_scale", None, None) in calls  # --fresh: measured anew
 
 
+def test_run_all_trains_the_speedruns_baseline_on_its_task_on_the_reference_profile(tmp_path, monkeypatch):
+    """On the reference profile (a GPU's) run_all trains speed_0's seeds on the speedrun's task, apart from GPT-mini's.
+
+    Its time to loss trains GPT-mini, so the seeds that set the speedrun's target run with --speedrun-task, their
+    records in <out>/speedrun/, and the speedrun's stages race to the worst of their final losses."""
+    calls = []
+
+    def fake_run_stage(cmd, log, show, deadline=None):
+        stage = Path(cmd[1]).stem
+        seed = int(cmd[cmd.index("--seed") + 1]) if "--seed" in cmd else None
+        calls.append(
+            (stage, "--speedrun-task" in cmd, cmd[cmd.index("--target-loss") + 1] if "--target-loss" in cmd else None)
+        )
+        final = 2.0 + (0.1 * (seed - 3408) if seed else 0.0)
+        record = _loss_record(stage, seed, [(0, 0, 4.0), (1000, 50, final)])
+        write_record(Path(log).with_suffix(".json"), {**record, "profile": "reference"})
+        return 0
+
+    monkeypatch.setattr(run_all, "run_stage", fake_run_stage)
+    monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: None)
+    monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
+    monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
+    monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
+    args = ["--only", "speedrun", "--profile", "reference", "--device", "cpu", "--out", str(tmp_path)]
+    run_all.main([*args, "--wandb", "disabled"])
+    baseline = [c for c in calls if c[0] == "speed_0_baseline"]
+    assert len(baseline) == 3 and all(on_task for _, on_task, _ in baseline)
+    assert sorted(p.name for p in (tmp_path / "speedrun").glob("speed_0_baseline*.json")) == [
+        "speed_0_baseline.json",
+        "speed_0_baseline.seed3408.json",
+        "speed_0_baseline.seed3409.json",
+    ]
+    assert not list(tmp_path.glob("time_to_loss/*.json"))
+    assert {c[2] for c in calls[len(baseline) :]} == {repr(2.1)}  # the worst seed's final loss
+    assert "2.1" in (tmp_path / "results.md").read_text().split("## Speedrun")[1]
+
+
 def test_the_speedruns_wandb_runs_have_a_group_of_their_own(monkeypatch):
     from gpt.wandb_log import run_group
 
@@ -323,11 +363,6 @@ def test_the_speedruns_wandb_runs_have_a_group_of_their_own(monkeypatch):
 
 
 def test_a_speedrun_stage_script_rejects_a_bad_learning_rate_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
-    from gpt.ladder import STAGES_DIR
-
     for bad in ("0", "nan"):
         p = subprocess.run(
             [
@@ -354,19 +389,95 @@ def test_a_speedrun_stage_run_alone_races_to_speed_0s_model_in_its_folder_or_the
     """A speedrun stage run alone races to speed_0's model, from speed_0's records in its folder or the committed ones.
 
     Without --target-loss a speedrun stage takes the target run_all would give it: speed_0's seeds in its own folder
-    first, else the committed records; with neither it says it trains the whole budget."""
-    from gpt import stage
+    first, else the committed records; with neither, --full-budget says it trains the whole budget."""
+    from gpt import published, stage
 
     committed, out = tmp_path / "committed", tmp_path / "out"
-    monkeypatch.setattr(stage, "published_dir", lambda profile, device: committed)
-    assert stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu") is None
+    monkeypatch.setattr(published, "PUBLISHED", committed)
+    assert stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu", full_budget=True) is None
     assert "no target" in capsys.readouterr().out
-    for folder, finals in ((committed, [1.9, 1.8]), (out, [1.7, 1.75])):
+    for folder, finals in ((committed / "cpu-cpu", [1.9, 1.8]), (out, [1.7, 1.75])):
         for seed, final in zip([None, 3408], finals):
             record = {"status": "ok", "metrics": {"val_loss_final": final}}
             write_record(record_path(time_to_loss_dir(folder), "speed_0_baseline", seed), record)
         target = stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu")
         assert target == max(finals) and str(folder) in capsys.readouterr().out
+
+
+def test_a_speedrun_stage_run_alone_on_a_gpu_races_to_the_committed_target(tmp_path, monkeypatch, capsys, char_data):
+    """A speedrun stage run alone on a GPU races to the committed target, on the task it was set on.
+
+    Simulated CUDA (device_type "cuda", so the reference profile) with an empty --out: the stage finds speed_0's
+    model in the committed records of the task (records/cpu-cpu), says so in its first line, and trains the task's
+    settings, not the reference profile's time-to-loss ones."""
+    from gpt import stage
+
+    committed = speedrun_target(published_dir(*SPEEDRUN_TARGET_SET_BY), SPEEDRUN_TARGET_SET_BY[0])
+    assert committed == pytest.approx(1.8948, abs=1e-4)  # speed_0's worst seed on the task, as committed
+    ran = []
+    monkeypatch.setattr(stage, "device_type", lambda requested: "cuda")
+    monkeypatch.setattr(stage, "_run_and_record", lambda *run: ran.append(run) or {"status": "ok"})
+    monkeypatch.setattr(stage, "print_summary", lambda record, out: None)
+    argv = ["--out", str(tmp_path), "--data-dir", str(char_data), "--wandb", "disabled"]
+    assert stage._stage_main("speedrun_6_bigram", argv, "speedrun_6_bigram.py") == 0
+    (cfg, meta, path, _), first = ran[0], capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("speedrun_6_bigram: target 1.8948") and str(published_dir("cpu", "cpu")) in first
+    assert cfg.target_loss == committed and meta["profile"] == "reference"
+    assert path == time_to_loss_dir(tmp_path, "speedrun") / "speedrun_6_bigram.json"
+    on_cpu = stage_config("speedrun_6_bigram", "cpu", data_dir=str(char_data), target_loss=committed)
+    assert _task_config(cfg) == _task_config(on_cpu)
+
+
+def test_a_speedrun_stage_with_no_target_says_so_first_and_stops(tmp_path):
+    """A speedrun stage with no target found says so in its first line and stops, before any training.
+
+    smoke's task has no committed target; without --target-loss or --full-budget the stage is a one-line error."""
+    p = subprocess.run(
+        [sys.executable, str(STAGES_DIR / "speedrun_6_bigram.py"), "--profile", "smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and not p.stdout, p.stdout
+    assert p.stderr.startswith("error: speedrun_6_bigram: no target") and p.stderr.strip().count("\n") == 0
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def _task_config(cfg) -> dict:
+    """A config's settings but the device it was asked for: what the task is."""
+    return {k: v for k, v in cfg.to_dict().items() if k != "device"}
+
+
+def _schedule_in_steps(cfg) -> dict:
+    """A run's schedule in steps of its batch: budget, warm-up, decay, Muon's momentum warm-up, evaluations."""
+    fields = ("train_tokens", "lr_warmup_tokens", "lr_decay_tokens", "muon_momentum_warmup_tokens", "eval_every_tokens")
+    return {f.removesuffix("_tokens"): getattr(cfg, f) / cfg.tokens_per_step for f in fields}
+
+
+TASK_RUNS = [("cpu", "cpu"), ("cpu", "cuda"), ("reference", "cpu"), ("reference", "cuda")]  # (profile, device)
+
+
+@pytest.mark.parametrize("stage", ["speed_0_baseline", *SPEEDRUN])
+def test_the_speedrun_is_one_task_on_every_profile_and_device(stage):
+    """The speedrun is one task on every profile and device: the cpu profile's character model, data and budget.
+
+    Each speedrun stage, and speed_0 where it sets the speedrun's target, has the same settings on cpu and reference,
+    asked for cpu or cuda; so has its schedule in steps. Only smoke shrinks the task; reference's time to loss keeps
+    GPT-mini."""
+    configs = [stage_config(stage, profile, speedrun_task=True, device=device) for profile, device in TASK_RUNS]
+    assert all(_task_config(cfg) == _task_config(configs[0]) for cfg in configs)
+    assert all(_schedule_in_steps(cfg) == _schedule_in_steps(configs[0]) for cfg in configs)
+    task = configs[0]
+    assert (task.n_layer, task.n_embd, task.block_size, task.eval_windows, task.dropout) == (4, 128, 64, 200, 0.0)
+    assert stage_config("speed_0_baseline", "reference", to_a_loss=True).block_size == 128
+    assert stage_config(stage, "smoke", speedrun_task=True).block_size == 32
+
+
+@pytest.mark.parametrize("profile", ["cpu", "reference", "smoke"])
+def test_speedrun_8s_momentum_warm_up_is_in_steps_of_its_batch(profile):
+    """speedrun_8 warms Muon's momentum up over 25 steps of its batch on every profile: 76,800 tokens on the task."""
+    cfg = stage_config("speedrun_8_muon_schedule", profile)
+    assert _schedule_in_steps(cfg)["muon_momentum_warmup"] == 25
+    assert profile == "smoke" or cfg.muon_momentum_warmup_tokens == 76_800
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The report's "Speedrun" section: speed_0's model, sooner.
 
-Records are in <runs>/speedrun/, the baseline's seeds in <runs>/time_to_loss/. Each stage is judged by its training
+Records are in <runs>/speedrun/, the baseline's seeds on the speedrun's task in <runs>/time_to_loss/ where the profile's
+time to loss is that task, else beside them (gpt/records.py:speedrun_baseline_dir). Each stage is judged by its training
 seconds to the target, speed_0's model (the highest final validation loss of its seeds: loss_curve.baseline_model_loss);
 the baseline's seeds are timed to it the same way, the worst seed at the end of its budget.
 A stage's claim holds only where every seed it trained with reached the target."""
@@ -11,7 +12,7 @@ from pathlib import Path
 from gpt.formatting import fmt_num, table
 from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
-from gpt.records import read_record, time_to_loss_dir
+from gpt.records import read_record, speedrun_baseline_dir, time_to_loss_dir
 from gpt.report.plots import pyplot
 from gpt.report.rows import display, ok
 from gpt.report.tables import columns_line
@@ -33,9 +34,11 @@ class Speedrun:
 
     def __init__(self, runs: Path):
         self.folder = time_to_loss_dir(runs, LADDER)
-        self.baseline = _runs_of(time_to_loss_dir(runs), BASELINE)
-        self.target = baseline_model_loss(self.baseline)
         self.stages = {s: _runs_of(self.folder, s) for s in stages_of(LADDER)}
+        profile = next((r["profile"] for records in self.stages.values() for r in records), None)
+        folder = speedrun_baseline_dir(runs, profile) if profile else time_to_loss_dir(runs)  # no stage: no task known
+        self.baseline = _runs_of(folder, BASELINE)
+        self.target = baseline_model_loss(self.baseline)
         self.noise_scale = read_record(self.folder / NOISE_SCALE_FILE)
 
     @property
