@@ -49,7 +49,7 @@ class RunChoices:
             "amp_dtype": str(self.amp.dtype).removeprefix("torch."),
             "amp_why": self.amp.why,
             "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
-            "grad_scaler": self.amp.scaler is not None,
+            "grad_scaler": self.amp.scaler.is_enabled(),
             "fp32_matmuls": self.fp32_matmuls,
             "compile_mode": self.compile_mode,
             "compile_why": self.compile_why,

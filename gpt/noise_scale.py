@@ -133,7 +133,7 @@ def halves_config(cfg: TrainConfig) -> TrainConfig:
     """`cfg` with each batch trained as two halves (twice its micro-batches): the same update up to rounding."""
     if cfg.distributed:
         raise UserError("the noise scale is measured in one process: choose a stage without DDP/FSDP")
-    if mixed_precision(cfg, resolve_device(cfg.device)).scaler:
+    if mixed_precision(cfg, resolve_device(cfg.device)).scaler.is_enabled():
         raise UserError("the noise scale needs unscaled gradients: fp16 with a GradScaler scales them (use bf16)")
     return optimizations.validate(accumulation.split_further(cfg, 2))
 
@@ -151,20 +151,20 @@ def measure(cfg: TrainConfig | None = None, profile: str = "cpu", label: str = "
     steps = cfg.train_tokens // cfg.tokens_per_step
     trainer = train.prepare(measured, device, steps, label)
     params = [p for p in trainer.model.parameters() if p.requires_grad]
-    norms = HalvesNorms(params, accumulation.micro_batches(cfg), steps, lambda: trainer.step.steps_done, device)
+    norms = HalvesNorms(params, accumulation.micro_batches(cfg), steps, lambda: trainer.steps_done, device)
     val = ValidationSet(cfg.data_dir, cfg.block_size, cfg.eval_windows)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))
     evaluations = []  # (step, val_loss)
 
     def evaluate() -> bool:
-        evaluations.append((trainer.step.steps_done, validation_loss_of(trainer, val)))
+        evaluations.append((trainer.steps_done, validation_loss_of(trainer, val)))
         return False  # the whole budget, every window: the curve's every point is a full evaluation
 
     try:
-        train_and_evaluate(steps, interval, lambda: trainer.step.steps_done, trainer.run, evaluate)
+        train_and_evaluate(steps, interval, lambda: trainer.steps_done, trainer.run, evaluate)
     finally:
         norms.remove()
-        trainer.step.progress.close()
+        trainer.progress.close()
     small_sq, big_sq = norms.norms.cpu().T.tolist()  # the run's one read-back of the norms
     return noise_record(cfg, small_sq, big_sq, evaluations)
 
@@ -236,7 +236,7 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
         # a step synchronised on its own would wait for the device to drain and lose the overlap of its host work
         # with the previous step's kernels, which training keeps
         times[batch] = TrainingClock(device).measure(functools.partial(trainer.run, repeats)) / repeats
-        trainer.step.progress.close()
+        trainer.progress.close()
         del trainer
     return times
 

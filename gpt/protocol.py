@@ -63,7 +63,7 @@ def measure(
     timed = timed_repeats(trainer)
     profiled = profile_steps(trainer.step, cfg, device, trace_path, trainer.rank)  # after timing: no effect on it
     memory = warm.memory if memory_in_warmup else memory_step(trainer, snapshot_path)
-    trainer.step.progress.close()
+    trainer.progress.close()
     timed = across_ranks(trainer, timed, peak_memory(trainer, timed, memory))
     return record(trainer, label, warm, timed, profiled, memory)
 
@@ -211,7 +211,7 @@ def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
     if trainer.device.type == "cuda":
         path = Path(snapshot_path) if snapshot_path and trainer.rank == 0 else None
         memory = cuda_step_memory(trainer.step, trainer.model, trainer.raw, trainer.optimizer, trainer.device, path)
-        return {**memory, "breakdown_mib": None, "timeline_mib": None} if trainer.step.cuda_graphs else memory
+        return {**memory, "breakdown_mib": None, "timeline_mib": None} if trainer.cuda_graphs else memory
     return cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
 
 

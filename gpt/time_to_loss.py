@@ -86,26 +86,26 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     losses: list[torch.Tensor] = []
     curve, eval_s, startup_steps, cache = [], 0.0, [], None
     faults = [0, 0]  # minor page faults during the steady training steps, and those steps
-    startup_count = startup_steps_of(trainer.step.cuda_graphs)  # compiling; under CUDA graphs their recording
+    startup_count = startup_steps_of(trainer.cuda_graphs)  # compiling; under CUDA graphs their recording
     evaluation = evaluation_of(trainer, val, cfg)
 
     def evaluate() -> bool:
         nonlocal eval_s
         t0 = time.perf_counter()
-        sums = evaluation(trainer.step.steps_done in (0, steps))  # the curve's ends read every window
+        sums = evaluation(trainer.steps_done in (0, steps))  # the curve's ends read every window
         eval_s += time.perf_counter() - t0
         rates = learning_rates(trainer.optimizer)
         curve.append(
             {
-                "step": trainer.step.steps_done,
-                "tokens": trainer.step.tokens_seen,
+                "step": trainer.steps_done,
+                "tokens": trainer.tokens_seen,
                 "seconds": clock.seconds,
                 "wall_s": process_age_s(),  # the process's wall clock at this evaluation: W&B's other x-axis
                 "train_loss": _mean_across_ranks(losses, device, world),
                 "val_loss": sums.mean,
                 "windows": sums.windows,
                 "estimate": sums.windows < len(val.share(0, world)) * world,
-                **(rates if trainer.step.steps_done else dict.fromkeys(rates)),
+                **(rates if trainer.steps_done else dict.fromkeys(rates)),
             }
         )  # no rate before a step
         losses.clear()
@@ -113,7 +113,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
 
     def run_steps(todo: int) -> None:
         nonlocal cache
-        done = trainer.step.steps_done
+        done = trainer.steps_done
         if done >= startup_count:
             before = minor_page_faults()
             clock.measure(lambda: losses.extend(trainer.run(todo)))
@@ -128,9 +128,9 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
             cache = compile_cache_state()
 
     # the untrained model is evaluated first: where every curve starts
-    train_and_evaluate(steps, interval, lambda: trainer.step.steps_done, run_steps, evaluate)
-    trainer.step.progress.close()
-    metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.step.steps_done, cache)
+    train_and_evaluate(steps, interval, lambda: trainer.steps_done, run_steps, evaluate)
+    trainer.progress.close()
+    metrics = budget_metrics(cfg, curve, clock.seconds, startup_steps, eval_s, trainer.steps_done, cache)
     return {
         **run_facts(trainer, label),
         "metrics": {
@@ -169,7 +169,9 @@ def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) 
     )
 
     def sums(part: slice, reference: torch.Tensor | None) -> WindowSums:
-        return window_sums(trainer.raw, val, batch, trainer.amp, trainer.device, trainer.rank, world, part, reference)
+        return window_sums(
+            trainer.raw, val, batch, trainer.choices.amp, trainer.device, trainer.rank, world, part, reference
+        )
 
     return lambda full: toward(sums, full)
 
@@ -180,7 +182,7 @@ def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
         trainer.raw,
         val,
         trainer.cfg.micro_batch_size,
-        trainer.amp,
+        trainer.choices.amp,
         trainer.device,
         trainer.rank,
         trainer.cfg.world_size,

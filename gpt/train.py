@@ -8,6 +8,7 @@ profiled steps, the memory step), each a loop over `trainer.step()`; the memory 
 build_model and train_step on fake tensors.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -85,17 +86,13 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
                     _, loss = model(xm, ym)
                 loss = loss / k
             with region("backward"):
-                (amp.scaler.scale(loss) if amp.scaler else loss).backward()
+                amp.scaler.scale(loss).backward()  # the scaler, disabled unless fp16, passes each call through
         total += loss.detach()
     with region("optimizer"):
-        if amp.scaler:
-            amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        if amp.scaler:
-            amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
-            amp.scaler.update()
-        else:
-            optimizer.step()
+        amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+        amp.scaler.update()
         optimizer.zero_grad(set_to_none=True)
     return total
 
@@ -104,34 +101,39 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 # the trainer: a stage's model, data and precision, and its step on the next batch
 
 
-class Stepper:
-    """One training step on the next batch; returns the loss, on the device.
+@dataclass
+class Trainer:
+    """A training run: the stage's settings, the model, its optimizer, its batches, and its step on the next one.
 
-    A FeedClock, if given, times the wait for the batch and its copy to the device (the timed repeats keep one;
-    otherwise each step gets its own). `cuda_graphs`: the step replays CUDA graphs (the run's choices)."""
+    The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
+    decision, resolved once (gpt/choices.py): the precision (`choices.amp`) among them."""
 
-    def __init__(
-        self,
-        model,
-        optimizer,
-        batches,
-        cfg: TrainConfig,
-        device: torch.device,
-        amp: MixedPrecision,
-        cuda_graphs: bool,
-        progress: tqdm,
-    ):
-        self.model, self.optimizer, self.batches = model, optimizer, batches
-        self.cfg, self.device, self.amp, self.progress = cfg, device, amp, progress
-        self.cuda_graphs = cuda_graphs
-        self.steps_done = 0
+    cfg: TrainConfig
+    device: torch.device
+    rank: int
+    raw: torch.nn.Module
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batches: Iterator
+    choices: RunChoices
+    progress: tqdm
+    steps_done: int = 0
 
     @property
     def tokens_seen(self) -> int:
         """Training tokens so far, all processes together."""
         return self.steps_done * self.cfg.tokens_per_step
 
-    def __call__(self, feed: FeedClock | None = None) -> torch.Tensor:
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the step replays CUDA graphs (the run's choices)."""
+        return self.choices.cuda_graphs
+
+    def step(self, feed: FeedClock | None = None) -> torch.Tensor:
+        """One training step on the next batch; returns the loss, on the device.
+
+        A FeedClock, if given, times the wait for the batch and its copy to the device (the timed repeats keep one;
+        otherwise each step gets its own)."""
         feed = feed or FeedClock(self.device)
         with feed.data():
             batch = next(self.batches)
@@ -141,28 +143,10 @@ class Stepper:
             set_learning_rates(self.optimizer, self.cfg, self.tokens_seen + self.cfg.tokens_per_step)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
-        loss = train_step(self.model, self.optimizer, x, y, self.cfg, self.amp)
+        loss = train_step(self.model, self.optimizer, x, y, self.cfg, self.choices.amp)
         self.steps_done += 1
         self.progress.update()
         return loss.clone() if self.cuda_graphs else loss
-
-
-@dataclass
-class Trainer:
-    """What a training run holds: the stage's settings, the model, its optimizer and precision, and its step.
-
-    The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers; the step is on the next batch."""
-
-    cfg: TrainConfig
-    device: torch.device
-    rank: int
-    raw: torch.nn.Module
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    amp: MixedPrecision
-    fp32_matmuls: str
-    step: Stepper
-    choices: RunChoices  # every per-device decision, resolved once (gpt/choices.py)
 
     def run(self, steps: int, feed: FeedClock | None = None, mark=None) -> list[torch.Tensor]:
         """The training loop: `steps` steps on the next batches, as every run trains.
@@ -192,5 +176,4 @@ def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> T
     batches = iter(make_loader(dataset, sampler, cfg, device))
     choices = resolve_choices(cfg, device, amp, fp32_matmuls, host_allocator, raw.config)
     progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
-    step = Stepper(model, optimizer, batches, cfg, device, amp, choices.cuda_graphs, progress)
-    return Trainer(cfg, device, rank, raw, model, optimizer, amp, fp32_matmuls, step, choices)
+    return Trainer(cfg, device, rank, raw, model, optimizer, batches, choices, progress)

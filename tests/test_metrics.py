@@ -357,7 +357,7 @@ def test_mfu_of_an_fsdp_bf16_stage_is_against_the_bf16_peak(device, monkeypatch)
     monkeypatch.setattr(protocol, "fastest_peak_flops", lambda device: (4e9, "bf16"))
     monkeypatch.setattr(protocol, "tokens_per_s", lambda cfg, timed: 1000.0)
     cfg = stage_config("lean_1_fsdp_bf16", "smoke")
-    amp = MixedPrecision(torch.float32, device.type, None, "amp off")
+    amp = MixedPrecision(torch.float32, device.type, "amp off")
     choices = SimpleNamespace(compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype))  # gpt/choices.py's
     trainer = SimpleNamespace(cfg=cfg, device=device, choices=choices, raw=SimpleNamespace(flops_per_token=lambda: 1e6))
     m = protocol.flops_metrics(trainer, None)

@@ -80,7 +80,7 @@ def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
     cfg = smoke_config(char_data, batch_size=8)
     device = torch.device("cpu")
     probe = train.prepare(cfg, device, 1, "probe")  # the same seed: the same initial weights and first batch
-    x, y = to_device(next(probe.step.batches), device, cfg)
+    x, y = to_device(next(probe.batches), device, cfg)
     grads = []
     for xs, ys in ((x[:4], y[:4]), (x[4:], y[4:]), (x, y)):
         _, loss = probe.raw(xs, ys)
@@ -90,7 +90,7 @@ def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
     plain = train.prepare(cfg, device, 1, "plain")
     halves = train.prepare(halves_config(cfg), device, 1, "halves")
     params = list(halves.model.parameters())
-    norms = HalvesNorms(params, cfg.grad_accum_steps, 1, lambda: halves.step.steps_done, device)
+    norms = HalvesNorms(params, cfg.grad_accum_steps, 1, lambda: halves.steps_done, device)
     before = [p.detach().clone() for p in params]
     plain.run(1)
     halves.run(1)

@@ -590,7 +590,7 @@ def trace_last_stage(char_data, device: str) -> StageTrace:
         return trainer
 
     def evaluate(trainer, val):
-        evaluations.append((trainer.step.steps_done, recorded[0], counters["stats"]["unique_graphs"]))
+        evaluations.append((trainer.steps_done, recorded[0], counters["stats"]["unique_graphs"]))
         return real_evaluate(trainer, val)
 
     # compiled afresh, as in the stage's own process: the compilations of GPT.forward by earlier tests in this process

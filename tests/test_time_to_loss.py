@@ -188,12 +188,12 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
     (train_and_evaluate), on `losses` instead of a model."""
     steps = len(losses) - 1
     trainer = SimpleNamespace(
-        step=SimpleNamespace(steps_done=0), cfg=SimpleNamespace(micro_batch_size=10), raw=None, amp=None, device=None
+        steps_done=0, cfg=SimpleNamespace(micro_batch_size=10), raw=None, choices=SimpleNamespace(amp=None), device=None
     )
     trainer.rank = 0
 
     def sums(raw, val, batch, amp, device, rank, world, part, reference):
-        w = losses[trainer.step.steps_done][part]
+        w = losses[trainer.steps_done][part]
         change = w - reference if reference is not None else torch.zeros_like(w)
         return WindowSums(
             float(w.sum()),
@@ -213,14 +213,14 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
     evaluation = time_to_loss.evaluation_of(trainer, val, cfg)
 
     def evaluate() -> bool:
-        s = evaluation(trainer.step.steps_done in (0, steps))
-        curve.append({"step": trainer.step.steps_done, "val_loss": s.mean, "estimate": s.windows < WINDOWS})
+        s = evaluation(trainer.steps_done in (0, steps))
+        curve.append({"step": trainer.steps_done, "val_loss": s.mean, "estimate": s.windows < WINDOWS})
         return time_to_loss.at_target(cfg, curve)
 
     def advance(n):
-        trainer.step.steps_done += n
+        trainer.steps_done += n
 
-    time_to_loss.train_and_evaluate(steps, 1, lambda: trainer.step.steps_done, advance, evaluate)
+    time_to_loss.train_and_evaluate(steps, 1, lambda: trainer.steps_done, advance, evaluate)
     reached = time_to_loss.at_target(cfg, curve)
     return (curve[-1]["step"] if reached else None), curve
 
@@ -376,13 +376,13 @@ def test_recording_the_cuda_graphs_is_start_up_not_training(cuda_graphs, char_da
     monkeypatch.setattr(RunChoices, "cuda_graphs", property(lambda self: cuda_graphs))
     now = [0.0]
     monkeypatch.setattr(time_to_loss, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    step = train.Stepper.__call__
+    step = train.Trainer.step
 
     def timed_step(self, feed=None):
         now[0] += {0: 10.0, 1: 5.0, 2: 3.0}.get(self.steps_done, 1.0)
         return step(self, feed)
 
-    monkeypatch.setattr(train.Stepper, "__call__", timed_step)
+    monkeypatch.setattr(train.Trainer, "step", timed_step)
     cfg = smoke_to_a_loss(char_data)
     per_step = cfg.tokens_per_step
     m = time_to_loss.run(

@@ -8,7 +8,7 @@ computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's m
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,10 +20,16 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan
 
 @dataclass
 class MixedPrecision:
+    """What a run computes in: autocast's dtype, and its GradScaler, enabled only for fp16."""
+
     dtype: torch.dtype  # the dtype matmuls compute in
     device_type: str
-    scaler: torch.amp.GradScaler | None  # only for fp16
     why: str = ""  # how the dtype was chosen, for the record
+    scaler: torch.amp.GradScaler = field(init=False, repr=False, compare=False)  # made from dtype: __post_init__
+
+    def __post_init__(self):
+        # fp16's 5-bit exponent underflows small gradients: scale the loss. Disabled (bf16, fp32), it passes through.
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
 
     def autocast(self):
         if self.dtype == torch.float32:
@@ -41,16 +47,16 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
     AMX or AVX512-BF16 units: several times faster; one without: emulated and slower), else fp32. CPU fp16
     kernels are slower than both on the machines this was built on, so the CPU never uses fp16."""
     if not cfg.amp:
-        return MixedPrecision(torch.float32, device.type, None, "amp off")
+        return MixedPrecision(torch.float32, device.type, "amp off")
     if device.type == "cuda":
         if cfg.amp_bf16 and bf16_is_fast("cuda")[0]:
-            return MixedPrecision(torch.bfloat16, "cuda", None, "bf16 autocast, no loss scaling")
+            return MixedPrecision(torch.bfloat16, "cuda", "bf16 autocast, no loss scaling")
         why = "fp16 autocast + GradScaler" + (" (this GPU has no bf16 units)" if cfg.amp_bf16 else "")
-        return MixedPrecision(torch.float16, "cuda", torch.amp.GradScaler("cuda"), why)
+        return MixedPrecision(torch.float16, "cuda", why)
     faster, rates = bf16_is_fast("cpu")
     if faster:
-        return MixedPrecision(torch.bfloat16, "cpu", None, f"bf16 autocast ({rates})")
-    return MixedPrecision(torch.float32, "cpu", None, f"kept fp32: bf16 is not faster here ({rates})")
+        return MixedPrecision(torch.bfloat16, "cpu", f"bf16 autocast ({rates})")
+    return MixedPrecision(torch.float32, "cpu", f"kept fp32: bf16 is not faster here ({rates})")
 
 
 def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
@@ -61,7 +67,7 @@ def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device)
     where they differ from the CPU's (gpt/memory/estimator.py: _CudaAutocastLists; softmax runs in float32)."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
-    return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type, None)
+    return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type)
 
 
 def bf16_is_fast(device_type: str) -> tuple[bool, str]:
@@ -153,7 +159,7 @@ def _bf16_no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
     amp = mixed_precision(cfg, device)
     if device.type == "cpu":
         return f"the CPU's autocast never uses fp16 or a GradScaler (here: {amp.why})"
-    return amp.why if amp.scaler else None
+    return amp.why if amp.dtype == torch.float16 else None  # fp16: a GPU without bf16 units
 
 
 BF16 = Optimization(

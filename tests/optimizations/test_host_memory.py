@@ -28,7 +28,7 @@ from gpt.ladder import stage_config
 cfg = stage_config("speedrun_13_host_memory", "cpu", True, data_dir=sys.argv[1], device="cpu")
 cfg.keep_host_memory = sys.argv[2] == "keep"
 trainer = train.prepare(cfg, torch.device("cpu"), 8, "test")
-trainer.step.progress.disable = True
+trainer.progress.disable = True
 losses = trainer.run(2)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 losses += trainer.run(6)

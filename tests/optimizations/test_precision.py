@@ -35,7 +35,7 @@ def test_bf16_autocast_loss_tracks_fp32(char_data):
     cfg = dict(lr=3e-3)
     # The CPU's autocast where bf16 is the faster dtype; whether it is, is measured per CPU (speed_5's rule,
     # tested below: test_cpu_keeps_fp32_where_bf16_is_slower), so the maths is checked in bf16 on every CPU.
-    amp = MixedPrecision(torch.bfloat16, "cpu", None)
+    amp = MixedPrecision(torch.bfloat16, "cpu")
     fp32 = run_steps(tiny_config(char_data, **cfg), steps=8)
     bf16 = run_steps(tiny_config(char_data, amp=True, **cfg), steps=8, amp=amp)
     with torch.no_grad(), amp.autocast():  # the matmuls really ran in bf16
@@ -66,7 +66,11 @@ FP16_LOSS_ATOL = 5e-4
 
 
 def fp16_with_scaler(**scaler_args) -> MixedPrecision:
-    return MixedPrecision(torch.float16, "cpu", torch.amp.GradScaler("cpu", **scaler_args))
+    """fp16 autocast with its GradScaler, enabled as for fp16 on CUDA; `scaler_args`: a scaler of other settings."""
+    amp = MixedPrecision(torch.float16, "cpu")
+    if scaler_args:
+        amp.scaler = torch.amp.GradScaler("cpu", **scaler_args)
+    return amp
 
 
 def test_fp16_with_grad_scaler_and_accumulation_tracks_fp32(char_data):
@@ -158,7 +162,7 @@ def test_bf16_without_a_scaler_trains_like_fp32(char_data, monkeypatch):
     losses within speed_5's AMP_LOSS_ATOL."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100's answer
     chosen = mixed_precision(tiny_config(char_data, amp=True, amp_bf16=True, device="cuda"), torch.device("cuda"))
-    assert chosen.dtype == torch.bfloat16 and chosen.scaler is None, chosen
+    assert chosen.dtype == torch.bfloat16 and not chosen.scaler.is_enabled(), chosen
     amp = dataclasses.replace(chosen, device_type="cpu")  # the same autocast, on this CPU
     cfg = dict(lr=3e-3, grad_clip=NO_CLIP)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 3)
@@ -175,7 +179,7 @@ def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
     monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: rates[dtype])
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
-    assert amp.dtype == torch.float32 and amp.scaler is None and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
+    assert amp.dtype == torch.float32 and not amp.scaler.is_enabled() and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
     assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) == amp.why
     rates[torch.bfloat16] = 2400e9  # a CPU with AMX
     assert mixed_precision(tiny_config(char_data, amp=True), CPU).dtype == torch.bfloat16
@@ -223,9 +227,9 @@ def test_bf16_stage_on_cuda_drops_the_scaler_and_turns_tf32_on(char_data):
     cfg = tiny_config(char_data, amp=True, amp_bf16=True, tf32=True, device="cuda")
     amp = mixed_precision(cfg, device)
     if not torch.cuda.is_bf16_supported(including_emulation=False):
-        assert amp.dtype == torch.float16 and amp.scaler is not None and "no bf16" in amp.why
+        assert amp.dtype == torch.float16 and amp.scaler.is_enabled() and "no bf16" in amp.why
         return
-    assert amp.dtype == torch.bfloat16 and amp.scaler is None
+    assert amp.dtype == torch.bfloat16 and not amp.scaler.is_enabled()
     expected = "tf32" if torch.cuda.get_device_capability()[0] >= 8 else "fp32"
     assert matmul_precision(cfg, device) == expected
     assert torch.backends.cuda.matmul.allow_tf32 == (cfg.tf32)

@@ -46,7 +46,7 @@ def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
 def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_data):
     """The schedule scales Muon's and AdamW's groups, each from its own peak.
 
-    Trained through the Stepper: after each step every AdamW group is at learning_rate, every Muon group at the same
+    Trained through Trainer.step: after each step every AdamW group is at learning_rate, every Muon group at the same
     share of muon_lr (the stable phase: the peaks themselves; the decay: below them)."""
     budget = 40 * 4 * 32  # 40 steps of the smoke batch; the warm-up is its first 10, the decay its last 20
     cfg = smoke_to_a_loss(
@@ -62,9 +62,9 @@ def test_the_schedule_scales_muons_and_adamws_groups_from_their_own_peaks(char_d
     muon, adamw = trainer.optimizer.muon.param_groups, trainer.optimizer.adamw.param_groups
     shares = []
     for step in (1, 10, 20, 30, 40):  # warm-up, stable, decay
-        while trainer.step.steps_done < step:
+        while trainer.steps_done < step:
             trainer.run(1)
-        tokens = trainer.step.tokens_seen
+        tokens = trainer.tokens_seen
         share = learning_rate(cfg, tokens) / cfg.lr
         shares.append(share)
         assert all(g["lr"] == learning_rate(cfg, tokens) for g in adamw), step
