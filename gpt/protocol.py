@@ -109,7 +109,7 @@ def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     synchronize(device)
     t0 = time.perf_counter()
     warm = WarmUp(seconds=0.0)
-    startup = min(startup_steps(trainer.step.cuda_graphs), cfg.warmup_iters - memory_in_warmup)
+    startup = min(startup_steps(trainer.cuda_graphs), cfg.warmup_iters - memory_in_warmup)
     for i in range(cfg.warmup_iters):
         if memory_in_warmup and i == cfg.warmup_iters - 1:
             warm.memory = cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
