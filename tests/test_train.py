@@ -174,13 +174,13 @@ def test_recording_the_cuda_graphs_counts_in_compile_s(cuda_graphs, char_data, m
     clock = SimpleNamespace(perf_counter=lambda: now[0])
     monkeypatch.setattr(protocol, "time", clock)
     monkeypatch.setattr(clocks, "time", clock)  # the timed steps' own clock on the CPU
-    step = train.Stepper.__call__
+    step = train.Trainer.step
 
     def timed_step(self, feed=None):
         now[0] += {0: 10.0, 1: 5.0, 2: 3.0}.get(self.steps_done, 1.0)
         return step(self, feed)
 
-    monkeypatch.setattr(train.Stepper, "__call__", timed_step)
+    monkeypatch.setattr(train.Trainer, "step", timed_step)
     cfg = tiny_config(char_data, samples=16, repeats=2, warmup_iters=4, measure_memory=False, profile_steps=0)
     m = protocol.run(cfg)["metrics"]
     assert m["step_times_s"] == [1.0] * 4 and m["first_step_s"] == 10.0
