@@ -12,9 +12,10 @@ prints the batch that minimises the predicted time (1 + B_noise / B) t(B).
 What chose this stage's batch: that command's first run, on another CPU, whose step times came from graphs
 compiled with dynamic shapes (docs/speedrun.md, "What chose speedrun_2's batch"). Its B_noise stands; its step
 times do not. Measured since with each batch compiled on its own (records/<profile>-<device>/speedrun/
-noise_scale.json, "choice"), the choice moves with the CPU: batch 24 on an Intel Xeon, batch 48 again on an AMD
-EPYC. The stage keeps 48; its own time to the target, not the prediction, is its judge, and batch 24 at this
-stage's other settings has not been trained. The learning rate is not the measurement's either: its
+noise_scale.json, "choice"), the choice moves with the CPU and from run to run on one CPU: batch 24 and batch 48
+are predicted within a few percent of each other. The stage keeps 48; its own time to the target, not the
+prediction, is its judge: batch 24 at this stage's other settings, trained on the tuning seeds, was 1.11x sooner
+here and 0.83x at the last stage (docs/speedrun.md, the log of 2026-11-27). The learning rate is not the measurement's either: its
 suggestion, the square-root rule for Adam, did not reach the target at this batch, and the linear rule did (the
 speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-up is in tokens already
 (gpt/profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
