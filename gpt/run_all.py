@@ -53,6 +53,7 @@ from gpt.records import (
     write_record,
 )
 from gpt.report.document import write_report
+from gpt.report.readme import README_RECORDS, rewrite_readme
 from gpt.report.rows import MACHINE_FILE
 from gpt.stage import unfinished_record
 from gpt.supervision import Progress, TimeLimitReached, clock, last_line, lock_output, run_stage
@@ -761,6 +762,8 @@ def write_results(args, out: Path, profile: str, device: str, interrupted: bool)
             )
     else:
         results = write_report(publish(out, published_dir(profile, device)), REPO_ROOT / "results.md")
+        if published_dir(profile, device) == README_RECORDS:  # the run the README quotes
+            print(f"   rewrote the generated blocks of {rewrite_readme()}")
     print(f"== report: {results} (plots in {results.parent / 'plots'})")
     if args.wandb == "offline":
         wandb_dir = Path(os.environ.get("WANDB_DIR") or REPO_ROOT) / "wandb"

@@ -1002,6 +1002,16 @@ def test_the_committed_results_page_is_what_the_report_writes_from_the_committed
     assert resolved_links(md, plots.parent) == resolved_links((REPO / "results.md").read_text(), REPO)
 
 
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_committed_records():
+    """README.md's figures between generation markers equal what `python -m gpt.report` writes from records/cpu-cpu."""
+    from gpt.report.readme import BLOCK, README_RECORDS, rewritten
+
+    readme = (REPO / "README.md").read_text()
+    assert {"speedrun-headline", "speedrun-table"} <= {m["name"] for m in BLOCK.finditer(readme)}
+    assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
+
+
 @pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "records").glob("*/results.md")))
 def test_each_committed_gpu_page_is_what_the_report_writes_from_its_records(folder, tmp_path):
     """Each records/<gpu>/results.md equals what `python -m gpt.report --runs records/<gpu>` writes now."""

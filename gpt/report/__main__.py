@@ -1,6 +1,7 @@
 """python -m gpt.report: results.md and its plots, regenerated from a run directory's JSON records.
 
-    python -m gpt.report                                   # results.md from records/<default profile>-<device>
+    python -m gpt.report                                   # results.md and README.md's generated blocks from
+                                                           # records/<default profile>-<device>
     python -m gpt.report --runs records/h100-2026-11-24    # that folder's results.md, plots/ beside it
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
@@ -19,6 +20,7 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.profiles import default_profile
 from gpt.published import PUBLISHED, published_dir
 from gpt.report.document import write_report
+from gpt.report.readme import rewrite_readme
 from gpt.report.rows import display
 
 
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     out = args.out or (None if args.runs else REPO_ROOT / "results.md")
     print(f"wrote {write_report(runs, out)}")
+    if not (args.runs or args.out):  # the committed pages: the README's figures too
+        print(f"rewrote the generated blocks of {rewrite_readme()}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""The README's generated blocks: figures written from the committed records, never typed.
+
+A block sits between two markers in README.md, `<!-- generated: NAME -->` and `<!-- end: NAME -->` (inline or over
+several lines). The README quotes the committed run on 2 CPU cores (README_RECORDS): `python -m gpt.report` with no
+arguments, and a whole default `./run_all.sh` on a CPU, rewrite each block from those records as they rewrite
+results.md, and tests/test_report.py holds the committed README to what they write.
+"""
+
+import re
+from pathlib import Path
+
+from gpt.data import REPO_ROOT
+from gpt.files import write_atomically
+from gpt.published import published_dir
+from gpt.report.speedrun import BASELINE, Speedrun, _spread, speedrun_findings, speedrun_table, speedup_range
+
+README = REPO_ROOT / "README.md"
+README_RECORDS = published_dir("cpu", "cpu")  # the run the README's figures come from
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
+
+
+def speedrun_headline(sr: Speedrun) -> str:
+    """The first finding's figures: the last stage's training seconds and whole process against the baseline's."""
+    held = [s for s in sr.stages if sr.holds(s)]
+    base = sr.seconds(BASELINE)
+    if not held or not base or None in base:
+        return "no speedrun stage has reached the baseline's model in the committed run"
+    last = held[-1]
+    seconds, (walls, clock), (base_walls, base_clock) = sr.seconds(last), sr.walls(last), sr.walls(BASELINE)
+    slowest = f"{min(base) / max(seconds):.1f}x"
+    text = (
+        f"`{last}` reaches `{BASELINE}`'s final loss in {_spread(seconds)} s of training against {_spread(base)} s "
+        f"({speedup_range(base, seconds)}; {len(seconds)} and {len(base)} seeds; {slowest} for its slowest seed "
+        "against the fastest baseline seed)"
+    )
+    if walls and clock == base_clock:
+        whole = speedup_range(base_walls, walls)
+        text += f"; the whole process {_spread(walls)} s against {_spread(base_walls)} s ({whole})"
+    return text
+
+
+def speedrun_block(sr: Speedrun) -> str:
+    """The speedrun's record table and its findings, as results.md's section has them, links from the repo's root."""
+    return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), ""])
+
+
+def blocks(runs: Path) -> dict[str, str]:
+    """Each block's text, from the records in `runs`."""
+    sr = Speedrun(runs)
+    return {"speedrun-headline": speedrun_headline(sr), "speedrun-table": speedrun_block(sr)}
+
+
+def rewritten(text: str, runs: Path) -> str:
+    """`text` with every generated block written anew from `runs`; an unknown block name is an error."""
+    made = blocks(runs)
+
+    def fill(m: re.Match) -> str:
+        if m["name"] not in made:
+            raise KeyError(f"README block {m['name']!r} has no generator (gpt/report/readme.py: {', '.join(made)})")
+        return f"{m[1]}{made[m['name']]}{m[4]}"
+
+    return BLOCK.sub(fill, text)
+
+
+def rewrite_readme(readme: Path = README, runs: Path = README_RECORDS) -> Path:
+    """Rewrite the README's generated blocks from `runs`, leaving the rest of it as it is."""
+    write_atomically(readme, rewritten(readme.read_text(), runs))
+    return readme
