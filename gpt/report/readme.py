@@ -11,8 +11,11 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
+from gpt.formatting import fmt_num
 from gpt.published import published_dir
+from gpt.report.rows import ok
 from gpt.report.speedrun import BASELINE, Speedrun, _spread, speedrun_findings, speedrun_table, speedup_range
+from gpt.report.time_to_loss import LossRuns
 
 README = REPO_ROOT / "README.md"
 README_RECORDS = published_dir("cpu", "cpu")  # the run the README's figures come from
@@ -39,6 +42,39 @@ def speedrun_headline(sr: Speedrun) -> str:
     return text
 
 
+def faster_step_headline(runs: LossRuns) -> str:
+    """The first finding's figures: the first model-changing stage's speed per token, and who reaches its model first.
+
+    A difference within the baseline seeds' spread in speed (LossRuns.rate_noise_pct) is said to be one."""
+    kept = next(iter(runs.kept_models()), None)
+    if kept is None or not ok(runs.records.get(BASELINE)):
+        return "no stage of the committed run changes the model"
+    base, mine = runs.records[BASELINE]["metrics"], runs.records[kept]["metrics"]
+    keeping = [s for s in runs.stages if runs.kept_model(s) == kept and not runs.changes(s) and ok(runs.records.get(s))]
+    times = {s: t for s in keeping if (t := runs.vs(s, kept)[1])}
+    _, base_s = runs.vs(BASELINE, kept)
+    text = (
+        f"`{kept}` trains {100 * (mine['tokens_per_s'] / base['tokens_per_s'] - 1):.0f}% more tokens a second than "
+        f"`{BASELINE}` with the 4-layer character model, on {base['steps'] / mine['steps']:.0f}x fewer optimizer "
+        f"steps: it ends at {runs.final(kept):.3f} against {runs.final(BASELINE):.3f}"
+    )
+    if not times or not base_s:
+        return text
+    fastest = min(times, key=times.get)
+    gap = 100 * abs(times[fastest] / base_s - 1)
+    order = "first" if base_s < times[fastest] else "after it"
+    noise = gap <= runs.rate_noise_pct
+    return text + (
+        f", and `{BASELINE}` reaches that model's loss ({runs.loss_of(kept):.3f}) in {fmt_num(base_s)} s, against "
+        f"{fmt_num(times[fastest])} s for the fastest stage that keeps that model, `{fastest}`"
+        + (
+            f": a {gap:.0f}% difference, within the baseline seeds' {runs.rate_noise_pct:.0f}% spread in speed"
+            if noise
+            else f" ({order})"
+        )
+    )
+
+
 def speedrun_block(sr: Speedrun) -> str:
     """The speedrun's record table and its findings, as results.md's section has them, links from the repo's root."""
     return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), ""])
@@ -47,7 +83,11 @@ def speedrun_block(sr: Speedrun) -> str:
 def blocks(runs: Path) -> dict[str, str]:
     """Each block's text, from the records in `runs`."""
     sr = Speedrun(runs)
-    return {"speedrun-headline": speedrun_headline(sr), "speedrun-table": speedrun_block(sr)}
+    return {
+        "faster-step-headline": faster_step_headline(LossRuns(runs)),
+        "speedrun-headline": speedrun_headline(sr),
+        "speedrun-table": speedrun_block(sr),
+    }
 
 
 def rewritten(text: str, runs: Path) -> str:
