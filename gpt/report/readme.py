@@ -12,7 +12,8 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
 from gpt.formatting import fmt_num
-from gpt.published import published_dir
+from gpt.published import PUBLISHED, published_dir
+from gpt.records import read_record
 from gpt.report.rows import ok
 from gpt.report.speedrun import BASELINE, Speedrun, _spread, speedrun_findings, speedrun_table, speedup_range
 from gpt.report.time_to_loss import LossRuns
@@ -75,6 +76,29 @@ def faster_step_headline(runs: LossRuns) -> str:
     )
 
 
+def planner_headline(runs: Path) -> str:
+    """The third finding's figures: the planner against the book's traced H100 steps, and its baseline explained.
+
+    From the planner's reference record in `runs` and this project's own measurement of memory_0 on a GPU, the
+    newest committed GPU folder that has one."""
+    reference = read_record(runs / "memory_reference.json")
+    folders = sorted(PUBLISHED.glob("*/memory_0_baseline.json"), key=lambda f: f.parent.name[-10:], reverse=True)
+    gpu = [r for f in folders if ok(r := read_record(f))]  # <gpu>-<date> folders, newest first
+    gpu = [r for r in gpu if r["device"]["type"] == "cuda"]
+    if not reference or not gpu:
+        return "the planner's comparison with the book's traced steps is not in the committed records"
+    errors = [abs(s["snapshot_error_pct"]) for s in reference["stages"] if s.get("snapshot_error_pct") is not None]
+    documented = reference["stages"][0]["documented_mib"]
+    gelu = next(f["value"] for f in reference["figures"] if f["figure"].startswith("NewGELU"))
+    gelu_gib = float(gelu.strip("+").split()[0].replace(",", "")) / 1024
+    return (
+        f"estimates the book's traced H100 steps within {' and '.join(f'{e:.1f}%' for e in errors)}, and explains its "
+        f"baseline: {documented / 1024:.1f} GiB there, {gpu[0]['metrics']['peak_memory_mib'] / 1024:.1f} GiB here "
+        f"(on an {gpu[0]['device']['name'].removeprefix('NVIDIA ')}), because the book's hand-written GELU keeps "
+        f"{gelu_gib:.1f} GiB more for backward and its gradients outlive the step"
+    )
+
+
 def speedrun_block(sr: Speedrun) -> str:
     """The speedrun's record table and its findings, as results.md's section has them, links from the repo's root."""
     return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), ""])
@@ -87,6 +111,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "faster-step-headline": faster_step_headline(LossRuns(runs)),
         "speedrun-headline": speedrun_headline(sr),
         "speedrun-table": speedrun_block(sr),
+        "planner-headline": planner_headline(runs),
     }
 
 
