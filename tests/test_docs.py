@@ -86,3 +86,13 @@ def test_the_checks_see_links_and_pointers():
     """The patterns find what the pages hold (a regex that matched nothing would pass every page)."""
     text = "\n".join(p.read_text() for p in PAGES)
     assert len(LINK.findall(text)) > 20 and len(POINTER.findall(text)) > 10 and len(CODE_PATH.findall(text)) > 10
+
+
+def test_every_records_folder_is_listed_in_docs_records_md():
+    """docs/records.md's table lists every folder of records/, each with its device, its commit and what ran."""
+    table = (
+        (REPO / "docs" / "records.md").read_text().split("| folder | device | code | what ran |")[1].split("\n\n")[0]
+    )
+    listed = set(re.findall(r"`records/([\w.-]+)/`", table))
+    assert listed == {p.name for p in (REPO / "records").iterdir() if p.is_dir()}
+    assert all(re.search(r"commit [0-9a-f]{7}", row) for row in table.splitlines()[2:])
