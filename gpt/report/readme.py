@@ -11,10 +11,11 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
-from gpt.formatting import fmt_num
+from gpt.formatting import fmt_num, table
+from gpt.ladder import stage_config, stages_of, timed_ladders
 from gpt.published import PUBLISHED, published_dir
 from gpt.records import read_record
-from gpt.report.rows import ok
+from gpt.report.rows import MACHINE_FILE, ok
 from gpt.report.speedrun import BASELINE, Speedrun, _spread, speedrun_findings, speedrun_table, speedup_range
 from gpt.report.time_to_loss import LossRuns
 
@@ -82,9 +83,7 @@ def planner_headline(runs: Path) -> str:
     From the planner's reference record in `runs` and this project's own measurement of memory_0 on a GPU, the
     newest committed GPU folder that has one."""
     reference = read_record(runs / "memory_reference.json")
-    folders = sorted(PUBLISHED.glob("*/memory_0_baseline.json"), key=lambda f: f.parent.name[-10:], reverse=True)
-    gpu = [r for f in folders if ok(r := read_record(f))]  # <gpu>-<date> folders, newest first
-    gpu = [r for r in gpu if r["device"]["type"] == "cuda"]
+    gpu = [r for f in gpu_folders() if ok(r := read_record(f / "memory_0_baseline.json"))]
     if not reference or not gpu:
         return "the planner's comparison with the book's traced steps is not in the committed records"
     errors = [abs(s["snapshot_error_pct"]) for s in reference["stages"] if s.get("snapshot_error_pct") is not None]
@@ -99,9 +98,48 @@ def planner_headline(runs: Path) -> str:
     )
 
 
+def gpu_folders() -> list[Path]:
+    """The committed folders of GPU runs (their machine.json says cuda), the newest run first."""
+    machines = {f: read_record(f / MACHINE_FILE) or {} for f in PUBLISHED.iterdir() if f.is_dir()}
+    gpu = [f for f, m in machines.items() if m.get("device") == "cuda"]
+    return sorted(gpu, key=lambda f: machines[f].get("started", ""), reverse=True)
+
+
+def newest_gpu_folder() -> Path | None:
+    """The committed GPU run started last, None where there is none."""
+    return next(iter(gpu_folders()), None)
+
+
+def gpu_memory_table() -> str:
+    """Each ladder's peak GPU memory per process, stage by stage, as the newest committed GPU run measured it."""
+    folder = newest_gpu_folder()
+    if folder is None:
+        return "\nNo GPU run is committed.\n"
+    rows, env = [], None
+    for ladder in timed_ladders():
+        cells, two = [], []
+        for stage in stages_of(ladder):
+            record = read_record(folder / f"{stage}.json")
+            if stage_config(stage, "reference").world_size > 1:
+                two.append(f"`{stage}`")
+            if record is None:
+                cells.append(f"`{stage}` not run")
+            elif ok(record):
+                env = env or record["env"]
+                cells.append(f"`{stage}` {record['metrics']['peak_memory_mib'] / 1024:.1f}")
+            else:
+                cells.append(f"`{stage}` {record['status']}")
+        rows.append([ladder, ", ".join(cells), ", ".join(two) or "none"])
+    commit = (env or {}).get("git_commit", "?")[:7]
+    source = (
+        f"[records/{folder.name}](records/{folder.name}/results.md), commit {commit}, torch {(env or {}).get('torch')}"
+    )
+    return "\n".join(["", *table(["ladder", f"GiB per process ({source})", "needs 2 GPUs"], rows), "", ""])
+
+
 def speedrun_block(sr: Speedrun) -> str:
     """The speedrun's record table and its findings, as results.md's section has them, links from the repo's root."""
-    return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), ""])
+    return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), "", ""])
 
 
 def blocks(runs: Path) -> dict[str, str]:
@@ -112,6 +150,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "speedrun-headline": speedrun_headline(sr),
         "speedrun-table": speedrun_block(sr),
         "planner-headline": planner_headline(runs),
+        "gpu-memory": gpu_memory_table(),
     }
 
 
