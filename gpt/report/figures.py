@@ -75,8 +75,6 @@ def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
         if missed:
             ax.scatter([x for _, x in missed], [floor] * len(missed), marker="v", color=color, zorder=3,
                        label=f"{group} stages: target not reached")  # fmt: skip
-        for s, x, y in hit:
-            ax.annotate(short(s), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
     missed = [short(s, True) for s, _, _, y in points if not y]
     if missed:  # named together: their points crowd one strip
         names = textwrap.fill("target not reached: " + ", ".join(missed), 110)
@@ -95,14 +93,40 @@ def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
     ax.text(-0.01, floor, "not\nreached", transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8)
     ax.set_xlim(low, high)
     ax.set_ylim(floor / 1.8, high)
+    label_apart(ax, [(short(s), x, y) for s, _, x, y in points if y])
     ax.set_xlabel(f"speedup per sample against {BASELINE} (tokens/s over its tokens/s)")
-    ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)")
+    ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)", labelpad=30)
     ax.set_title("Per-sample speedup against speedup to the target, stage by stage")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def label_apart(ax, labels: list[tuple[str, float, float]], size: float = 7) -> None:
+    """Name each point beside it where the label covers no other label or point, with a line to it where moved.
+
+    Tried in order: right of the point and level with it, then left, then further up or down each side; in display
+    points (the axes' limits and scales set first), a label about `size` high and 0.6 `size` wide a character."""
+    to_pt = 72 / ax.figure.dpi
+    points = [tuple(v * to_pt for v in ax.transData.transform((x, y))) for _, x, y in labels]
+    boxes = [(px - 4, py - 4, 8, 8) for px, py in points]  # (left, bottom, width, height): the markers
+    shifts = [0.0] + [sign * step * size * 1.3 for step in range(1, 12) for sign in (1, -1)]
+
+    def free(box) -> bool:
+        left, bottom, width, height = box
+        return not any(
+            left < x + w and x < left + width and bottom < y + h and y < bottom + height for x, y, w, h in boxes
+        )
+
+    for (text, x, y), (px, py) in sorted(zip(labels, points), key=lambda lp: -lp[1][1]):
+        width = 0.6 * size * len(text)
+        candidates = [(dx, dy - size / 2) for dy in shifts for dx in (6.0, -6.0 - width)]
+        dx, dy = next((c for c in candidates if free((px + c[0], py + c[1], width, size))), candidates[0])
+        boxes.append((px + dx, py + dy, width, size))
+        line = dict(arrowstyle="-", color="0.6", lw=0.5) if abs(dy + size / 2) > size else None
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=size, arrowprops=line)
 
 
 def thesis_lines(rel: str) -> list[str]:
