@@ -1008,9 +1008,14 @@ def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_commit
     from gpt.report.readme import BLOCK, README_RECORDS, rewritten
 
     readme = (REPO / "README.md").read_text()
-    assert {"faster-step-headline", "speedrun-headline", "speedrun-table", "planner-headline", "gpu-memory"} <= {
-        m["name"] for m in BLOCK.finditer(readme)
-    }
+    assert {
+        "faster-step-headline",
+        "speedrun-headline",
+        "speedrun-table",
+        "planner-headline",
+        "gpu-memory",
+        "models",
+    } <= {m["name"] for m in BLOCK.finditer(readme)}
     assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
-from gpt.formatting import fmt_num, table
+from gpt.formatting import table
 from gpt.ladder import stage_config, stages_of, timed_ladders
 from gpt.published import PUBLISHED, published_dir
-from gpt.records import read_record
+from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
-from gpt.report.speedrun import BASELINE, Speedrun, _spread, speedrun_findings, speedrun_table, speedup_range
+from gpt.report.speedrun import BASELINE, Speedrun, speedrun_findings, speedrun_table, speedup_range
 from gpt.report.time_to_loss import LossRuns
 
 README = REPO_ROOT / "README.md"
@@ -24,57 +24,34 @@ README_RECORDS = published_dir("cpu", "cpu")  # the run the README's figures com
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
+def faster_step_headline(runs: LossRuns) -> str:
+    """The first finding: the first model-changing stage's gain in tokens a second, and the steps it gives up."""
+    kept = next(iter(runs.kept_models()), None)
+    if kept is None or not ok(runs.records.get(BASELINE)):
+        return "no stage of the committed run changes the model"
+    base, mine = runs.records[BASELINE]["metrics"], runs.records[kept]["metrics"]
+    return (
+        f"`{kept}` trains {100 * (mine['tokens_per_s'] / base['tokens_per_s'] - 1):.0f}% more tokens a second than "
+        f"`{BASELINE}` but takes {base['steps'] / mine['steps']:.0f}x fewer optimizer steps, and ends at "
+        f"{runs.final(kept):.3f} against {runs.final(BASELINE):.3f}"
+    )
+
+
 def speedrun_headline(sr: Speedrun) -> str:
-    """The first finding's figures: the last stage's training seconds and whole process against the baseline's."""
+    """The second finding: the last stage's speedup to the baseline's model, in training seconds and whole process."""
     held = [s for s in sr.stages if sr.holds(s)]
     base = sr.seconds(BASELINE)
     if not held or not base or None in base:
         return "no speedrun stage has reached the baseline's model in the committed run"
     last = held[-1]
     seconds, (walls, clock), (base_walls, base_clock) = sr.seconds(last), sr.walls(last), sr.walls(BASELINE)
-    slowest = f"{min(base) / max(seconds):.1f}x"
     text = (
-        f"`{last}` reaches `{BASELINE}`'s final loss in {_spread(seconds)} s of training against {_spread(base)} s "
-        f"({speedup_range(base, seconds)}; {len(seconds)} and {len(base)} seeds; {slowest} for its slowest seed "
-        "against the fastest baseline seed)"
+        f"`{last}` reaches it {speedup_range(base, seconds)} sooner in training seconds ({len(seconds)} seeds "
+        f"against {len(base)})"
     )
     if walls and clock == base_clock:
-        whole = speedup_range(base_walls, walls)
-        text += f"; the whole process {_spread(walls)} s against {_spread(base_walls)} s ({whole})"
+        text += f", {speedup_range(base_walls, walls)} in the whole process"
     return text
-
-
-def faster_step_headline(runs: LossRuns) -> str:
-    """The first finding's figures: the first model-changing stage's speed per token, and who reaches its model first.
-
-    A difference within the baseline seeds' spread in speed (LossRuns.rate_noise_pct) is said to be one."""
-    kept = next(iter(runs.kept_models()), None)
-    if kept is None or not ok(runs.records.get(BASELINE)):
-        return "no stage of the committed run changes the model"
-    base, mine = runs.records[BASELINE]["metrics"], runs.records[kept]["metrics"]
-    keeping = [s for s in runs.stages if runs.kept_model(s) == kept and not runs.changes(s) and ok(runs.records.get(s))]
-    times = {s: t for s in keeping if (t := runs.vs(s, kept)[1])}
-    _, base_s = runs.vs(BASELINE, kept)
-    text = (
-        f"`{kept}` trains {100 * (mine['tokens_per_s'] / base['tokens_per_s'] - 1):.0f}% more tokens a second than "
-        f"`{BASELINE}` with the 4-layer character model, on {base['steps'] / mine['steps']:.0f}x fewer optimizer "
-        f"steps: it ends at {runs.final(kept):.3f} against {runs.final(BASELINE):.3f}"
-    )
-    if not times or not base_s:
-        return text
-    fastest = min(times, key=times.get)
-    gap = 100 * abs(times[fastest] / base_s - 1)
-    order = "first" if base_s < times[fastest] else "after it"
-    noise = gap <= runs.rate_noise_pct
-    return text + (
-        f", and `{BASELINE}` reaches that model's loss ({runs.loss_of(kept):.3f}) in {fmt_num(base_s)} s, against "
-        f"{fmt_num(times[fastest])} s for the fastest stage that keeps that model, `{fastest}`"
-        + (
-            f": a {gap:.0f}% difference, within the baseline seeds' {runs.rate_noise_pct:.0f}% spread in speed"
-            if noise
-            else f" ({order})"
-        )
-    )
 
 
 def planner_headline(runs: Path) -> str:
@@ -91,10 +68,10 @@ def planner_headline(runs: Path) -> str:
     gelu = next(f["value"] for f in reference["figures"] if f["figure"].startswith("NewGELU"))
     gelu_gib = float(gelu.strip("+").split()[0].replace(",", "")) / 1024
     return (
-        f"estimates the book's traced H100 steps within {' and '.join(f'{e:.1f}%' for e in errors)}, and explains its "
-        f"baseline: {documented / 1024:.1f} GiB there, {gpu[0]['metrics']['peak_memory_mib'] / 1024:.1f} GiB here "
-        f"(on an {gpu[0]['device']['name'].removeprefix('NVIDIA ')}), because the book's hand-written GELU keeps "
-        f"{gelu_gib:.1f} GiB more for backward and its gradients outlive the step"
+        f"estimates the book's traced H100 steps within {max(errors):.1f}% and explains their baseline's "
+        f"{documented / 1024:.1f} GiB, {gpu[0]['metrics']['peak_memory_mib'] / 1024:.1f} GiB with this project's "
+        f"model (on an {gpu[0]['device']['name'].removeprefix('NVIDIA ')}): the book's hand-written GELU keeps "
+        f"{gelu_gib:.1f} GiB more for backward, and its gradients outlive the step"
     )
 
 
@@ -137,6 +114,39 @@ def gpu_memory_table() -> str:
     return "\n".join(["", *table(["ladder", f"GiB per process ({source})", "needs 2 GPUs"], rows), "", ""])
 
 
+def model_cell(record: dict | None) -> str:
+    """A model in a few words from a record: layers, width, vocabulary, parameters."""
+    if not ok(record):
+        return "not in the committed records"
+    m = record["model"]
+    return (
+        f"{m['n_layer']} layers of {m['n_embd']}, vocabulary {m['vocab_size']:,}: "
+        f"{m['params'] / 1e6:.{1 if m['params'] >= 1e6 else 2}f}M parameters"
+    )
+
+
+def models_table(runs: Path) -> str:
+    """Which model each part of the project trains on 2 CPU cores and on a GPU, from the committed records."""
+    gpu = newest_gpu_folder()
+
+    def on_gpu(name: str) -> str:
+        return model_cell(read_record(gpu / name)) if gpu else "no GPU run committed"
+
+    task = model_cell(read_record(time_to_loss_dir(runs) / f"{BASELINE}.json"))
+    rows = [
+        ["speed and fast ladders", model_cell(read_record(runs / f"{BASELINE}.json")), on_gpu(f"{BASELINE}.json")],
+        [
+            "memory and lean ladders",
+            model_cell(read_record(runs / "memory_0_baseline.json")),
+            on_gpu("memory_0_baseline.json"),
+        ],
+        ["time to loss, speedrun", task, "the speedrun: the same; the time to loss: the speed ladder's"],
+    ]
+    return "\n".join(
+        ["", *table(["trains", "on 2 CPU cores (`cpu` profile)", "on one GPU (`reference` profile)"], rows), "", ""]
+    )
+
+
 def speedrun_block(sr: Speedrun) -> str:
     """The speedrun's record table and its findings, as results.md's section has them, links from the repo's root."""
     return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), "", ""])
@@ -151,6 +161,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "speedrun-table": speedrun_block(sr),
         "planner-headline": planner_headline(runs),
         "gpu-memory": gpu_memory_table(),
+        "models": models_table(runs),
     }
 
 
