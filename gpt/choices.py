@@ -18,7 +18,7 @@ from gpt.optimizations.chunked_loss import implementation_of, loss_how, loss_use
 from gpt.optimizations.compilation import compile_choice, uses_cuda_graphs
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_how, attention_used
-from gpt.optimizations.precision import MixedPrecision
+from gpt.optimizations.precision import MixedPrecision, mixed_precision
 from gpt.peak_memory import memory_method
 
 
@@ -64,17 +64,13 @@ class RunChoices:
 
 
 def resolve(
-    cfg: TrainConfig,
-    device: torch.device,
-    amp: MixedPrecision,
-    fp32_matmuls: str,
-    host_allocator: str | None,
-    model_config,
+    cfg: TrainConfig, device: torch.device, fp32_matmuls: str, host_allocator: str | None, model_config
 ) -> RunChoices:
     """Every per-device decision of a run, each asked of its home once.
 
-    `amp`, `fp32_matmuls` and `host_allocator` as the run set them up, `model_config` the GPTConfig the model was built
-    with (its attention and loss already decided)."""
+    The precision (precision.mixed_precision: the bf16 rule) is chosen here. `fp32_matmuls` and `host_allocator` as the
+    run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""
+    amp = mixed_precision(cfg, device)
     mode, compile_why = compile_choice(cfg, device)
     return RunChoices(
         amp=amp,

@@ -21,13 +21,14 @@ from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler
 from gpt.model import GPT, GPTConfig
+from gpt.optimizations.adamw import make_optimizer
 from gpt.optimizations.checkpointing import checkpoint_blocks
-from gpt.optimizations.compilation import compile_model
+from gpt.optimizations.compilation import compile_mode, compile_model
 from gpt.optimizations.feeding import make_loader, to_device, training_data
 from gpt.optimizations.host_memory import keep_freed_host_memory
-from gpt.optimizations.muon import build_optimizer
+from gpt.optimizations.muon import make_muon
 from gpt.optimizations.parallel import parallelize
-from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_precision
+from gpt.optimizations.precision import MixedPrecision, matmul_precision
 from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
 from gpt.step_profiler import region
 
@@ -52,10 +53,11 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     raw = GPT(model_cfg)
     if device.type != "cpu":  # built on the CPU already: skipping the no-op move lets gpt/memory build
         raw = raw.to(device)  # under FakeTensorMode, whose fake parameters refuse Module.to's swap
-    model = checkpoint_blocks(raw, cfg)
-    model = parallelize(model, cfg, device)
-    optimizer = build_optimizer(model, cfg)
-    model = compile_model(model, cfg, device)
+    model = checkpoint_blocks(raw, cfg)  # memory_2: each block's inside recomputed in backward
+    model = parallelize(model, cfg, device)  # speed_6, memory_4: DDP or FSDP2 over the stage's processes
+    # AdamW: foreach=False in memory_3, fused in fast_5; in the speedrun from speedrun_3, Muon for the blocks' matrices
+    optimizer = make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_optimizer(model, cfg)
+    model = compile_model(model, compile_mode(cfg, device))  # speed_4: None (eager) where the rule says so
     torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
 
@@ -82,7 +84,7 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
         with _grad_sync(model, last_micro_batch=i == k - 1):
             with region("forward"):
-                with amp.autocast():
+                with amp.autocast():  # speed_5: torch.autocast, where the run computes in 16 bits
                     _, loss = model(xm, ym)
                 loss = loss / k
             with region("backward"):
@@ -138,7 +140,7 @@ class Trainer:
         with feed.data():
             batch = next(self.batches)
         with feed.copy():
-            x, y = to_device(batch, self.device, self.cfg)
+            x, y = to_device(batch, self.device, self.cfg)  # speed_3: non_blocking from pinned memory
         if self.cfg.lr_decay_tokens:  # a schedule (training to a loss); the timed protocol keeps lr constant
             set_learning_rates(self.optimizer, self.cfg, self.tokens_seen + self.cfg.tokens_per_step)
         if self.cuda_graphs:
@@ -170,10 +172,9 @@ def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> T
     host_allocator = keep_freed_host_memory(cfg, device)
     dataset = training_data(cfg)
     raw, model, optimizer = build_model(cfg, dataset.vocab_size, device)
-    amp = mixed_precision(cfg, device)
-    fp32_matmuls = matmul_precision(cfg, device)
+    fp32_matmuls = matmul_precision(cfg, device)  # fast_2: TF32
+    choices = resolve_choices(cfg, device, fp32_matmuls, host_allocator, raw.config)  # the precision among them
     sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, cfg.world_size)
-    batches = iter(make_loader(dataset, sampler, cfg, device))
-    choices = resolve_choices(cfg, device, amp, fp32_matmuls, host_allocator, raw.config)
+    batches = iter(make_loader(dataset, sampler, cfg, device))  # speed_1, speed_2, speed_3: a DataLoader
     progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
     return Trainer(cfg, device, rank, raw, model, optimizer, batches, choices, progress)

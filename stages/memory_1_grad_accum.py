@@ -6,7 +6,7 @@ Only one micro-batch's activations are alive at a time, so activation memory hal
 is the same: each micro-batch loss is divided by 2 and the gradients add up to the gradient of the batch
 of 32. (The reference's own version reset the gradients inside the loop and fed one micro-batch twice, so
 it accumulated nothing; tests/optimizations/test_accumulation.py proves this one is exact.)
-Code: gpt/train.py:train_step (the micro-batch loop).
+Code: cfg.grad_accum_steps -> gpt/train.py:train_step (the micro-batch loop).
 """
 
 CHANGE = "gradient accumulation x2"

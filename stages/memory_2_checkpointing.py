@@ -7,7 +7,7 @@ activations back, one block at a time. Activation memory drops from all layers' 
 plus the block inputs, for roughly one extra forward pass of compute. Dropout's RNG state is restored, so
 gradients are identical. Each block is recomputed whole, without PyTorch's early stop, which ends a
 recomputation by raising an exception through an op (gpt/optimizations/checkpointing.py:checkpoint_blocks says why).
-Code: gpt/optimizations/checkpointing.py:checkpoint_blocks.
+Code: cfg.activation_checkpointing -> gpt/train.py:build_model -> gpt/optimizations/checkpointing.py:checkpoint_blocks.
 """
 
 CHANGE = "activation checkpointing"

@@ -6,7 +6,7 @@ With activations checkpointed, the optimizer step is now the peak. The multi-ten
 computes each intermediate for all parameters at once, so its temporaries are as large as the whole
 model; the for-loop version updates one parameter at a time and its temporaries are one tensor's size.
 Slower by the loop's launches, identical in result.
-Code: gpt/optimizations/adamw.py:make_optimizer.
+Code: cfg.optimizer_foreach -> gpt/train.py:build_model -> gpt/optimizations/adamw.py:make_optimizer.
 """
 
 CHANGE = "AdamW foreach=False"

@@ -5,8 +5,9 @@ Parent: memory_3_foreach_off. Reference (2x H100): 8502 MiB (-35%), 17.1 s (-27%
 Each process keeps half of every parameter, gradient and optimizer state (ZeRO-3). A block's parameters
 are all-gathered just before its forward and its backward and freed after; gradients are reduce-scattered.
 Each process trains on half of the N samples, so the ladder's time also halves where there are 2 devices.
-The sharding settings are code, in gpt/optimizations/parallel.py:parallelize; the script starts its processes itself
-through torchrun.
+The sharding settings are code, in parallelize; the script starts its processes itself through torchrun
+(gpt/distributed.py).
+Code: cfg.distributed -> gpt/train.py:build_model -> gpt/optimizations/parallel.py:parallelize (fully_shard).
 """
 
 CHANGE = "FSDP on 2 processes"

@@ -6,7 +6,7 @@ The same N samples take 8x fewer optimizer steps, and each matmul is 8x taller: 
 (kernel launches, Python, the optimizer update) are paid 8x less often and the hardware's parallel units
 are better filled. Same data, fewer and larger updates: a change of the training recipe (not of its
 per-sample maths), which is why the learning rate is usually revisited with it.
-Code: gpt/optimizations/feeding.py:make_loader (batch_size).
+Code: cfg.batch_size -> gpt/train.py:prepare -> gpt/optimizations/feeding.py:make_loader (the DataLoader's batches).
 """
 
 CHANGE = "batch size x8"

@@ -6,7 +6,7 @@ The per-sample text cleaning and tokenisation moves into 4 worker processes that
 batches while the model trains, instead of running between steps. It helps when the CPU has cores to
 spare; on a machine whose cores already run the training itself (a CPU-only run), workers compete with
 it. Batches are identical to num_workers=0 (tests/optimizations/test_feeding.py).
-Code: gpt/optimizations/feeding.py:make_loader (num_workers).
+Code: cfg.num_workers -> gpt/train.py:prepare -> gpt/optimizations/feeding.py:make_loader (the DataLoader's workers).
 """
 
 CHANGE = "DataLoader num_workers 0 -> 4"

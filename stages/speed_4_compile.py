@@ -6,7 +6,8 @@ TorchDynamo captures the forward and backward into graphs and TorchInductor gene
 attention's scale-mask-softmax-dropout chain, GELU, layer norms and residual adds each become one pass
 over memory instead of several. On CUDA "reduce-overhead" also records CUDA graphs, replaying a whole
 step's kernels with one launch. Compilation happens in the first step and is reported apart.
-Code: gpt/optimizations/compilation.py:compile_model.
+Code: cfg.compile -> gpt/train.py:build_model -> gpt/optimizations/compilation.py:compile_model (its mode:
+compile_mode).
 """
 
 CHANGE = "torch.compile"

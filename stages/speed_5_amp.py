@@ -13,7 +13,8 @@ The scaler has a cost of its own: GradScaler.step reads its "found inf" flag on 
 step to decide whether to skip the update, a device synchronisation inside the timed loop that stalls the
 queue of kernels. It is part of what this stage measures. (A fused AdamW, `fused=True`, would read the flag
 on the device instead; the ladder keeps the reference's foreach AdamW.)
-Code: gpt/optimizations/precision.py:mixed_precision.
+Code: cfg.amp -> gpt/train.py:train_step -> gpt/optimizations/precision.py:MixedPrecision.autocast (its dtype:
+mixed_precision).
 """
 
 CHANGE = "mixed precision (autocast)"

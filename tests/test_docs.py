@@ -1,7 +1,8 @@
-"""The README and docs/ point at things that exist.
+"""The README, docs/ and the stage scripts point at things that exist.
 
 Every relative link (and its #anchor), every `path.py:name` pointer into the code, and every code path written in
-backticks. A renamed function or a moved page fails here instead of leaving a reader at a dead end."""
+backticks. A renamed function or a moved page fails here instead of leaving a reader at a dead end. The path from each
+of the book's stages to its torch call (docs/design.md's table, the stages' `Code:` lines) cites lines that hold it."""
 
 import ast
 import re
@@ -11,8 +12,9 @@ import pytest
 from conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+STAGE_SCRIPTS = sorted((REPO / "stages").glob("*.py"))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-POINTER = re.compile(r"([\w./-]+\.py):([A-Za-z_][\w.]*)")
+POINTER = re.compile(r"([\w./-]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")  # a sentence's full stop ends it
 CODE_PATH = re.compile(r"`((?:gpt|stages|tests|data)/[\w./-]*\.py)`")
 
 
@@ -82,6 +84,11 @@ def test_every_code_pointer_names_something_that_exists(page):
     assert broken_pointers(page) == []
 
 
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda p: p.stem)
+def test_every_code_pointer_of_a_stage_script_names_something_that_exists(script):
+    assert broken_pointers(script) == []
+
+
 def test_the_checks_see_links_and_pointers():
     """The patterns find what the pages hold (a regex that matched nothing would pass every page)."""
     text = "\n".join(p.read_text() for p in PAGES)
@@ -96,3 +103,99 @@ def test_every_records_folder_is_listed_in_docs_records_md():
     listed = set(re.findall(r"`records/([\w.-]+)/`", table))
     assert listed == {p.name for p in (REPO / "records").iterdir() if p.is_dir()}
     assert all(re.search(r"commit [0-9a-f]{7}", row) for row in table.splitlines()[2:])
+
+
+# ---- from a stage to its torch call ---------------------------------------------------------------------------------
+
+BOOK_STAGES = {
+    "speed_1_batch_size",
+    "speed_2_num_workers",
+    "speed_3_non_blocking",
+    "speed_4_compile",
+    "speed_5_amp",
+    "speed_6_ddp",
+    "memory_1_grad_accum",
+    "memory_2_checkpointing",
+    "memory_3_foreach_off",
+    "memory_4_fsdp",
+}
+ACTING_FILES = ("gpt/train.py", "gpt/model.py")  # where a run's optimizations act, one line each
+CITED = r"`(gpt/[\w/]+\.py):(\d+)` `([^`]+)`"  # a file:line and the code quoted from it
+TORCH_PATH_ROW = re.compile(rf"^\| `stages/(\w+)\.py` \| `(\w+)` \| {CITED} \| {CITED} \|$", re.M)
+
+
+def code_paths(script: Path) -> tuple[str, list[list[tuple[str, str]]]]:
+    """The field a stage's `Code:` line names, and each path it gives: [(file, function), ...], acting file first.
+
+    `Code: cfg.<field> -> gpt/train.py:<function> -> <home>:<function> (...)`, paths apart by `;`."""
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    assert "Code: " in doc, f"{script.name}: no Code: line"
+    text = " ".join(doc.split("Code: ", 1)[1].split())
+    field = re.match(r"cfg\.(\w+) -> ", text)
+    assert field, f"{script.name}: the Code: line opens with no cfg.<field> -> ({text[:60]!r})"
+    return field[1], [POINTER.findall(part) for part in text.split(";")]
+
+
+def span(path: str, dotted: str) -> range:
+    """The lines of the function `dotted` (Class.method one level down) in `path`."""
+    body = ast.parse((REPO / path).read_text()).body
+    for name in dotted.split("."):
+        node = next(n for n in body if getattr(n, "name", None) == name)
+        body = node.body
+    return range(node.lineno, node.end_lineno + 1)
+
+
+def torch_path_problems(page_text: str) -> list[str]:
+    """What is wrong with a page's "From a stage to its torch call" table, read against the code and the stages."""
+    rows, problems = TORCH_PATH_ROW.findall(page_text), []
+    if {row[0] for row in rows} != BOOK_STAGES:
+        problems.append(f"the table covers {sorted({row[0] for row in rows})}, not the book's ten stages")
+    for stage, field, acting_file, acting_no, acting_code, torch_file, torch_no, torch_code in rows:
+        for path, no, code in ((acting_file, acting_no, acting_code), (torch_file, torch_no, torch_code)):
+            lines = (REPO / path).read_text().splitlines()
+            if not 0 < int(no) <= len(lines) or code not in lines[int(no) - 1]:
+                problems.append(f"{stage}: {path}:{no} does not hold `{code}`")
+        named, paths = code_paths(REPO / "stages" / f"{stage}.py")
+        if field != named:
+            problems.append(f"{stage}: the table's field {field}, the Code: line's {named}")
+        if acting_file not in ACTING_FILES:
+            problems.append(f"{stage}: the acting line is in {acting_file}, not {' or '.join(ACTING_FILES)}")
+        # the Code: path that holds both lines: the acting line in its first function, the torch call in its last
+        fits = [
+            p
+            for p in paths
+            if p[0][0] == acting_file
+            and int(acting_no) in span(*p[0])
+            and p[-1][0] == torch_file
+            and int(torch_no) in span(*p[-1])
+        ]
+        if not fits:
+            problems.append(
+                f"{stage}: no path of its Code: line ({paths}) holds {acting_file}:{acting_no} and "
+                f"{torch_file}:{torch_no}"
+            )
+        elif len(fits[0]) == 2 and f"{fits[0][1][1].split('.')[-1]}(" not in acting_code:
+            problems.append(f"{stage}: the acting line `{acting_code}` does not call {fits[0][1][1]}")
+    return problems
+
+
+@pytest.mark.parametrize("stage", sorted(BOOK_STAGES))
+def test_each_book_stage_names_the_path_from_its_field_to_its_torch_call(stage):
+    """A book stage's `Code:` line: the field it sets -> the acting function -> its home's, at most two files away."""
+    script = REPO / "stages" / f"{stage}.py"
+    field, paths = code_paths(script)
+    assert re.search(rf"cfg\.{field} \S?= ", script.read_text())  # the field its change() sets
+    for path in paths:
+        assert 1 <= len(path) <= 2 and path[0][0] in ACTING_FILES, path  # stage -> train.py / model.py -> home
+        assert len(path) == 1 or path[1][0].startswith("gpt/optimizations/"), path
+        assert all(defines(REPO / file, name) for file, name in path), path
+
+
+def test_the_design_page_cites_each_book_stages_path_to_its_torch_call_line_by_line():
+    """docs/design.md's table: each cited line holds the code quoted, inside the functions the stage's Code: names.
+
+    And the acting line calls the home's function. Fails on a table whose line is one off."""
+    text = (REPO / "docs" / "design.md").read_text()
+    assert torch_path_problems(text) == []
+    off_by_one = re.sub(r"`gpt/train.py:(\d+)`", lambda m: f"`gpt/train.py:{int(m[1]) + 1}`", text, count=1)
+    assert any("does not hold" in p for p in torch_path_problems(off_by_one))  # the checker sees a moved line

@@ -148,7 +148,7 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     reduce_overhead = lambda cfg, device: ("reduce-overhead" if cfg.compile else None, None)  # noqa: E731
-    monkeypatch.setattr(compilation, "compile_choice", reduce_overhead)  # compile_model asks it through compile_mode
+    monkeypatch.setattr(compilation, "compile_choice", reduce_overhead)  # build_model asks it through compile_mode
     monkeypatch.setattr(choices, "compile_choice", reduce_overhead)  # the run's choices ask it once
     cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
     eager = protocol.run(tiny_config(char_data, **cfg))["metrics"]["losses"]

@@ -26,9 +26,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, skip=()) -> torch.optim.A
         {"params": [p for p in params if id(p) in decay_ids], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) not in decay_ids], "weight_decay": 0.0},
     ]
-    # fused=True: one kernel per parameter group updates every parameter, reading each tensor once.
-    impl = {"fused": True} if cfg.optimizer_fused else {"foreach": cfg.optimizer_foreach}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **impl)
+    if cfg.optimizer_fused:  # one kernel per parameter group updates every parameter, reading each tensor once
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=cfg.optimizer_foreach)
 
 
 FOREACH_OFF = Optimization(

@@ -1,5 +1,8 @@
 """torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
 
+`compile_model` compiles; the rule that chooses its mode (compile_mode, compile_choice, compile_skipped) follows it, and
+is asked where the run is built (gpt/train.py:build_model) and where its choices are resolved (gpt/choices.py).
+
 With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
 "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a run to a
 loss too short for a cold compilation to pay stays eager, on a CPU or a GPU.
@@ -13,6 +16,17 @@ import torch.nn as nn
 from gpt.config import TrainConfig
 from gpt.formatting import fmt_time, steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan, check_flag
+
+
+def compile_model(model: nn.Module, mode: str | None) -> nn.Module:
+    """The model compiled in `mode`, or the model itself where the run is eager (mode None).
+
+    torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax, layer norm) into fewer
+    kernels that read and write memory once. The mode is the rule's, below (compile_mode)."""
+    return torch.compile(model, mode=mode) if mode else model
+
+
+# ---- the rule: the mode a run compiles in, eager where compiling would not pay (speedrun_12) -------------------------
 
 
 @dataclass(frozen=True)
@@ -109,15 +123,6 @@ def startup_steps(cuda_graphs: bool) -> int:
     compiled graph once unrecorded (the first step), record it at its next call (the second), then replay it; the
     first replay (the third) is counted too, so whatever it adds is start-up, and a steady one adds nothing."""
     return 3 if cuda_graphs else 1
-
-
-def compile_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """The model compiled in the run's mode, or the model itself where it runs eager.
-
-    torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax, layer norm) into fewer
-    kernels that read and write memory once."""
-    mode = compile_mode(cfg, device)
-    return torch.compile(model, mode=mode) if mode else model
 
 
 def _simulated_eager(plan: SimulationPlan) -> None:

@@ -8,8 +8,8 @@ of the matrix moves by about the same amount, so a step can be larger without on
 defined for 2-D hidden matrices only; the embeddings (the token one is also the output head), the norms and the
 biases keep AdamW, as in the modded-nanogpt speedruns.
 
-`build_optimizer` is the one call gpt/train.py:build_model makes: AdamW (adamw.py) or, with matrix_optimizer="muon", one
-`MuonWithAdamW` holding both.
+gpt/train.py:build_model makes the stage's optimizer: AdamW (adamw.py:make_optimizer) or, with
+matrix_optimizer="muon", `make_muon`'s `MuonWithAdamW` holding both.
 """
 
 import contextlib
@@ -133,11 +133,6 @@ def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     hidden = hidden_matrices(model)
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
     return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The stage's optimizer, by cfg.matrix_optimizer: the reference's AdamW, or Muon with AdamW."""
-    return make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_adamw(model, cfg)
 
 
 def _check_optimizer(cfg: TrainConfig) -> None:

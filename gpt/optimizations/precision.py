@@ -2,7 +2,8 @@
 
 Autocast is fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster; TF32 is for the fp32 matmuls autocast leaves.
 
-`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
+`MixedPrecision.autocast` is the forward's torch.autocast; `mixed_precision` chooses what a run computes in (the run
+asks it in gpt/choices.py), `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
 computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
 (gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
 """
@@ -32,6 +33,9 @@ class MixedPrecision:
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
 
     def autocast(self):
+        """The forward's context: torch.autocast to the run's dtype, or nothing where it computes in fp32.
+
+        The dtype is the rule's, below (mixed_precision, which the run asks in gpt/choices.py)."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
@@ -139,7 +143,7 @@ def _amp_no_speedup(record: dict, parent: dict) -> str:
 AMP = Optimization(
     name="mixed precision (autocast)",
     fields=("amp",),
-    code="gpt/optimizations/precision.py:mixed_precision",
+    code="gpt/optimizations/precision.py:MixedPrecision.autocast, mixed_precision",
     time_targets=("forward", "backward"),
     no_effect=_amp_no_effect,
     simulate=_amp_simulated,
