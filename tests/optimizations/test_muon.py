@@ -141,50 +141,69 @@ def run_stage_with(char_data, tmp_path, setup: str = "", **overrides) -> subproc
         f"stage.stage_main({str(REPO / 'stages' / 'speed_0_baseline.py')!r})"
     )
     return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "--profile",
-            "smoke",
-            "--device",
-            "cpu",
-            "--time-to-loss",
-            "--train-tokens",
-            "256",
-            "--data-dir",
-            str(char_data),
-            "--out",
-            str(tmp_path / "out"),
-            "--wandb",
-            "disabled",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-c", code, *stage_argv(char_data, tmp_path)], capture_output=True, text=True, timeout=120
     )
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
-        (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
-        (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
-        (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
-        (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
-        (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
-        (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
-        (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
-        (dict(lr_schedule="wsd", lr_cooldown=1.0), "before the warm-up ends"),
-        (dict(lr_cooldown=0.2), "lr_cooldown (0.2) is wsd's setting"),
-        (dict(lr=0.0, min_lr=0.0), "the learning rate must be a positive number, got 0.0"),
-    ],
-)
-def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp_path):
+def stage_argv(char_data, tmp_path) -> list[str]:
+    """speed_0_baseline's command line in run_stage_with: the smoke profile, 256 tokens to a loss, into tmp_path/out."""
+    return [
+        "--profile",
+        "smoke",
+        "--device",
+        "cpu",
+        "--time-to-loss",
+        "--train-tokens",
+        "256",
+        "--data-dir",
+        str(char_data),
+        "--out",
+        str(tmp_path / "out"),
+        "--wandb",
+        "disabled",
+    ]
+
+
+BAD_SETTINGS = [
+    (dict(matrix_optimizer="sgd"), "unknown matrix_optimizer 'sgd' (choose adamw or muon)"),
+    (dict(matrix_optimizer="muon", muon_lr=0.0), "muon_lr must be a positive number, got 0.0"),
+    (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
+    (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
+    (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
+    (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
+    (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
+    (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
+    (dict(lr_schedule="wsd", lr_cooldown=1.0), "before the warm-up ends"),
+    (dict(lr_cooldown=0.2), "lr_cooldown (0.2) is wsd's setting"),
+    (dict(lr=0.0, min_lr=0.0), "the learning rate must be a positive number, got 0.0"),
+]
+
+
+def test_a_bad_setting_is_one_line_and_exit_2_from_the_stage_script(char_data, tmp_path):
+    """A bad setting ends the stage script, run as a user runs it, with exit 2 and one line on stderr, and no record.
+
+    One setting end to end (a fresh process: nothing else on stderr); each of the others in this process below."""
+    overrides, message = BAD_SETTINGS[0]
     r = run_stage_with(char_data, tmp_path, **overrides)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert not list((tmp_path / "out").rglob("*.json"))
+
+
+@pytest.mark.parametrize("overrides, message", BAD_SETTINGS)
+def test_bad_settings_are_one_line_and_exit_2(overrides, message, char_data, tmp_path, monkeypatch, capsys):
+    """Each bad setting: the stage script's entry point (stage_main) exits 2 with its one line, before any training.
+
+    The overrides applied as run_stage_with applies them, in this process; a setting wrongly let through would train
+    its 256 tokens and exit 0."""
+    from gpt import stage
+
+    real = stage.stage_config
+    monkeypatch.setattr(stage, "stage_config", lambda *a, **k: real(*a, **{**k, **overrides}))
+    with pytest.raises(SystemExit) as e:
+        stage.stage_main(str(REPO / "stages" / "speed_0_baseline.py"), stage_argv(char_data, tmp_path))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert not list((tmp_path / "out").rglob("*.json"))
 
 
