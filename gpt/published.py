@@ -13,7 +13,8 @@ from gpt.records import time_to_loss_dir
 
 PUBLISHED = REPO_ROOT / "records"
 NOTE = "note.md"  # a records folder's provenance (e.g. made by older code), shown under the report's header
-# The default run whose committed speed_0 seeds set the speedrun's target: the task was tuned there (gpt/profiles.py)
+# The default run whose committed speed_0 seeds set the speedrun's target: the task was tuned there
+# (gpt/profiles.py)
 SPEEDRUN_TARGET_SET_BY = ("cpu", "cpu")
 
 

@@ -565,12 +565,12 @@ def loss_stages(sections: list[str]) -> list[str]:
     return stages
 
 
-def loss_job_count(sections: list[str], quick_run: bool = False, shared_baseline: bool = True) -> int:
+def loss_job_count(sections: list[str], quick: bool = False, shared_baseline: bool = True) -> int:
     """The runs to a loss the sections make.
 
     shared_baseline: the time-to-loss section's speed_0 seeds set the speedrun's target too (the profile's time-to-loss
     settings are the speedrun's task: profiles.speedrun_task_is_time_to_loss)."""
-    baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
+    baseline_seeds, last_seeds = (1, 1) if quick else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
     count = len(stages_of(*ladder_names("also"))) + baseline_seeds - 1 if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:
         shared = TIME_TO_LOSS in sections and shared_baseline

@@ -91,8 +91,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     loss.add_argument(
         "--speedrun-task",
         action="store_true",
-        help="train to a loss on the speedrun's task (gpt/profiles.py: SPEEDRUN_TASK), not the profile's time-to-loss "
-        "settings, as speed_0's seeds that set the speedrun's target do (their records: "
+        help="train to a loss on the speedrun's task (gpt/profiles.py: SPEEDRUN_TASK), not the profile's "
+        "time-to-loss settings, as speed_0's seeds that set the speedrun's target do (their records: "
         "gpt/records.py:speedrun_baseline_dir)",
     )
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")

@@ -15,8 +15,6 @@ import torch
 from tqdm import tqdm
 
 from gpt import distributed, optimizations
-from gpt.choices import RunChoices
-from gpt.choices import resolve as resolve_choices
 from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler
@@ -29,6 +27,8 @@ from gpt.optimizations.muon import build_optimizer
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_precision
 from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
+from gpt.run_choices import RunChoices
+from gpt.run_choices import resolve as resolve_choices
 from gpt.step_profiler import region
 
 
@@ -106,7 +106,7 @@ class Trainer:
     """A training run: the stage's settings, the model, its optimizer, its batches, and its step on the next one.
 
     The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
-    decision, resolved once (gpt/choices.py): the precision (`choices.amp`) among them."""
+    decision, resolved once (gpt/run_choices.py): the precision (`choices.amp`) among them."""
 
     cfg: TrainConfig
     device: torch.device

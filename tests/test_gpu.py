@@ -48,8 +48,8 @@ from gpt.report.document import write_report
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-# The quick run's subset (`pytest -m "gpu and quick"`, gpt/quick.py): the checks that start no stage process, compile
-# nothing and train nothing to a loss, since the quick run's own stages do those on the GPU.
+# The quick run's subset (`pytest -m "gpu and quick"`, gpt/quick.py): the checks that start no stage process,
+# compile nothing and train nothing to a loss, since the quick run's own stages do those on the GPU.
 quick = pytest.mark.quick
 
 # The 2-GPU runs against one GPU, as on the CPU (tests/optimizations/test_parallel.py), with bounds 10x the CPU's

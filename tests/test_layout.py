@@ -119,7 +119,7 @@ LAYERS = [
     # one home per optimization, and the registry
     ("optimizations", {"gpt.optimizations"}),
     # the model, the training step and loop, the ladders' order, the timed protocol
-    ("training", {"gpt.model", "gpt.choices", "gpt.train", "gpt.ladder", "gpt.protocol"}),
+    ("training", {"gpt.model", "gpt.run_choices", "gpt.train", "gpt.ladder", "gpt.protocol"}),
     # the commands that train or measure and write records
     (
         "commands",

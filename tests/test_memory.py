@@ -273,8 +273,8 @@ def test_bad_input_gets_one_line(argv, message, capsys):
 def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchanged(tmp_path, monkeypatch, capsys):
     """fit and reference --reuse copy the earlier H100 report while its code and arguments are unchanged.
 
-    The earlier report is copied when gpt/reuse.py finds it valid for this command's arguments, and computed otherwise;
-    run_all passes the committed ones for these two, never for compare."""
+    The earlier report is copied when gpt/reuse.py finds it valid for this command's arguments, and computed
+    otherwise; run_all passes the committed ones for these two, never for compare."""
     from gpt import reuse
     from gpt.memory import __main__ as cli
 

@@ -1,4 +1,4 @@
-"""gpt/reuse.py: a machine-independent record is reused only while the code it ran, torch and its key are unchanged."""
+"""gpt/reuse.py: a machine-independent record is reused only while its code, torch and its key are unchanged."""
 
 import ast
 import io

@@ -530,8 +530,8 @@ def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
 
     The record's choices name the loss and the attention the model computed with, and why they are not the config's:
     here speedrun_1's chunked loss on a torch without it."""
-    from gpt.choices import model_choices
     from gpt.model import GPTConfig
+    from gpt.run_choices import model_choices
 
     cfg = stage_config("speedrun_1_systems", "smoke", attention="naive")
     got = model_choices(cfg, torch.device("cpu"), GPTConfig(vocab_size=65, loss="full", attention="naive"))

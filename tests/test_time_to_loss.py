@@ -25,7 +25,6 @@ from equivalence import tiny_config
 from record_schema import record_problems
 
 from gpt import evaluation, optimizations, time_to_loss, train
-from gpt.choices import RunChoices
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
@@ -33,6 +32,7 @@ from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.profiles import profile_settings
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
+from gpt.run_choices import RunChoices
 from gpt.stage import parse_args, to_a_loss_overrides
 from gpt.train import learning_rate
 

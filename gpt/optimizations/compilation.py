@@ -51,7 +51,7 @@ COMPILE_COSTS = {
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
     """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here.
 
-    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/choices.py). On CUDA
+    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/run_choices.py). On CUDA
     'reduce-overhead', as the reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on
     the CPU, which gets the default mode."""
     why = compile_skipped(cfg, device)

@@ -108,9 +108,9 @@ def test_under_cuda_graphs_the_attention_and_the_loss_run_by_rule_and_elsewhere_
     compiled CUDA run keeps SDPA and the chunked loss untimed, its record saying "rule: ..."; an eager CUDA run and a
     compiled CPU run time both as they run them (here: the explicit attention and the full loss faster) and say
     "measured"."""
-    from gpt.choices import model_choices
     from gpt.model import GPTConfig
     from gpt.optimizations import chunked_loss, fused_attention
+    from gpt.run_choices import model_choices
 
     timed, losses = [], itertools.cycle([{"median_ms": 1.0}, {"median_ms": 5.0}])  # full, then chunked
     monkeypatch.setattr(fused_attention, "time_attentions", lambda *a: timed.append("attention") or [1.0, 4.0])
