@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from gpt.committed_records import PUBLISHED, published_dir
 from gpt.ladder import ladder_of, stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
-from gpt.published import PUBLISHED, published_dir
 from gpt.records import read_record, write_record
 from gpt.supervision import TimeLimitReached, run_stage
 

@@ -32,6 +32,7 @@ import torch
 
 from gpt import machine_cache, optimizations, quick
 from gpt.command_line import add_shared_options
+from gpt.committed_records import publish, published_dir
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
@@ -42,7 +43,6 @@ from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_m
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
 from gpt.profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
-from gpt.published import publish, published_dir
 from gpt.records import (
     environment,
     read_record,

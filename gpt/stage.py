@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpt import distributed, optimizations
 from gpt.command_line import add_shared_options
+from gpt.committed_records import committed_speedrun_target
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
@@ -20,7 +21,6 @@ from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import declaration, ladder_of, parent_of, settings_section, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
 from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
-from gpt.published import committed_speedrun_target
 from gpt.records import (
     environment,
     failure_of,
@@ -143,7 +143,7 @@ def default_speedrun_target(
     """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
 
     The stage races to that model, found in the run's folder, else in the committed records that set the task's
-    target (gpt/published.py:committed_speedrun_target), whatever the device; one line says which. With none, a
+    target (gpt/committed_records.py:committed_speedrun_target), whatever the device; one line says which. With none, a
     one-line error, or with --full-budget a line saying it trains its whole budget with no target to stop at."""
     places = [(out, profile), committed_speedrun_target(profile, device)]
     for folder, folder_profile in places:

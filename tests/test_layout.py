@@ -129,7 +129,7 @@ LAYERS = [
             "gpt.noise_scale",
             "gpt.bench_loss",
             "gpt.wandb_log",
-            "gpt.published",
+            "gpt.committed_records",
             "gpt.quick",
             "gpt.ngram_floor",
             "gpt.supervision",

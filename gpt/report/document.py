@@ -16,11 +16,11 @@ import os
 import re
 from pathlib import Path
 
+from gpt.committed_records import NOTE
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.ladder import LADDERS, ladder_of
-from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.figures import machines_section, plot_thesis, thesis_lines
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
@@ -107,7 +107,7 @@ def folded(ladders: dict[str, list[Rung]]) -> dict[str, str]:
 
 
 def provenance(runs: Path) -> list[str]:
-    """The records folder's own note (gpt/published.py: NOTE), e.g. that older code made them."""
+    """The records folder's own note (gpt/committed_records.py: NOTE), e.g. that older code made them."""
     note = runs / NOTE
     return ["", note.read_text().strip()] if note.is_file() else []
 

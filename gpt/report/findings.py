@@ -206,7 +206,7 @@ def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None 
 
     Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`)
     compare stages measured differently. The snapshots named are those in `runs`; a committed records
-    folder has none (gpt/published.py)."""
+    folder has none (gpt/committed_records.py)."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []
