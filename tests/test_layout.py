@@ -130,7 +130,7 @@ LAYERS = [
             "gpt.bench_loss",
             "gpt.wandb_log",
             "gpt.committed_records",
-            "gpt.quick",
+            "gpt.quick_run",
             "gpt.ngram_floor",
             "gpt.supervision",
         },

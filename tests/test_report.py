@@ -834,7 +834,7 @@ def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs
     speed = stages_of("speed")
     for stage in speed:
         behave(stage, "ok", fake_record(stage))
-    monkeypatch.setattr(run_all.quick.Figures, "seconds", lambda self, stage, rel, to_a_loss: (60.0, "a minute"))
+    monkeypatch.setattr(run_all.quick_run.Figures, "seconds", lambda self, stage, rel, to_a_loss: (60.0, "a minute"))
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]
     assert run_all.main(args + ["--out", str(out), "--wandb", "disabled"]) == 0  # 114 s for the stages: one fits
     assert calls() == speed[:1]
@@ -937,7 +937,7 @@ def test_a_quick_run_out_of_time_records_every_speedrun_stage_as_not_run(stub_st
     """No ladder disappears: where the limit comes before speed_0, the speedrun's stages are there too, not run."""
     out, _, calls = stub_stages
     monkeypatch.setattr(
-        run_all.quick.Deadline,
+        run_all.quick_run.Deadline,
         "starting_now",
         classmethod(lambda cls, limit_min: cls(60 * limit_min, time.monotonic() - 60)),
     )  # spent

@@ -113,7 +113,7 @@ def provenance(runs: Path) -> list[str]:
 
 
 def quick_note(runs: Path, records: list[dict]) -> list[str]:
-    """What a quick run (`./run_all.sh --quick`, gpt/quick.py) left out, and its GPU tests' closing line."""
+    """What a quick run (`./run_all.sh --quick`, gpt/quick_run.py) left out, and its GPU tests' closing line."""
     quick = [r for r in records if (r or {}).get("run", {}).get("quick")]
     if not quick:
         return []

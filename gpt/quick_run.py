@@ -280,7 +280,7 @@ class Plan:
 def print_plan(plan: Plan, limit_label: str, source: str) -> None:
     """The plan, one line an item with its expected seconds and their rule, the left-out sections, then the total."""
     print(f"== quick run: a first look within {limit_label} (--time-limit), every stage a real record marked quick")
-    print(f"   the plan, from {source} (expected seconds: gpt/quick.py's Figures):")
+    print(f"   the plan, from {source} (expected seconds: gpt/quick_run.py's Figures):")
     for item in plan.kept:
         print(f"   {minutes(item.seconds):>10}  {item.section}: {item.name}  ({item.why})")
     for section in dict.fromkeys(item.section for item in plan.dropped):
