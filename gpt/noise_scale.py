@@ -47,9 +47,9 @@ from gpt.evaluation import ValidationSet, train_and_evaluate
 from gpt.ladder import stage_config
 from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
-from gpt.profiles import PROFILES
 from gpt.records import environment, writable_dir, write_record
 from gpt.reuse import data_sha256, provenance, reuse_record, reused_note
+from gpt.settings_profiles import PROFILES
 from gpt.time_to_loss import TrainingClock, validation_loss_of
 
 BASELINE = "speed_0_baseline"

@@ -42,7 +42,6 @@ from gpt.ladder import STAGES_DIR, base_ladder, ladder_names, ladder_of, stage_c
 from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
-from gpt.profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
 from gpt.records import (
     environment,
     read_record,
@@ -54,6 +53,7 @@ from gpt.records import (
 )
 from gpt.report.document import write_report
 from gpt.report.rows import MACHINE_FILE
+from gpt.settings_profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
 from gpt.stage import unfinished_record
 from gpt.supervision import Progress, TimeLimitReached, clock, last_line, lock_output, run_stage
 
@@ -569,7 +569,7 @@ def loss_job_count(sections: list[str], quick: bool = False, shared_baseline: bo
     """The runs to a loss the sections make.
 
     shared_baseline: the time-to-loss section's speed_0 seeds set the speedrun's target too (the profile's time-to-loss
-    settings are the speedrun's task: profiles.speedrun_task_is_time_to_loss)."""
+    settings are the speedrun's task: settings_profiles.speedrun_task_is_time_to_loss)."""
     baseline_seeds, last_seeds = (1, 1) if quick else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
     count = len(stages_of(*ladder_names("also"))) + baseline_seeds - 1 if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:

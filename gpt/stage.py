@@ -20,7 +20,6 @@ from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import declaration, ladder_of, parent_of, settings_section, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
-from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
 from gpt.records import (
     environment,
     failure_of,
@@ -37,6 +36,7 @@ from gpt.records import (
     writable_dir,
     write_record,
 )
+from gpt.settings_profiles import PROFILES, budget_settings, default_profile, profile_settings
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -91,7 +91,7 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     loss.add_argument(
         "--speedrun-task",
         action="store_true",
-        help="train to a loss on the speedrun's task (gpt/profiles.py: SPEEDRUN_TASK), not the profile's "
+        help="train to a loss on the speedrun's task (gpt/settings_profiles.py: SPEEDRUN_TASK), not the profile's "
         "time-to-loss settings, as speed_0's seeds that set the speedrun's target do (their records: "
         "gpt/records.py:speedrun_baseline_dir)",
     )

@@ -17,7 +17,7 @@ EPYC. The stage keeps 48; its own time to the target, not the prediction, is its
 stage's other settings has not been trained. The learning rate is not the measurement's either: its
 suggestion, the square-root rule for Adam, did not reach the target at this batch, and the linear rule did (the
 speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-up is in tokens already
-(gpt/profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
+(gpt/settings_profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
 """
 
 BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the first measurement's choice

@@ -99,7 +99,7 @@ LAYERS = [
     (
         "basics",
         {
-            "gpt.profiles",
+            "gpt.settings_profiles",
             "gpt.config",
             "gpt.devices",
             "gpt.records",

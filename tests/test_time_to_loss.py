@@ -30,9 +30,9 @@ from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
-from gpt.profiles import profile_settings
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.run_choices import RunChoices
+from gpt.settings_profiles import profile_settings
 from gpt.stage import parse_args, to_a_loss_overrides
 from gpt.train import learning_rate
 

@@ -41,8 +41,8 @@ from gpt.memory.planner import (
 )
 from gpt.optimizations.parallel import is_distributed
 from gpt.peak_memory import MEMORY_PARTS
-from gpt.profiles import PROFILES
 from gpt.records import write_record
+from gpt.settings_profiles import PROFILES
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,9 +17,9 @@ from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.devices import device_type
 from gpt.errors import UserError, exit_on_user_error
-from gpt.profiles import default_profile
 from gpt.report.document import write_report
 from gpt.report.rows import display
+from gpt.settings_profiles import default_profile
 
 
 def default_runs_dir() -> Path:
