@@ -13,7 +13,7 @@ oom, failed, skipped); a stage that dies without one (killed, crashed interprete
 from here. Ctrl-C (or SIGTERM) stops the running stage and everything it started, keeps every finished
 record, and still writes the report; `--resume` then runs only the stages still missing. The results no machine
 changes (the planner's H100 estimates, the noise-scale curve) are reused from records/ while their code is unchanged
-(gpt/reuse.py); `--fresh` computes them anew.
+(gpt/record_reuse.py); `--fresh` computes them anew.
 """
 
 import argparse
@@ -94,7 +94,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--fresh",
         action="store_true",
         help="compute the machine-independent results anew (the H100 memory estimates, the noise-scale "
-        "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)",
+        "curve) instead of reusing the committed ones while their code is unchanged (gpt/record_reuse.py)",
     )
     p.add_argument(
         "--no-profiler", action="store_true", help="no profiled steps after timing: no time breakdown, no traces"
@@ -424,7 +424,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     After them so they never share the CPU with a timed stage. The reports: estimates vs this run's measured peaks, vs
     the documented H100 peaks, and the largest model that fits 80 GiB. Their JSON files become the report's "Memory
     planner" section. The last two do not depend on the machine: `reuse_from`'s are reused while their code is
-    unchanged (gpt/reuse.py)."""
+    unchanged (gpt/record_reuse.py)."""
 
     def reuse(name: str) -> list[str]:
         return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
@@ -530,7 +530,7 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
     """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch.
 
     It also gives the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while
-    its code is unchanged (gpt/reuse.py); the step times t(B) are always this machine's."""
+    its code is unchanged (gpt/record_reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
     reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)

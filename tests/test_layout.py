@@ -113,7 +113,7 @@ LAYERS = [
             "gpt.allocator_snapshot",
             "gpt.peak_memory",
             "gpt.distributed",
-            "gpt.reuse",
+            "gpt.record_reuse",
         },
     ),
     # one home per optimization, and the registry
