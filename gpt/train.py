@@ -29,7 +29,7 @@ from gpt.optimizations.precision import MixedPrecision, matmul_precision, mixed_
 from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
 from gpt.run_choices import RunChoices
 from gpt.run_choices import resolve as resolve_choices
-from gpt.step_profiler import region
+from gpt.step_profiler import step_phase
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
@@ -81,14 +81,14 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
     total = torch.zeros((), device=x.device)
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
         with _grad_sync(model, last_micro_batch=i == k - 1):
-            with region("forward"):
+            with step_phase("forward"):
                 with amp.autocast():
                     _, loss = model(xm, ym)
                 loss = loss / k
-            with region("backward"):
+            with step_phase("backward"):
                 amp.scaler.scale(loss).backward()  # the scaler, disabled unless fp16, passes each call through
         total += loss.detach()
-    with region("optimizer"):
+    with step_phase("optimizer"):
         amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
