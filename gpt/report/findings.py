@@ -25,7 +25,7 @@ def changed(r: Rung) -> list:
 def why_no_speedup(r: Rung) -> str:
     """The measured reason a speed stage did not make the ladder faster here.
 
-    Its optimization's own reason (no_speedup, declared in its home module), else how the steady step compares."""
+    Its optimization's own reason (no_speedup, declared in its module), else how the steady step compares."""
     return optimizations.no_speedup(changed(r), r.record, r.parent) or steady_steps(r.record, r.parent)
 
 
