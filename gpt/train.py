@@ -105,13 +105,13 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 class Trainer:
     """A training run: the stage's settings, the model, its optimizer, its batches, and its step on the next one.
 
-    The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
+    The model: `gpt`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
     decision, resolved once (gpt/run_choices.py): the precision (`choices.amp`) among them."""
 
     cfg: TrainConfig
     device: torch.device
     rank: int
-    raw: torch.nn.Module
+    gpt: torch.nn.Module
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batches: Iterator

@@ -80,7 +80,7 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     assert systems.compile and systems.batch_gather and systems.loss == "chunked" and systems.attention == "sdpa"
     run_b, grads_b = train_with_grads(base, 1)
     run_s, grads_s = train_with_grads(systems, 1)
-    vocab = run_b.raw.config.vocab_size
+    vocab = run_b.gpt.config.vocab_size
     torch.testing.assert_close(real_rows(grads_s[0], vocab), real_rows(grads_b[0], vocab), rtol=1e-4, atol=1e-6)
     assert run_s.losses == pytest.approx(run_b.losses, rel=1e-5)
 

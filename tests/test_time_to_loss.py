@@ -129,7 +129,7 @@ def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
     at_the_end = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "eval_every_tokens": cfg.train_tokens}))
     assert every_step["metrics"]["evaluations"] == 2048 // cfg.tokens_per_step + 1
     assert at_the_end["metrics"]["evaluations"] == 2
-    for p, q in zip(trainers[0].raw.parameters(), trainers[1].raw.parameters()):
+    for p, q in zip(trainers[0].gpt.parameters(), trainers[1].gpt.parameters()):
         assert torch.equal(p, q)
     assert every_step["metrics"]["val_loss_final"] == at_the_end["metrics"]["val_loss_final"]
 
@@ -188,7 +188,7 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
     (train_and_evaluate), on `losses` instead of a model."""
     steps = len(losses) - 1
     trainer = SimpleNamespace(
-        steps_done=0, cfg=SimpleNamespace(micro_batch_size=10), raw=None, choices=SimpleNamespace(amp=None), device=None
+        steps_done=0, cfg=SimpleNamespace(micro_batch_size=10), gpt=None, choices=SimpleNamespace(amp=None), device=None
     )
     trainer.rank = 0
 

@@ -105,7 +105,7 @@ def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_n
         cuda_graphs=cuda_graphs,
         step=None,
         model=None,
-        raw=None,
+        gpt=None,
         optimizer=None,
     )
     memory = protocol.memory_step(trainer, None)

@@ -93,7 +93,7 @@ def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why
     eager_cfg = stage_config("speedrun_12_eager", "smoke", True, data_dir=str(char_data), device="cpu")
     parent_cfg = stage_config("speedrun_11_budget", "smoke", True, data_dir=str(char_data), device="cpu")
     eager, parent = (train.prepare(c, cpu, 1, "test") for c in (eager_cfg, parent_cfg))
-    assert eager.model is eager.raw and not hasattr(eager.model, "_orig_mod")
+    assert eager.model is eager.gpt and not hasattr(eager.model, "_orig_mod")
     assert eager.choices.record()["compile_mode"] is None and "ran eager" in eager.choices.record()["compile_why"]
     assert hasattr(parent.model, "_orig_mod") and parent.choices.record()["compile_why"] is None
 
