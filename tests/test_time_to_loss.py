@@ -583,8 +583,8 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
     """The summary says in one sentence why per-sample gains do not reach the target.
 
     No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how much
-    sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
-    from gpt.report.summary import loss_caveat, loss_sentence
+    sooner a later stage reaches that model's loss; it stands in the summary, once."""
+    from gpt.report.summary import loss_sentence
 
     runs = write_loss_records(
         tmp_path,
@@ -602,9 +602,6 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
         "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`"
         in sentence
     )
-    caveat = f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."
-    assert loss_caveat("speed", runs) == [caveat]
-    assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
 
 
 def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):
