@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpt.step_profiler import region
+from gpt.step_profiler import step_phase
 
 
 class StepClock:
@@ -61,14 +61,14 @@ class FeedClock:
     @contextmanager
     def data(self):
         t0 = time.perf_counter()
-        with region("data"):
+        with step_phase("data"):
             yield
         self.data_s.append(time.perf_counter() - t0)
 
     @contextmanager
     def copy(self):
         self._copy.mark()
-        with region("copy"):
+        with step_phase("copy"):
             yield
         self._copy.mark()
 

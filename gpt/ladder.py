@@ -25,7 +25,7 @@ from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.optimizations.parallel import with_processes
-from gpt.profiles import SPEEDRUN, profile_settings
+from gpt.settings_profiles import SPEEDRUN, profile_settings
 
 STAGES_DIR = REPO_ROOT / "stages"
 STAGE_FILE = re.compile(r"(?P<ladder>[a-z]+)_(?P<n>\d+)_(?P<name>\w+)")  # a stage script's name: <ladder>_<n>_<name>
@@ -221,7 +221,7 @@ def load_stage(stage: str):
 
 
 def settings_section(stage: str, to_a_loss: bool = False, speedrun_task: bool = False) -> str:
-    """The section of its profile (gpt/profiles.py) a stage's config starts from.
+    """The section of its profile (gpt/settings_profiles.py) a stage's config starts from.
 
     The speedrun's task for a speedrun stage, and for a stage run on it (speedrun_task: speed_0's seeds that set the
     speedrun's target); the time-to-loss settings for a run to a loss; its ladder's baseline's otherwise."""

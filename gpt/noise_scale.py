@@ -47,13 +47,13 @@ from gpt.evaluation import ValidationSet, train_and_evaluate
 from gpt.ladder import stage_config
 from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
-from gpt.profiles import PROFILES
+from gpt.record_reuse import data_sha256, provenance, reuse_record, reused_note
 from gpt.records import environment, writable_dir, write_record
-from gpt.reuse import data_sha256, provenance, reuse_record, reused_note
+from gpt.settings_profiles import PROFILES
 from gpt.time_to_loss import TrainingClock, validation_loss_of
 
 BASELINE = "speed_0_baseline"
-# The part of the record that does not depend on the machine (gpt/reuse.py): reused while its code is unchanged
+# The part of the record that does not depend on the machine (gpt/record_reuse.py): reused while its code is unchanged
 CURVE_KEYS = ("config", "batch_size", "block_size", "estimator", "curve", "window", "provenance", "reused_from")
 # t(B) is timed with the code the batch stage runs on: its parent's (speedrun_1's systems changes, batch kept)
 TIMED_WITH = "speedrun_1_systems"

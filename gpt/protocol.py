@@ -210,7 +210,7 @@ def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
         return {}
     if trainer.device.type == "cuda":
         path = Path(snapshot_path) if snapshot_path and trainer.rank == 0 else None
-        memory = cuda_step_memory(trainer.step, trainer.model, trainer.raw, trainer.optimizer, trainer.device, path)
+        memory = cuda_step_memory(trainer.step, trainer.model, trainer.gpt, trainer.optimizer, trainer.device, path)
         return {**memory, "breakdown_mib": None, "timeline_mib": None} if trainer.cuda_graphs else memory
     return cpu_step_memory(trainer.step, trainer.model, trainer.optimizer)
 
@@ -275,7 +275,7 @@ def run_facts(trainer: train.Trainer, label: str) -> dict:
 
     The settings, the model, the device, the choices made on it and the provenance (the timed protocol's
     records and those of training to a loss)."""
-    raw, cfg, device = trainer.raw, trainer.cfg, trainer.device
+    raw, cfg, device = trainer.gpt, trainer.cfg, trainer.device
     return {
         "schema": SCHEMA_VERSION,
         "status": "ok",
@@ -342,7 +342,7 @@ def flops_metrics(trainer: train.Trainer, timed: Timed) -> dict:
     """MFU against the peak of the dtype the run computes in, and against the device's fastest.
 
     The dtype the run computes in is autocast's or FSDP's mixed precision's."""
-    device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.raw.flops_per_token()
+    device, world, per_token = trainer.device, trainer.cfg.world_size, trainer.gpt.flops_per_token()
     flops, flops_source = peak_flops(device, trainer.choices.compute_dtype)
     best_flops, best_source = fastest_peak_flops(device)
     rate = tokens_per_s(trainer.cfg, timed)

@@ -15,7 +15,7 @@ import torch
 from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.loss_curve import baseline_model_loss
-from gpt.profiles import SPEEDRUN, profile_settings, speedrun_task_is_time_to_loss
+from gpt.settings_profiles import SPEEDRUN, profile_settings, speedrun_task_is_time_to_loss
 
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent

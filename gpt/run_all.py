@@ -13,7 +13,7 @@ oom, failed, skipped); a stage that dies without one (killed, crashed interprete
 from here. Ctrl-C (or SIGTERM) stops the running stage and everything it started, keeps every finished
 record, and still writes the report; `--resume` then runs only the stages still missing. The results no machine
 changes (the planner's H100 estimates, the noise-scale curve) are reused from records/ while their code is unchanged
-(gpt/reuse.py); `--fresh` computes them anew.
+(gpt/record_reuse.py); `--fresh` computes them anew.
 """
 
 import argparse
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from gpt import machine_cache, optimizations, quick
+from gpt import machine_cache, optimizations, quick_run
 from gpt.command_line import add_shared_options
+from gpt.committed_records import publish, published_dir
 from gpt.data import REPO_ROOT, prepare_if_missing
 from gpt.devices import device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
@@ -41,8 +42,6 @@ from gpt.ladder import STAGES_DIR, base_ladder, ladder_names, ladder_of, stage_c
 from gpt.loss_curve import BASELINE_SEEDS, SPEEDRUN_SEEDS, TARGET_AT, baseline_model_loss, target_from
 from gpt.optimizations.chunked_loss import LOSS_CACHE
 from gpt.optimizations.fused_attention import ATTENTION_CACHE
-from gpt.profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
-from gpt.published import publish, published_dir
 from gpt.records import (
     environment,
     read_record,
@@ -55,6 +54,7 @@ from gpt.records import (
 from gpt.report.document import write_report
 from gpt.report.readme import README_RECORDS, rewrite_readme
 from gpt.report.rows import MACHINE_FILE
+from gpt.settings_profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
 from gpt.stage import unfinished_record
 from gpt.supervision import Progress, TimeLimitReached, clock, last_line, lock_output, run_stage
 
@@ -62,7 +62,7 @@ KEEP_ON_RESUME = ("ok", "oom", "skipped")  # a final answer for this machine; `f
 TIME_TO_LOSS = "time_to_loss"  # the speed and fast stages trained to a loss
 SPEEDRUN = "speedrun"  # the ladder judged by the time to speed_0's model (gpt/ladder.py)
 SECTIONS = [*timed_ladders(), TIME_TO_LOSS, SPEEDRUN]
-QUICK_SECTIONS = [SPEEDRUN, "speed", "fast"]  # a quick run's, in order (gpt/quick.py)
+QUICK_SECTIONS = [SPEEDRUN, "speed", "fast"]  # a quick run's, in order (gpt/quick_run.py)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -95,7 +95,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--fresh",
         action="store_true",
         help="compute the machine-independent results anew (the H100 memory estimates, the noise-scale "
-        "curve) instead of reusing the committed ones while their code is unchanged (gpt/reuse.py)",
+        "curve) instead of reusing the committed ones while their code is unchanged (gpt/record_reuse.py)",
     )
     p.add_argument(
         "--no-profiler", action="store_true", help="no profiled steps after timing: no time breakdown, no traces"
@@ -104,8 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="a first look, planned to fit a time limit: on a GPU some of its tests, then the speedrun on one seed "
-        f"and the speed and fast ladders at {quick.QUICK_REPEATS} repeats (with --only: that section); records "
-        "in runs/<profile>-<device>-quick, never published (gpt/quick.py)",
+        f"and the speed and fast ladders at {quick_run.QUICK_REPEATS} repeats (with --only: that section); records "
+        "in runs/<profile>-<device>-quick, never published (gpt/quick_run.py)",
     )
     p.add_argument(
         "--dry-run",
@@ -114,7 +114,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--gpu",
-        choices=quick.GPU_KINDS,
+        choices=quick_run.GPU_KINDS,
         help="with --dry-run: plan for this GPU from its committed records, on any machine",
     )
     p.add_argument(
@@ -122,7 +122,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         metavar="MINUTES",
         help="the quick run's limit (default: "
-        + ", ".join(f"{m:g} min on {d}" for d, m in quick.DEFAULT_LIMIT_MIN.items())
+        + ", ".join(f"{m:g} min on {d}" for d, m in quick_run.DEFAULT_LIMIT_MIN.items())
         + ")",
     )
     args = p.parse_args(argv)
@@ -389,7 +389,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
         # stale record passes for this run's result
         if record is None or ((interrupted or stopped) and record.get("status") == "failed"):
             if stopped:
-                reason = quick.STOPPED.format(limit=deadline.label)
+                reason = quick_run.STOPPED.format(limit=deadline.label)
             elif interrupted:
                 reason = "interrupted (Ctrl-C or SIGTERM) before it finished"
             elif rc < 0:
@@ -398,7 +398,7 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                 reason = f"exit code {rc} without a record: {last_line(log)}"
             record = failed_record(job, profile, device, reason)
             write_record(path, record)
-        quick.mark(path, time.monotonic() - t0, deadline is not None)
+        quick_run.mark(path, time.monotonic() - t0, deadline is not None)
         failures += record.get("status") == "failed"
         print(
             f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
@@ -413,9 +413,9 @@ def not_run_reason(args, record: Path) -> str | None:
     """Why a quick run does not run a stage: its plan left it out, or its limit came first; None: it runs."""
     deadline, plan = args.deadline, args.plan
     if plan and (item := plan.dropped_item(record)):
-        return quick.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+        return quick_run.NOT_PLANNED.format(limit=deadline.label, command=item.command)
     if deadline and deadline.passed():
-        return quick.NOT_RUN.format(limit=deadline.label)
+        return quick_run.NOT_RUN.format(limit=deadline.label)
     return None
 
 
@@ -425,7 +425,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     After them so they never share the CPU with a timed stage. The reports: estimates vs this run's measured peaks, vs
     the documented H100 peaks, and the largest model that fits 80 GiB. Their JSON files become the report's "Memory
     planner" section. The last two do not depend on the machine: `reuse_from`'s are reused while their code is
-    unchanged (gpt/reuse.py)."""
+    unchanged (gpt/record_reuse.py)."""
 
     def reuse(name: str) -> list[str]:
         return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
@@ -531,7 +531,7 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
     """The gradient noise scale along speed_0's run (gpt/noise_scale.py): the measurement behind speedrun_2's batch.
 
     It also gives the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while
-    its code is unchanged (gpt/reuse.py); the step times t(B) are always this machine's."""
+    its code is unchanged (gpt/record_reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
     reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
@@ -566,12 +566,12 @@ def loss_stages(sections: list[str]) -> list[str]:
     return stages
 
 
-def loss_job_count(sections: list[str], quick_run: bool = False, shared_baseline: bool = True) -> int:
+def loss_job_count(sections: list[str], quick: bool = False, shared_baseline: bool = True) -> int:
     """The runs to a loss the sections make.
 
     shared_baseline: the time-to-loss section's speed_0 seeds set the speedrun's target too (the profile's time-to-loss
-    settings are the speedrun's task: profiles.speedrun_task_is_time_to_loss)."""
-    baseline_seeds, last_seeds = (1, 1) if quick_run else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
+    settings are the speedrun's task: settings_profiles.speedrun_task_is_time_to_loss)."""
+    baseline_seeds, last_seeds = (1, 1) if quick else (BASELINE_SEEDS, SPEEDRUN_SEEDS)
     count = len(stages_of(*ladder_names("also"))) + baseline_seeds - 1 if TIME_TO_LOSS in sections else 0
     if SPEEDRUN in sections:
         shared = TIME_TO_LOSS in sections and shared_baseline
@@ -607,7 +607,7 @@ def timed_jobs(args, profile: str, out: Path) -> list[Job]:
     """The stage runs of the timed ladders the run's sections name, in order; fewer repeats in a quick run."""
     ladders = [s for s in run_sections_of(args) if s in timed_ladders()]
     extra = (
-        (lambda stage: quick.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage)))))
+        (lambda stage: quick_run.stage_arguments(profile_settings(profile, base_ladder(ladder_of(stage)))))
         if args.quick
         else (lambda stage: [])
     )
@@ -621,7 +621,7 @@ def run(args, device: str, profile: str, out: Path) -> int:
     jobs = timed_jobs(args, profile, out)
     progress = Progress(len(jobs) + loss_job_count(sections, args.quick, speedrun_task_is_time_to_loss(profile)))
     args.deadline = (
-        quick.Deadline.starting_now(args.time_limit or quick.DEFAULT_LIMIT_MIN[device]) if args.quick else None
+        quick_run.Deadline.starting_now(args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]) if args.quick else None
     )
     args.plan = None
     os.environ.setdefault("GPT_LADDER_GROUP", f"{profile}-{device}-{datetime.now():%Y%m%d-%H%M%S}")
@@ -648,9 +648,9 @@ def run(args, device: str, profile: str, out: Path) -> int:
         measure_cpu_peaks(out, rounds)
     for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
         machine_cache.forget(name)
-    with quick.one_compile_cache(out) if args.quick else contextlib.nullcontext():
-        if args.plan and args.plan.runs(quick.GPU_TESTS):
-            quick.run_gpu_tests(out, args.deadline)
+    with quick_run.one_compile_cache(out) if args.quick else contextlib.nullcontext():
+        if args.plan and args.plan.runs(quick_run.GPU_TESTS):
+            quick_run.run_gpu_tests(out, args.deadline)
         failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
@@ -664,29 +664,29 @@ def run(args, device: str, profile: str, out: Path) -> int:
     return 130 if interrupted else 1 if failures else 0
 
 
-def quick_plan(args, profile: str, device: str, out: Path) -> quick.Plan:
+def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     """A quick run's plan, printed: its GPU tests and stage runs in order, each with its expected seconds.
 
     On a GPU the committed records of its kind (--gpu: the one named), elsewhere those of its profile and device. The
     GPU tests come only in a run of every quick section. With --resume the stage runs it keeps cost nothing."""
-    kind = args.gpu or (quick.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
+    kind = args.gpu or (quick_run.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
     gpus = 1 if args.gpu else torch.cuda.device_count()
-    folders = quick.committed_folders(profile, device, kind)
-    figures = quick.Figures(out, folders, profile, device, gpus)
+    folders = quick_run.committed_folders(profile, device, kind)
+    figures = quick_run.Figures(out, folders, profile, device, gpus)
     items = []
     if device == "cuda" and not args.only:
-        command = quick.gpu_tests_command()
+        command = quick_run.gpu_tests_command()
         name, command = shlex.join(["pytest", *command[3:]]), shlex.join(command)  # [python, -m, pytest, ...]
-        items.append(quick.Item(quick.GPU_TESTS, name, quick.GPU_TESTS_CAP_S, "its cap", command))
+        items.append(quick_run.Item(quick_run.GPU_TESTS, name, quick_run.GPU_TESTS_CAP_S, "its cap", command))
     for section, job in planned_jobs(args, profile, out):
         if args.resume and not needs_run(read_record(job.record), profile, device, job):
             continue
         seconds, why = figures.seconds(job.stage, job.record.relative_to(out), job.to_a_loss)
-        items.append(quick.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
-    limit_min = args.time_limit or quick.DEFAULT_LIMIT_MIN[device]
-    plan = quick.Plan(items, 60 * limit_min * (1 - quick.REPORT_RESERVE))
+        items.append(quick_run.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
+    limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
+    plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
     source = f"{kind or device}'s records (records/{folders[0].name})"
-    quick.print_plan(plan, quick.minutes(60 * limit_min), source)
+    quick_run.print_plan(plan, quick_run.minutes(60 * limit_min), source)
     return plan
 
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 from gpt import distributed, optimizations
 from gpt.command_line import add_shared_options
+from gpt.committed_records import committed_speedrun_target
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT, load_prepared, prepare_if_missing
 from gpt.devices import device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import declaration, ladder_of, parent_of, settings_section, stage_config, trains_to_a_loss_only
 from gpt.optimizations import chunked_loss, parallel
-from gpt.profiles import PROFILES, budget_settings, default_profile, profile_settings
-from gpt.published import committed_speedrun_target
 from gpt.records import (
     environment,
     failure_of,
@@ -37,6 +36,7 @@ from gpt.records import (
     writable_dir,
     write_record,
 )
+from gpt.settings_profiles import PROFILES, budget_settings, default_profile, profile_settings
 
 EXIT_SKIPPED = 3  # a stage that cannot run on this machine (e.g. DDP with one GPU)
 
@@ -91,8 +91,8 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
     loss.add_argument(
         "--speedrun-task",
         action="store_true",
-        help="train to a loss on the speedrun's task (gpt/profiles.py: SPEEDRUN_TASK), not the profile's time-to-loss "
-        "settings, as speed_0's seeds that set the speedrun's target do (their records: "
+        help="train to a loss on the speedrun's task (gpt/settings_profiles.py: SPEEDRUN_TASK), not the profile's "
+        "time-to-loss settings, as speed_0's seeds that set the speedrun's target do (their records: "
         "gpt/records.py:speedrun_baseline_dir)",
     )
     loss.add_argument("--target-loss", type=float, help="the validation loss whose crossing is timed")
@@ -143,7 +143,7 @@ def default_speedrun_target(
     """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
 
     The stage races to that model, found in the run's folder, else in the committed records that set the task's
-    target (gpt/published.py:committed_speedrun_target), whatever the device; one line says which. With none, a
+    target (gpt/committed_records.py:committed_speedrun_target), whatever the device; one line says which. With none, a
     one-line error, or with --full-budget a line saying it trains its whole budget with no target to stop at."""
     places = [(out, profile), committed_speedrun_target(profile, device)]
     for folder, folder_profile in places:

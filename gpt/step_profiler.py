@@ -3,7 +3,7 @@
 The phases are labelled in the training loop; the steps are profiled after the timed repeats; the trace opens in
 Perfetto; the time breakdown is computed from the trace's events.
 
-Phases. `region(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
+Phases. `step_phase(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
 "ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
 profiler runs: entering and leaving a record_function costs a dispatcher call and an object even with no
 profiler, the check far less (docs/design.md, "The figures behind the rules"), so the timed repeats pay nothing
@@ -54,7 +54,7 @@ def label(category: str) -> str:
     return LABELS.get(category, category)
 
 
-def region(phase: str):
+def step_phase(phase: str):
     """A profiler range "ladder/<phase>" while a profiler runs, otherwise a shared no-op context."""
     if torch.autograd._profiler_enabled():
         return torch.profiler.record_function(PREFIX + phase)

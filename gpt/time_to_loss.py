@@ -170,7 +170,7 @@ def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) 
 
     def sums(part: slice, reference: torch.Tensor | None) -> WindowSums:
         return window_sums(
-            trainer.raw, val, batch, trainer.choices.amp, trainer.device, trainer.rank, world, part, reference
+            trainer.gpt, val, batch, trainer.choices.amp, trainer.device, trainer.rank, world, part, reference
         )
 
     return lambda full: toward(sums, full)
@@ -179,7 +179,7 @@ def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) 
 def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:
     """The validation loss of the trainer's model now, every process evaluating its share of the windows."""
     return validation_loss(
-        trainer.raw,
+        trainer.gpt,
         val,
         trainer.cfg.micro_batch_size,
         trainer.choices.amp,

@@ -15,8 +15,6 @@ import torch
 from tqdm import tqdm
 
 from gpt import distributed, optimizations
-from gpt.choices import RunChoices
-from gpt.choices import resolve as resolve_choices
 from gpt.clocks import FeedClock
 from gpt.config import TrainConfig
 from gpt.data import WindowSampler
@@ -30,7 +28,9 @@ from gpt.optimizations.muon import make_muon
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision
 from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
-from gpt.step_profiler import region
+from gpt.run_choices import RunChoices
+from gpt.run_choices import resolve as resolve_choices
+from gpt.step_profiler import step_phase
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
@@ -83,14 +83,14 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
     total = torch.zeros((), device=x.device)
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
         with _grad_sync(model, last_micro_batch=i == k - 1):
-            with region("forward"):
+            with step_phase("forward"):
                 with amp.autocast():  # speed_5: torch.autocast, where the run computes in 16 bits
                     _, loss = model(xm, ym)
                 loss = loss / k
-            with region("backward"):
+            with step_phase("backward"):
                 amp.scaler.scale(loss).backward()  # the scaler, disabled unless fp16, passes each call through
         total += loss.detach()
-    with region("optimizer"):
+    with step_phase("optimizer"):
         amp.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         amp.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
@@ -107,13 +107,13 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 class Trainer:
     """A training run: the stage's settings, the model, its optimizer, its batches, and its step on the next one.
 
-    The model: `raw`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
-    decision, resolved once (gpt/choices.py): the precision (`choices.amp`) among them."""
+    The model: `gpt`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
+    decision, resolved once (gpt/run_choices.py): the precision (`choices.amp`) among them."""
 
     cfg: TrainConfig
     device: torch.device
     rank: int
-    raw: torch.nn.Module
+    gpt: torch.nn.Module
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batches: Iterator

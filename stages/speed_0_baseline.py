@@ -13,7 +13,7 @@ REFERENCE = {"seconds": 7.68}
 
 
 def change(cfg):
-    pass  # the profile's baseline settings (gpt/profiles.py) are the baseline
+    pass  # the profile's baseline settings (gpt/settings_profiles.py) are the baseline
 
 
 if __name__ == "__main__":  # run as a script: the command line every stage shares

@@ -7,7 +7,7 @@ With the trigram table the model reaches the target at step 50-54 of speedrun_7'
 decay, so the decay again comes too late (Hu et al. 2024, MiniCPM; Hägele et al. 2024). The budget is cut to 60% of
 the parent's; the decay keeps its 40% share, and starts at step 32 of 54. 75% and 80% were not sooner on every tuning
 seed (docs/speedrun.md, its log: swept on the seeds 1, 2, 3, not on the reported ones). Code:
-gpt/profiles.py:budget_settings, gpt/optimizations/schedule.py.
+gpt/settings_profiles.py:budget_settings, gpt/optimizations/schedule.py.
 """
 
 BUDGET = 0.6  # of the parent's token budget (276,480 -> 165,888 tokens): the log in docs/speedrun.md
@@ -18,7 +18,7 @@ KIND = "training"
 
 
 def change(cfg):
-    from gpt.profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
+    from gpt.settings_profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
 
     cut_budget(cfg, BUDGET)
 

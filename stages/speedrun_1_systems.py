@@ -1,9 +1,9 @@
 """Speedrun, stage 1: the fast ladder's systems changes, at the baseline's batch.
 
 Parent: speed_0_baseline. No anchor figure: a speedrun stage is judged against speed_0 in the same run. On its
-time-to-loss settings (gpt/profiles.py: the cpu profile is nanoGPT's CPU recipe for character-level Shakespeare:
-4 layers of 128, block 64, batch 12, AdamW 1e-3 with a cosine schedule over 2,000 steps). Keeps the model: the
-target is speed_0's final validation loss.
+time-to-loss settings (gpt/settings_profiles.py: the cpu profile is nanoGPT's CPU recipe for character-level
+Shakespeare: 4 layers of 128, block 64, batch 12, AdamW 1e-3 with a cosine schedule over 2,000 steps). Keeps the
+model: the target is speed_0's final validation loss.
 
 The book's ladder multiplies the batch by 8 before its first systems change, and at this scale 250 steps of 96
 samples train a worse model than 2,000 of 12 (results.md, "Time to loss"): no later stage reaches the baseline's

@@ -20,7 +20,7 @@ KIND = "training"
 
 
 def change(cfg):
-    from gpt.profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
+    from gpt.settings_profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
 
     cfg.lr_schedule = "wsd"
     cfg.lr_cooldown = COOLDOWN

@@ -7,7 +7,7 @@ speedrun_5's budget was cut for the model without the bigram table; with it, spe
 a third of that budget left, at the very start of the wsd decay (Hu et al. 2024, MiniCPM; Hägele et al. 2024: the
 loss falls steeply during the decay, wherever it is placed). A shorter budget moves the decay, the same 40% share,
 forward to where the target is, and the loss reaches it sooner (docs/speedrun.md, its log: swept on the tuning seeds
-1, 2, 3, not on the reported ones). Code: gpt/profiles.py:cut_budget, gpt/optimizations/schedule.py.
+1, 2, 3, not on the reported ones). Code: gpt/settings_profiles.py:cut_budget, gpt/optimizations/schedule.py.
 """
 
 BUDGET = 0.72  # of the parent's token budget (384,000 -> 276,480 tokens): the log in docs/speedrun.md
@@ -18,7 +18,7 @@ KIND = "training"
 
 
 def change(cfg):
-    from gpt.profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
+    from gpt.settings_profiles import cut_budget  # here, not at the top: loading this script imports nothing from gpt
 
     cut_budget(cfg, BUDGET)
 

@@ -34,7 +34,7 @@ from gpt.train import build_model, train_step
 
 @dataclass
 class Run:
-    raw: torch.nn.Module  # the GPT module itself (inside any wrapper)
+    gpt: torch.nn.Module  # the GPT module itself (inside any wrapper)
     model: torch.nn.Module  # what train_step called (checkpointed / DDP / FSDP / compiled)
     optimizer: torch.optim.Optimizer
     rng: torch.Tensor | None = None  # the CPU generator's state as training starts (dropout's masks)
@@ -64,7 +64,7 @@ def record_grads(store: list):
 
     def setup(run):
         def hook(optimizer, args, kwargs):
-            store.append({param_name(n): _whole(p.grad) for n, p in run.raw.named_parameters()})
+            store.append({param_name(n): _whole(p.grad) for n, p in run.gpt.named_parameters()})
 
         run.optimizer.register_step_pre_hook(hook)
 
@@ -144,14 +144,14 @@ def main(argv=None) -> None:
         grads = []
         setups = (record_grads(grads), *([summed_reduction] if a.summed_reduction else []))
         run = run_steps(cfg, a.steps, setup=lambda run: [setup(run) for setup in setups], device=device)
-        params = full_params(run.raw)  # collectives: every rank takes part, rank 0 saves
+        params = full_params(run.gpt)  # collectives: every rank takes part, rank 0 saves
         rank = distributed.rank()
         torch.save(
             {
                 "inputs": torch.stack(run.inputs),
                 "losses": run.losses,
                 "rng": run.rng,
-                "model_loss": run.raw.config.loss,
+                "model_loss": run.gpt.config.loss,
                 "grads": grads if rank == 0 else None,
                 "params": params if rank == 0 else None,
             },

@@ -5,7 +5,7 @@ Run it once on a GPU machine before the ladder:
     .venv/bin/python -m pytest -m gpu
 
 Every test here is marked `gpu` and skipped without CUDA (tests/conftest.py); the distributed ones also need 2 GPUs;
-those marked `quick` are the subset `./run_all.sh --quick` runs first on a GPU (at most 90 s: gpt/quick.py). CI
+those marked `quick` are the subset `./run_all.sh --quick` runs first on a GPU (at most 90 s: gpt/quick_run.py). CI
 has no GPU. They ran on one H100 (torch 2.11, 2026-11-26): every one-GPU test passed; the 2-GPU ones have not run
 anywhere yet, and their bounds, marked "not yet measured", are estimates. The speedrun's tests at the end (Muon's bf16
 Newton-Schulz, the last stage with its CUDA graphs and its schedule, the noise scale) were added later and have not run
@@ -48,8 +48,8 @@ from gpt.report.document import write_report
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-# The quick run's subset (`pytest -m "gpu and quick"`, gpt/quick.py): the checks that start no stage process, compile
-# nothing and train nothing to a loss, since the quick run's own stages do those on the GPU.
+# The quick run's subset (`pytest -m "gpu and quick"`, gpt/quick_run.py): the checks that start no stage process,
+# compile nothing and train nothing to a loss, since the quick run's own stages do those on the GPU.
 quick = pytest.mark.quick
 
 # The 2-GPU runs against one GPU, as on the CPU (tests/optimizations/test_parallel.py), with bounds 10x the CPU's

@@ -24,7 +24,7 @@ from gpt.ladder import (
     stages_of,
     trains_to_a_loss_only,
 )
-from gpt.profiles import PROFILES
+from gpt.settings_profiles import PROFILES
 from gpt.stage import EXIT_SKIPPED
 
 ALL_STAGES = all_stages()

@@ -99,7 +99,7 @@ LAYERS = [
     (
         "basics",
         {
-            "gpt.profiles",
+            "gpt.settings_profiles",
             "gpt.config",
             "gpt.devices",
             "gpt.records",
@@ -113,13 +113,13 @@ LAYERS = [
             "gpt.allocator_snapshot",
             "gpt.peak_memory",
             "gpt.distributed",
-            "gpt.reuse",
+            "gpt.record_reuse",
         },
     ),
     # one home per optimization, and the registry
     ("optimizations", {"gpt.optimizations"}),
     # the model, the training step and loop, the ladders' order, the timed protocol
-    ("training", {"gpt.model", "gpt.choices", "gpt.train", "gpt.ladder", "gpt.protocol"}),
+    ("training", {"gpt.model", "gpt.run_choices", "gpt.train", "gpt.ladder", "gpt.protocol"}),
     # the commands that train or measure and write records
     (
         "commands",
@@ -129,8 +129,8 @@ LAYERS = [
             "gpt.noise_scale",
             "gpt.bench_loss",
             "gpt.wandb_log",
-            "gpt.published",
-            "gpt.quick",
+            "gpt.committed_records",
+            "gpt.quick_run",
             "gpt.ngram_floor",
             "gpt.supervision",
         },

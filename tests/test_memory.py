@@ -273,15 +273,16 @@ def test_bad_input_gets_one_line(argv, message, capsys):
 def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchanged(tmp_path, monkeypatch, capsys):
     """fit and reference --reuse copy the earlier H100 report while its code and arguments are unchanged.
 
-    The earlier report is copied when gpt/reuse.py finds it valid for this command's arguments, and computed otherwise;
-    run_all passes the committed ones for these two, never for compare."""
-    from gpt import reuse
+    The earlier report is copied when gpt/record_reuse.py finds it valid for this command's arguments, and computed
+    otherwise; run_all passes the committed ones for these two, never for compare."""
+    from gpt import record_reuse
     from gpt.memory import __main__ as cli
 
     monkeypatch.setattr(cli, "fit_settings", lambda *a: pytest.fail("computed"))
     source, dest = tmp_path / "earlier.json", tmp_path / "run" / "memory_fit.json"
-    reuse.write_record(
-        source, {"kind": "fit", "rows": ["x"], "provenance": reuse.provenance(cli._reuse_key(cli.parse_args(["fit"])))}
+    record_reuse.write_record(
+        source,
+        {"kind": "fit", "rows": ["x"], "provenance": record_reuse.provenance(cli._reuse_key(cli.parse_args(["fit"])))},
     )
     assert cli._main(["fit", "--json", str(dest), "--reuse", str(source)]) == 0
     assert json.loads(dest.read_text())["rows"] == ["x"] and "reused" in capsys.readouterr().out

@@ -358,8 +358,8 @@ def test_mfu_of_an_fsdp_bf16_stage_is_against_the_bf16_peak(device, monkeypatch)
     monkeypatch.setattr(protocol, "tokens_per_s", lambda cfg, timed: 1000.0)
     cfg = stage_config("lean_1_fsdp_bf16", "smoke")
     amp = MixedPrecision(torch.float32, device.type, "amp off")
-    choices = SimpleNamespace(compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype))  # gpt/choices.py's
-    trainer = SimpleNamespace(cfg=cfg, device=device, choices=choices, raw=SimpleNamespace(flops_per_token=lambda: 1e6))
+    choices = SimpleNamespace(compute_dtype=parallel.compute_dtype(cfg, device, amp.dtype))  # gpt/run_choices.py's
+    trainer = SimpleNamespace(cfg=cfg, device=device, choices=choices, gpt=SimpleNamespace(flops_per_token=lambda: 1e6))
     m = protocol.flops_metrics(trainer, None)
     assert m["peak_flops_per_device"] == 4e9 and m["mfu_pct"] == m["mfu_fastest_pct"]
     assert parallel.compute_dtype(stage_config("memory_4_fsdp", "smoke"), device, torch.float32) == torch.float32

@@ -83,8 +83,8 @@ def test_halves_give_the_plain_update_and_read_the_halves_norms(char_data):
     x, y = to_device(next(probe.batches), device, cfg)
     grads = []
     for xs, ys in ((x[:4], y[:4]), (x[4:], y[4:]), (x, y)):
-        _, loss = probe.raw(xs, ys)
-        grads.append(torch.autograd.grad(loss, list(probe.raw.parameters())))
+        _, loss = probe.gpt(xs, ys)
+        grads.append(torch.autograd.grad(loss, list(probe.gpt.parameters())))
     g_a, g_b, g = (sum(t.double().square().sum() for t in gs) for gs in grads)
 
     plain = train.prepare(cfg, device, 1, "plain")

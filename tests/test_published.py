@@ -1,9 +1,9 @@
-"""The committed records (gpt/published.py) hold a default run's JSON files and nothing else.
+"""The committed records (gpt/committed_records.py) hold a default run's JSON files and nothing else.
 
 They land in records/<profile>-<device>/, replacing an earlier run's, so that results.md can be regenerated from a
 clone."""
 
-from gpt.published import json_files, publish
+from gpt.committed_records import json_files, publish
 
 
 def test_publish_copies_the_json_records_only_and_replaces_an_earlier_runs(tmp_path):

@@ -1,4 +1,4 @@
-"""The quick run's own parts (gpt/quick.py): its plan and dry run, its GPU tests' cap, its limit, its compile cache.
+"""The quick run's own parts (gpt/quick_run.py): its plan and dry run, its GPU tests' cap, its limit, its compile cache.
 
 The run itself is tested with stub stages in tests/test_report.py."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt import quick, run_all
+from gpt import quick_run, run_all
 from gpt.records import read_record, write_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,16 +28,16 @@ def running(pid: int) -> bool:
 def test_the_gpu_tests_closing_line_is_recorded_and_a_cut_run_says_so(tmp_path, monkeypatch):
     closing = "========== 30 passed, 6 skipped, 52 warnings in 101.97s (0:01:41) =========="
     monkeypatch.setattr(
-        quick, "gpu_tests_command", lambda: [sys.executable, "-c", f"print('....s'); print({closing!r})"]
+        quick_run, "gpu_tests_command", lambda: [sys.executable, "-c", f"print('....s'); print({closing!r})"]
     )
-    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
+    result = quick_run.run_gpu_tests(tmp_path, quick_run.Deadline.starting_now(4.0))
     assert result["summary"] == "30 passed, 6 skipped, 52 warnings in 101.97s (0:01:41)" and result["exit_code"] == 0
     assert read_record(tmp_path / "gpu_tests.json") == result
 
-    monkeypatch.setattr(quick, "GPU_TESTS_CAP_S", 1.0)
+    monkeypatch.setattr(quick_run, "GPU_TESTS_CAP_S", 1.0)
     script = "import time; print('tests/test_gpu.py ....', flush=True); time.sleep(60)"
-    monkeypatch.setattr(quick, "gpu_tests_command", lambda: [sys.executable, "-c", script])
-    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
+    monkeypatch.setattr(quick_run, "gpu_tests_command", lambda: [sys.executable, "-c", script])
+    result = quick_run.run_gpu_tests(tmp_path, quick_run.Deadline.starting_now(4.0))
     assert result["exit_code"] is None and result["summary"].startswith("stopped at 1 s; last line: ")
 
 
@@ -49,10 +49,10 @@ def test_the_gpu_tests_stop_at_their_cap_with_every_process_they_started(tmp_pat
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
     )
-    monkeypatch.setattr(quick, "gpu_tests_command", lambda: [sys.executable, "-c", script])
-    monkeypatch.setattr(quick, "GPU_TESTS_CAP_S", 2.0)
+    monkeypatch.setattr(quick_run, "gpu_tests_command", lambda: [sys.executable, "-c", script])
+    monkeypatch.setattr(quick_run, "GPU_TESTS_CAP_S", 2.0)
     t0 = time.monotonic()
-    result = quick.run_gpu_tests(tmp_path, quick.Deadline.starting_now(4.0))
+    result = quick_run.run_gpu_tests(tmp_path, quick_run.Deadline.starting_now(4.0))
     assert result["exit_code"] is None and time.monotonic() - t0 < 30
     grandchild = int(pid_file.read_text())
     for _ in range(50):  # its parent gone, init reaps it
@@ -76,7 +76,7 @@ def seconds(text: str) -> int:
     return 60 * int(m[1] or 0) + int(m[2])
 
 
-@pytest.mark.parametrize("kind", quick.GPU_KINDS)
+@pytest.mark.parametrize("kind", quick_run.GPU_KINDS)
 def test_the_plan_of_a_gpu_fits_7_minutes_in_order_and_names_the_command_of_what_it_leaves_out(kind, tmp_path, capsys):
     """On an H100 or an H200, from their committed records: the GPU tests, the speedrun, the speed and fast ladders.
 
@@ -95,7 +95,7 @@ def test_the_plan_of_a_gpu_fits_7_minutes_in_order_and_names_the_command_of_what
         assert section.endswith(f": ./run_all.sh --quick --only {name} --out {tmp_path / 'q'} --resume")
     total = seconds(lines[-1].removeprefix("total: "))
     assert lines[-1].startswith("total: ") and total == pytest.approx(sum(seconds(m[1]) for m in items), abs=len(items))
-    assert total <= 7 * 60 * (1 - quick.REPORT_RESERVE)
+    assert total <= 7 * 60 * (1 - quick_run.REPORT_RESERVE)
 
 
 def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -104,7 +104,7 @@ def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatc
     def nothing(*args, **kwargs):
         pytest.fail("a dry run started something")
 
-    for module, name in ((run_all, "prepare_data"), (run_all, "run_stage"), (quick, "run_stage")):
+    for module, name in ((run_all, "prepare_data"), (run_all, "run_stage"), (quick_run, "run_stage")):
         monkeypatch.setattr(module, name, nothing)
     monkeypatch.setattr(subprocess, "Popen", nothing)
     out = tmp_path / "q"
@@ -116,13 +116,13 @@ def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatc
 
 
 def test_the_limit_keeps_room_for_the_report_and_a_run_reads_its_earlier_wall_clocks(tmp_path):
-    deadline = quick.Deadline(limit_s=100.0, start=time.monotonic())
+    deadline = quick_run.Deadline(limit_s=100.0, start=time.monotonic())
     assert 94 < deadline.left() <= 95 and not deadline.passed() and deadline.label == "1 min 40 s"
-    assert quick.Deadline(limit_s=100.0, start=time.monotonic() - 96).passed()
+    assert quick_run.Deadline(limit_s=100.0, start=time.monotonic() - 96).passed()
     write_record(tmp_path / "speed_1_batch_size.json", {"stage": "speed_1_batch_size", "status": "ok"})
-    quick.mark(tmp_path / "speed_1_batch_size.json", 10.0, quick=True)
+    quick_run.mark(tmp_path / "speed_1_batch_size.json", 10.0, quick=True)
     assert read_record(tmp_path / "speed_1_batch_size.json")["run"] == {"quick": True, "wall_s": 10.0}
-    figures = quick.Figures(tmp_path, [tmp_path / "none"], "smoke", "cpu")
+    figures = quick_run.Figures(tmp_path, [tmp_path / "none"], "smoke", "cpu")
     assert figures.seconds("speed_1_batch_size", Path("speed_1_batch_size.json"), False) == (
         10.0,
         "this folder's last quick run",
@@ -130,12 +130,12 @@ def test_the_limit_keeps_room_for_the_report_and_a_run_reads_its_earlier_wall_cl
     assert figures.seconds("speed_2_num_workers", Path("speed_2_num_workers.json"), False)[1] == (
         "speed's slowest recorded stage"
     )
-    assert quick.stage_arguments({"repeats": 5, "warmup_iters": 10}) == ["--repeats", "2", "--warmup-iters", "5"]
+    assert quick_run.stage_arguments({"repeats": 5, "warmup_iters": 10}) == ["--repeats", "2", "--warmup-iters", "5"]
 
 
 def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
-    items = [quick.Item("a", str(i), s, "", "cmd", Path(str(i))) for i, s in enumerate([50, 40, 5, 1])]
-    plan = quick.Plan(items, budget_s=92)
+    items = [quick_run.Item("a", str(i), s, "", "cmd", Path(str(i))) for i, s in enumerate([50, 40, 5, 1])]
+    plan = quick_run.Plan(items, budget_s=92)
     assert [i.name for i in plan.kept] == ["0", "1"] and plan.dropped_item(Path("2")).name == "2"
     assert plan.dropped_item(Path("0")) is None and plan.runs("a")
 
@@ -143,9 +143,9 @@ def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
 def test_the_quick_runs_processes_share_one_compile_cache_in_its_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     read = [sys.executable, "-c", "import os; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"]
-    with quick.one_compile_cache(tmp_path):
+    with quick_run.one_compile_cache(tmp_path):
         seen = subprocess.run(read, capture_output=True, text=True).stdout.strip()
-    assert seen == str(tmp_path / quick.COMPILE_CACHE) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert seen == str(tmp_path / quick_run.COMPILE_CACHE) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
-    with quick.one_compile_cache(tmp_path):
+    with quick_run.one_compile_cache(tmp_path):
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"

@@ -1,4 +1,4 @@
-"""gpt/reuse.py: a machine-independent record is reused only while the code it ran, torch and its key are unchanged."""
+"""gpt/record_reuse.py: a machine-independent record is reused only while its code, torch and its key are unchanged."""
 
 import ast
 import io
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from gpt import reuse
+from gpt import record_reuse
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def repo(tmp_path, monkeypatch):
     (tmp_path / "gpt" / "thing.py").write_text("X = 1\n")
     (tmp_path / "stages" / "stage_a.py").write_text("CHANGE = 'a'\n")
     (tmp_path / "notes.py").write_text("never imported\n")
-    monkeypatch.setattr(reuse, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(record_reuse, "REPO_ROOT", tmp_path)
     module = types.ModuleType("gpt_thing_for_test")
     module.__file__ = str(tmp_path / "gpt" / "thing.py")
     monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -30,10 +30,10 @@ def repo(tmp_path, monkeypatch):
 
 
 def test_provenance_names_the_imported_sources_and_every_stage_script(repo):
-    prov = reuse.provenance({"k": 1})
+    prov = record_reuse.provenance({"k": 1})
     assert prov["files"] == ["gpt/thing.py", "stages/stage_a.py"]  # not the file no module came from
     assert prov["torch"] == torch.__version__ and prov["key"] == {"k": 1}
-    assert reuse.still_valid({"provenance": prov}, {"k": 1})
+    assert record_reuse.still_valid({"provenance": prov}, {"k": 1})
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_provenance_names_the_imported_sources_and_every_stage_script(repo):
     ],
 )
 def test_a_record_from_other_code_torch_or_key_is_not_reused(repo, change, monkeypatch):
-    record = {"provenance": reuse.provenance({"k": 1})}
+    record = {"provenance": record_reuse.provenance({"k": 1})}
     key = {"k": 1}
     if change == "edit a module":
         (repo / "gpt" / "thing.py").write_text("X = 2\n")
@@ -71,13 +71,13 @@ def test_a_record_from_other_code_torch_or_key_is_not_reused(repo, change, monke
         del record["provenance"]["hash"]
     else:
         record = {}
-    assert not reuse.still_valid(record, key)
+    assert not record_reuse.still_valid(record, key)
 
 
 def test_formatting_comments_and_docstrings_are_not_what_runs(repo):
-    record = {"provenance": reuse.provenance({"k": 1})}
+    record = {"provenance": record_reuse.provenance({"k": 1})}
     (repo / "gpt" / "thing.py").write_text('"""A docstring, new."""\n\n# a comment\nX = (\n    1  # one\n)\n')
-    assert reuse.still_valid(record, {"k": 1})
+    assert record_reuse.still_valid(record, {"k": 1})
 
 
 NOISE_SCALE = "records/cpu-cpu/speedrun/noise_scale.json"  # a committed record, computed by many files
@@ -126,37 +126,37 @@ def test_a_committed_record_survives_prose_edits_to_every_file_but_not_a_changed
     """A scratch copy of the files the committed noise-scale record names: prose edited in each, then one constant.
 
     A reworded docstring and comment in every file leave the record reused; the constant makes it stale."""
-    committed = json.loads((reuse.REPO_ROOT / NOISE_SCALE).read_text())
-    files = [f for f in committed["provenance"]["files"] if (reuse.REPO_ROOT / f).is_file()]
+    committed = json.loads((record_reuse.REPO_ROOT / NOISE_SCALE).read_text())
+    files = [f for f in committed["provenance"]["files"] if (record_reuse.REPO_ROOT / f).is_file()]
     for rel in files:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(reuse.REPO_ROOT / rel, tmp_path / rel)
-    monkeypatch.setattr(reuse, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(reuse, "source_files", lambda: files)  # the record's files, not this test process's
+        shutil.copyfile(record_reuse.REPO_ROOT / rel, tmp_path / rel)
+    monkeypatch.setattr(record_reuse, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(record_reuse, "source_files", lambda: files)  # the record's files, not this test process's
     key = committed["provenance"]["key"]
     source = tmp_path / NOISE_SCALE
-    reuse.write_record(source, {**committed, "provenance": reuse.provenance(key)})
+    record_reuse.write_record(source, {**committed, "provenance": record_reuse.provenance(key)})
 
     for rel in files:
         before = (tmp_path / rel).read_text()
         after = _edit_prose(before)
         assert after != before and ast.dump(ast.parse(after)) != ast.dump(ast.parse(before))  # the docstring
         (tmp_path / rel).write_text(after)
-    assert reuse.reuse_record(source, key) is not None
+    assert record_reuse.reuse_record(source, key) is not None
 
     rel, changed = next((rel, c) for rel in files if (c := _change_a_constant((tmp_path / rel).read_text())))
     (tmp_path / rel).write_text(changed)
-    assert reuse.reuse_record(source, key) is None
+    assert record_reuse.reuse_record(source, key) is None
 
 
 def test_reuse_record_copies_a_valid_record_and_says_so(repo, tmp_path, capsys):
     source, dest = tmp_path / "src.json", tmp_path / "out" / "dest.json"
-    assert reuse.reuse_record(source, {"k": 1}, dest) is None  # nothing there yet
+    assert record_reuse.reuse_record(source, {"k": 1}, dest) is None  # nothing there yet
     assert "no record there" in capsys.readouterr().out
-    reuse.write_record(source, {"figure": 3, "provenance": reuse.provenance({"k": 1})})
-    got = reuse.reuse_record(source, {"k": 1}, dest)
+    record_reuse.write_record(source, {"figure": 3, "provenance": record_reuse.provenance({"k": 1})})
+    got = record_reuse.reuse_record(source, {"k": 1}, dest)
     assert got["figure"] == 3 and got["reused_from"] == "src.json"  # inside the repository: from its root
-    assert reuse.read_record(dest) == got
-    assert "reused" in capsys.readouterr().out and "does not depend on the machine" in reuse.reused_note(got)
-    assert reuse.reuse_record(source, {"k": 2}, dest) is None
+    assert record_reuse.read_record(dest) == got
+    assert "reused" in capsys.readouterr().out and "does not depend on the machine" in record_reuse.reused_note(got)
+    assert record_reuse.reuse_record(source, {"k": 2}, dest) is None
     assert "computing it" in capsys.readouterr().out

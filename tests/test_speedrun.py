@@ -18,13 +18,13 @@ from equivalence import NO_CLIP, real_rows, tiny_config, train_with_grads
 from test_time_to_loss import learning_budget
 
 from gpt import optimizations, run_all, time_to_loss, train
+from gpt.committed_records import SPEEDRUN_TARGET_SET_BY, published_dir
 from gpt.config import TrainConfig
 from gpt.devices import resolve_device
 from gpt.ladder import STAGES_DIR, declaration, lineage, load_stage, stage_config, stages_of, trains_to_a_loss_only
 from gpt.loss_curve import SPEEDRUN_SEEDS, baseline_model_loss
 from gpt.optimizations import changed, chunked_loss, model_settings, why_cannot_run
 from gpt.optimizations.compilation import compile_mode, uses_cuda_graphs
-from gpt.published import SPEEDRUN_TARGET_SET_BY, published_dir
 from gpt.records import read_record, record_path, speedrun_target, time_to_loss_dir, write_record
 from gpt.report.speedrun import KINDS, Speedrun, speedrun_findings, speedrun_section, speedup_range
 
@@ -80,7 +80,7 @@ def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     assert systems.compile and systems.batch_gather and systems.loss == "chunked" and systems.attention == "sdpa"
     run_b, grads_b = train_with_grads(base, 1)
     run_s, grads_s = train_with_grads(systems, 1)
-    vocab = run_b.raw.config.vocab_size
+    vocab = run_b.gpt.config.vocab_size
     torch.testing.assert_close(real_rows(grads_s[0], vocab), real_rows(grads_b[0], vocab), rtol=1e-4, atol=1e-6)
     assert run_s.losses == pytest.approx(run_b.losses, rel=1e-5)
 
@@ -391,10 +391,10 @@ def test_a_speedrun_stage_run_alone_races_to_speed_0s_model_in_its_folder_or_the
 
     Without --target-loss a speedrun stage takes the target run_all would give it: speed_0's seeds in its own folder
     first, else the committed records; with neither, --full-budget says it trains the whole budget."""
-    from gpt import published, stage
+    from gpt import committed_records, stage
 
     committed, out = tmp_path / "committed", tmp_path / "out"
-    monkeypatch.setattr(published, "PUBLISHED", committed)
+    monkeypatch.setattr(committed_records, "PUBLISHED", committed)
     assert stage.default_speedrun_target("speedrun_6_bigram", out, "cpu", "cpu", full_budget=True) is None
     assert "no target" in capsys.readouterr().out
     for folder, finals in ((committed / "cpu-cpu", [1.9, 1.8]), (out, [1.7, 1.75])):
@@ -531,8 +531,8 @@ def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
 
     The record's choices name the loss and the attention the model computed with, and why they are not the config's:
     here speedrun_1's chunked loss on a torch without it."""
-    from gpt.choices import model_choices
     from gpt.model import GPTConfig
+    from gpt.run_choices import model_choices
 
     cfg = stage_config("speedrun_1_systems", "smoke", attention="naive")
     got = model_choices(cfg, torch.device("cpu"), GPTConfig(vocab_size=65, loss="full", attention="naive"))

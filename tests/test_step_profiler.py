@@ -129,9 +129,9 @@ def test_a_trace_without_profiled_steps_is_an_error():
 
 
 def test_phase_labels_exist_only_while_a_profiler_runs():
-    assert step_profiler.region("forward") is step_profiler.region("backward")  # the shared no-op: no cost
+    assert step_profiler.step_phase("forward") is step_profiler.step_phase("backward")  # the shared no-op: no cost
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        assert isinstance(step_profiler.region("forward"), torch.profiler.record_function)
+        assert isinstance(step_profiler.step_phase("forward"), torch.profiler.record_function)
 
 
 # ---------------------------------------------------------------------------------------------------------

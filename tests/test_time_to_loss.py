@@ -25,14 +25,14 @@ from equivalence import tiny_config
 from record_schema import record_problems
 
 from gpt import evaluation, optimizations, time_to_loss, train
-from gpt.choices import RunChoices
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
-from gpt.profiles import profile_settings
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
+from gpt.run_choices import RunChoices
+from gpt.settings_profiles import profile_settings
 from gpt.stage import parse_args, to_a_loss_overrides
 from gpt.train import learning_rate
 
@@ -129,7 +129,7 @@ def test_evaluation_leaves_the_trajectory_bit_identical(char_data, monkeypatch):
     at_the_end = time_to_loss.run(TrainConfig.from_dict({**cfg.to_dict(), "eval_every_tokens": cfg.train_tokens}))
     assert every_step["metrics"]["evaluations"] == 2048 // cfg.tokens_per_step + 1
     assert at_the_end["metrics"]["evaluations"] == 2
-    for p, q in zip(trainers[0].raw.parameters(), trainers[1].raw.parameters()):
+    for p, q in zip(trainers[0].gpt.parameters(), trainers[1].gpt.parameters()):
         assert torch.equal(p, q)
     assert every_step["metrics"]["val_loss_final"] == at_the_end["metrics"]["val_loss_final"]
 
@@ -188,7 +188,7 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
     (train_and_evaluate), on `losses` instead of a model."""
     steps = len(losses) - 1
     trainer = SimpleNamespace(
-        steps_done=0, cfg=SimpleNamespace(micro_batch_size=10), raw=None, choices=SimpleNamespace(amp=None), device=None
+        steps_done=0, cfg=SimpleNamespace(micro_batch_size=10), gpt=None, choices=SimpleNamespace(amp=None), device=None
     )
     trainer.rank = 0
 
@@ -583,8 +583,8 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
     """The summary says in one sentence why per-sample gains do not reach the target.
 
     No stage reaches the baseline's target sooner: the sentence names the stage that changed the model and how much
-    sooner a later stage reaches that model's loss; it stands under the speed table as under the summary."""
-    from gpt.report.summary import loss_caveat, loss_sentence
+    sooner a later stage reaches that model's loss; it stands in the summary, once."""
+    from gpt.report.summary import loss_sentence
 
     runs = write_loss_records(
         tmp_path,
@@ -602,9 +602,6 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
         "the last of those, `speed_2_num_workers`, reaches that model's loss 2.00x as fast as `speed_1_batch_size`"
         in sentence
     )
-    caveat = f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."
-    assert loss_caveat("speed", runs) == [caveat]
-    assert loss_caveat("memory", runs) == []  # a ladder not trained to a loss
 
 
 def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from conftest import REPO
 from record_schema import record_problems
 
-from gpt import choices, clocks, protocol, train
+from gpt import clocks, protocol, run_choices, train
 from gpt.config import TrainConfig
 from gpt.optimizations import compilation
 
@@ -105,7 +105,7 @@ def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_n
         cuda_graphs=cuda_graphs,
         step=None,
         model=None,
-        raw=None,
+        gpt=None,
         optimizer=None,
     )
     memory = protocol.memory_step(trainer, None)
@@ -149,7 +149,7 @@ def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkey
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     reduce_overhead = lambda cfg, device: ("reduce-overhead" if cfg.compile else None, None)  # noqa: E731
     monkeypatch.setattr(compilation, "compile_choice", reduce_overhead)  # build_model asks it through compile_mode
-    monkeypatch.setattr(choices, "compile_choice", reduce_overhead)  # the run's choices ask it once
+    monkeypatch.setattr(run_choices, "compile_choice", reduce_overhead)  # the run's choices ask it once
     cfg = dict(samples=16, repeats=2, warmup_iters=2, measure_memory=False)
     eager = protocol.run(tiny_config(char_data, **cfg))["metrics"]["losses"]
     assert marks == []
@@ -169,7 +169,7 @@ def test_recording_the_cuda_graphs_counts_in_compile_s(cuda_graphs, char_data, m
     CPU, the model left eager) compile_s is what the first three steps took beyond a steady step, 9 + 4 + 2 s; in the
     default mode, the first step's 9 s."""
     mode = "reduce-overhead" if cuda_graphs else "default"
-    monkeypatch.setattr(choices, "compile_choice", lambda cfg, device: (mode, None))  # the run's choices only
+    monkeypatch.setattr(run_choices, "compile_choice", lambda cfg, device: (mode, None))  # the run's choices only
     now = [0.0]
     clock = SimpleNamespace(perf_counter=lambda: now[0])
     monkeypatch.setattr(protocol, "time", clock)

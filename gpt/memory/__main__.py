@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpt import allocator_snapshot, reuse
+from gpt import allocator_snapshot, record_reuse
 from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
 from gpt.errors import CannotSimulate, UserError, exit_on_user_error
@@ -41,8 +41,8 @@ from gpt.memory.planner import (
 )
 from gpt.optimizations.parallel import is_distributed
 from gpt.peak_memory import MEMORY_PARTS
-from gpt.profiles import PROFILES
 from gpt.records import write_record
+from gpt.settings_profiles import PROFILES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,7 +179,7 @@ def _common(parser, json_help: str, jobs: bool = False):
         help="device whose memory is predicted (default cuda); the simulation always runs on fake CPU tensors",
     )
     parser.add_argument("--json", help=json_help)
-    if jobs:  # the machine-independent reports (gpt/reuse.py)
+    if jobs:  # the machine-independent reports (gpt/record_reuse.py)
         parser.add_argument(
             "--reuse",
             metavar="JSON",
@@ -195,7 +195,7 @@ def _jobs(args) -> int:
 
 
 def _reuse_key(args) -> dict:
-    """What a reference or fit report follows from besides the code (gpt/reuse.py).
+    """What a reference or fit report follows from besides the code (gpt/record_reuse.py).
 
     Its arguments, and the reference's snapshots by content (their directory differs from checkout to checkout)."""
     key = {k: v for k, v in vars(args).items() if k not in ("command", "json", "jobs", "reuse", "snapshots")}
@@ -310,7 +310,7 @@ def _mib(x: float) -> str:
 
 
 def cmd_reference(args) -> int:
-    if args.json and reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
+    if args.json and record_reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
         return 0
     snapshots = reference_snapshots(args.snapshots)
     print(
@@ -379,7 +379,7 @@ def cmd_reference(args) -> int:
                 "variant": VARIANTS["reference"][0],
                 "stages": stages,
                 "figures": [{"figure": label, "value": value} for label, value in figures],
-                "provenance": reuse.provenance(_reuse_key(args)),
+                "provenance": record_reuse.provenance(_reuse_key(args)),
             },
         )
     return 0
@@ -402,7 +402,7 @@ def cmd_fit(args) -> int:
         raise UserError(f"--budget-gib must be positive, got {args.budget_gib:g}")
     if any(w < 2 for w in args.world_sizes):
         raise UserError("--world-sizes are FSDP process counts: each must be at least 2")
-    if args.json and reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
+    if args.json and record_reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
         return 0
     code = "reference" if args.reference_code else "project"
     print(f"Largest model within {args.budget_gib:g} GiB per GPU (target {args.target}, {VARIANTS[code][0]}).")
@@ -462,7 +462,7 @@ def cmd_fit(args) -> int:
                 "code": VARIANTS[code][0],
                 "rows": rows,
                 "notes": notes,
-                "provenance": reuse.provenance(_reuse_key(args)),
+                "provenance": record_reuse.provenance(_reuse_key(args)),
             },
         )
     return 0

@@ -1,7 +1,7 @@
 """torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
 
 `compile_model` compiles; the rule that chooses its mode (compile_mode, compile_choice, compile_skipped) follows it, and
-is asked where the run is built (gpt/train.py:build_model) and where its choices are resolved (gpt/choices.py).
+is asked where the run is built (gpt/train.py:build_model) and where its choices are resolved (gpt/run_choices.py).
 
 With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
 "reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a run to a
@@ -65,7 +65,7 @@ COMPILE_COSTS = {
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
     """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here.
 
-    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/choices.py). On CUDA
+    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/run_choices.py). On CUDA
     'reduce-overhead', as the reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on
     the CPU, which gets the default mode."""
     why = compile_skipped(cfg, device)

@@ -3,7 +3,7 @@
 Autocast is fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster; TF32 is for the fp32 matmuls autocast leaves.
 
 `MixedPrecision.autocast` is the forward's torch.autocast; `mixed_precision` chooses what a run computes in (the run
-asks it in gpt/choices.py), `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
+asks it in gpt/run_choices.py), `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
 computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
 (gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
 """
@@ -35,7 +35,7 @@ class MixedPrecision:
     def autocast(self):
         """The forward's context: torch.autocast to the run's dtype, or nothing where it computes in fp32.
 
-        The dtype is the rule's, below (mixed_precision, which the run asks in gpt/choices.py)."""
+        The dtype is the rule's, below (mixed_precision, which the run asks in gpt/run_choices.py)."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)

@@ -14,18 +14,18 @@ in gpt/formatting.py.
 import argparse
 from pathlib import Path
 
+from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.devices import device_type
 from gpt.errors import UserError, exit_on_user_error
-from gpt.profiles import default_profile
-from gpt.published import PUBLISHED, published_dir
 from gpt.report.document import write_report
 from gpt.report.readme import rewrite_readme
 from gpt.report.rows import display
+from gpt.settings_profiles import default_profile
 
 
 def default_runs_dir() -> Path:
-    """The committed records of this machine's default run (gpt/published.py)."""
+    """The committed records of this machine's default run (gpt/committed_records.py)."""
     dev = device_type("auto")
     return published_dir(default_profile(dev), dev)
 

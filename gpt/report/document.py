@@ -16,11 +16,11 @@ import os
 import re
 from pathlib import Path
 
+from gpt.committed_records import NOTE
 from gpt.data import REPO_ROOT
 from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.ladder import LADDERS, ladder_of
-from gpt.published import NOTE
 from gpt.records import read_record
 from gpt.report.figures import machines_section, plot_thesis, thesis_lines
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
@@ -28,7 +28,7 @@ from gpt.report.memory_planner import planner_section
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
 from gpt.report.rows import Rung, ladders_of, load_records
 from gpt.report.speedrun import Speedrun, speedrun_section
-from gpt.report.summary import loss_caveat, summary
+from gpt.report.summary import summary
 from gpt.report.tables import header, ladder_intro, memory_table, speed_table, title
 from gpt.report.time_to_loss import LossRuns, loss_section
 from gpt.report.where_time_goes import time_lines, time_section
@@ -67,7 +67,7 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     drawn_in = folded(ladders)
     for name, rungs in ladders.items():
         more = [r for other, host in drawn_in.items() if host == name for r in ladders[other]]
-        lines += ladder_section(name, rungs, runs, plots, to_a_loss, more, drawn_in.get(name))
+        lines += ladder_section(name, rungs, runs, plots, more, drawn_in.get(name))
     if plot_time_breakdown(ladders, plots / "time_breakdown.png"):
         lines += time_section(runs, ladders, PLOTS)
     lines += machines_section(runs, plots, PLOTS)
@@ -107,13 +107,13 @@ def folded(ladders: dict[str, list[Rung]]) -> dict[str, str]:
 
 
 def provenance(runs: Path) -> list[str]:
-    """The records folder's own note (gpt/published.py: NOTE), e.g. that older code made them."""
+    """The records folder's own note (gpt/committed_records.py: NOTE), e.g. that older code made them."""
     note = runs / NOTE
     return ["", note.read_text().strip()] if note.is_file() else []
 
 
 def quick_note(runs: Path, records: list[dict]) -> list[str]:
-    """What a quick run (`./run_all.sh --quick`, gpt/quick.py) left out, and its GPU tests' closing line."""
+    """What a quick run (`./run_all.sh --quick`, gpt/quick_run.py) left out, and its GPU tests' closing line."""
     quick = [r for r in records if (r or {}).get("run", {}).get("quick")]
     if not quick:
         return []
@@ -133,24 +133,18 @@ def quick_note(runs: Path, records: list[dict]) -> list[str]:
 
 
 def ladder_section(
-    name: str,
-    rungs: list[Rung],
-    runs: Path,
-    plots: Path,
-    to_a_loss: LossRuns,
-    more: list[Rung] = (),
-    drawn_in: str | None = None,
+    name: str, rungs: list[Rung], runs: Path, plots: Path, more: list[Rung] = (), drawn_in: str | None = None
 ) -> list[str]:
     """One ladder: its tables, findings, where the time goes stage by stage, and its plots.
 
-    The findings include what its training to a loss found; the plots also draw `more` (the stages of a
-    ladder that continues from this one). A ladder `drawn_in` another's figures links to them instead."""
+    The plots also draw `more` (the stages of a ladder that continues from this one). A ladder `drawn_in` another's
+    figures links to them instead."""
     done, time_goal = sum(r.ok for r in rungs), LADDERS[name].goal == "time"
     title = f"{name.capitalize()} ladder"
     lines = ["", f"## {title}", "", f"{done} of {len(rungs)} stages finished. " + ladder_intro(name, rungs), ""]
     lines += speed_table(rungs) if time_goal else memory_table(rungs)
     findings = speed_findings(rungs) if time_goal else memory_findings(rungs)
-    notes = findings + loss_caveat(name, to_a_loss) + noise_line(rungs) + method_notes(rungs, not time_goal, runs)
+    notes = findings + noise_line(rungs) + method_notes(rungs, not time_goal, runs)
     lines += [""] + [f"- {f}" for f in notes]
     lines += time_lines(rungs, time_goal)
     if not done:

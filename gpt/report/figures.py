@@ -8,8 +8,8 @@ import statistics
 import textwrap
 from pathlib import Path
 
+from gpt.committed_records import NOTE, PUBLISHED
 from gpt.ladder import ladder_names, parent_of, stages_of
-from gpt.published import NOTE, PUBLISHED
 from gpt.records import read_record
 from gpt.report.plots import pyplot, short
 from gpt.report.rows import MACHINE_FILE, Rung, display, ladders_of, load_records, ok

@@ -11,7 +11,6 @@ from gpt.formatting import fmt_mib, fmt_pct, fmt_time, steady_steps
 from gpt.peak_memory import MEMORY_METHODS
 from gpt.records import ran_eager
 from gpt.report.rows import SHOWN_MEMORY_PARTS, Rung, comparable, ok
-from gpt.report.tables import reference_change
 from gpt.report.where_time_goes import NO_GAIN_PCT, noise_pct, time_line, within_noise
 
 NOISY_PCT = 10.0  # repeats whose standard deviation exceeds this share of their mean are flagged
@@ -25,7 +24,7 @@ def changed(r: Rung) -> list:
 def why_no_speedup(r: Rung) -> str:
     """The measured reason a speed stage did not make the ladder faster here.
 
-    Its optimization's own reason (no_speedup, declared in its home module), else how the steady step compares."""
+    Its optimization's own reason (no_speedup, declared in its module), else how the steady step compares."""
     return optimizations.no_speedup(changed(r), r.record, r.parent) or steady_steps(r.record, r.parent)
 
 
@@ -67,24 +66,11 @@ def changes(rungs: list[Rung], key: str) -> list[tuple[Rung, float]]:
 
 
 def speed_findings(rungs: list[Rung]) -> list[str]:
+    """What the speed table does not show: the highest MFU, stages that did not help and why, compilation's cost.
+
+    The largest gain is the summary's, the change from the baseline the table's 'vs baseline' column."""
     steps = changes(rungs, "seconds_mean")
     lines = []
-    if steps:
-        best, d = min(steps, key=lambda x: x[1])
-        lines.append(
-            f"Largest gain: `{best.stage}` ({best.change}), {fmt_pct(d)} time per "
-            f"{best.m('samples_per_repeat'):,} samples{reference_change(best, 'seconds')}."
-        )
-    last = next((r for r in reversed(rungs) if r.vs(r.baseline, "seconds_mean") is not None), None)
-    if last:
-        ours = last.baseline["metrics"]["seconds_mean"] / last.m("seconds_mean")
-        documented = last.baseline_reference.get("seconds") and last.reference.get("seconds")
-        theirs = (
-            f", {last.baseline_reference['seconds'] / last.reference['seconds']:.1f}x in the documented run"
-            if documented
-            else ""
-        )
-        lines.append(f"Overall, `{last.baseline_stage}` to `{last.stage}`: {ours:.1f}x faster here{theirs}.")
     best_mfu = max(
         (r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"), default=None
     )
@@ -165,23 +151,9 @@ def compile_line(r: Rung) -> str:
 
 
 def memory_findings(rungs: list[Rung]) -> list[str]:
+    """Stages that did not lower the peak and why (the largest saving is the summary's, the rest the table's)."""
     steps = changes(rungs, "peak_memory_mib")
     lines = []
-    if steps:
-        best, d = min(steps, key=lambda x: x[1])
-        lines.append(
-            f"Largest saving: `{best.stage}` ({best.change}), {fmt_pct(d)} peak memory"
-            f"{reference_change(best, 'peak_mib')}, at {fmt_pct(best.vs(best.parent, 'seconds_mean'))} time."
-        )
-    last = next((r for r in reversed(rungs) if r.vs(r.baseline, "peak_memory_mib") is not None), None)
-    if last:
-        documented = last.ref_vs("peak_mib", last.baseline_reference)
-        lines.append(
-            f"Overall, `{last.baseline_stage}` to `{last.stage}`: peak memory "
-            f"{fmt_pct(last.vs(last.baseline, 'peak_memory_mib'))} here"
-            + (f", {fmt_pct(documented)} in the documented run" if documented is not None else "")
-            + (" (per process)." if last.record["device"]["count"] > 1 else ".")
-        )
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect"):
             lines.append(f"`{r.stage}` did not lower the peak here ({fmt_pct(d)}): {why_no_memory_saving(r)}.")
@@ -206,7 +178,7 @@ def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None 
 
     Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`)
     compare stages measured differently. The snapshots named are those in `runs`; a committed records
-    folder has none (gpt/published.py)."""
+    folder has none (gpt/committed_records.py)."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
+from gpt.record_reuse import reused_note
 from gpt.records import read_record
 from gpt.report.plots import pyplot, short, stacked_memory_bars
-from gpt.reuse import reused_note
 
 
 def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:

@@ -86,11 +86,3 @@ def summary(ladders: dict[str, list[Rung]], runs: LossRuns, speedrun: Speedrun) 
     if speedrun.ran:
         lines += [f"- **Speedrun**: {finding}" for finding in speedrun_findings(speedrun)]
     return ["", "## Summary", "", *lines] if lines else []
-
-
-def loss_caveat(name: str, runs: LossRuns) -> list[str]:
-    """Under a ladder that was also trained to a loss: its 'x faster' is per sample, and what the time to loss says."""
-    sentence = loss_sentence(runs) if LADDERS[name].to_a_loss == "also" else None
-    if not sentence:
-        return []
-    return [f"The times above are per sample; trained to a loss, {sentence} (section Time to loss)."]

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_num, fmt_pct, fmt_share, table
-from gpt.ladder import LADDERS, lineage
+from gpt.ladder import LADDERS
 from gpt.records import read_record
 from gpt.report.rows import MACHINE_FILE, Rung, display, ok, pct, samples_label
 from gpt.report.where_time_goes import bottleneck
@@ -141,14 +141,6 @@ def anchor_change(r: Rung) -> float | None:
 
 def anchor_cell(r: Rung) -> str:
     return "" if anchor_change(r) is None else f"{r.reference['ms_per_step']} ({fmt_pct(anchor_change(r))})"
-
-
-def reference_change(r: Rung, key: str) -> str:
-    """' (documented: -33%)' or ' (build-nanogpt: -26%)' after a change of this run, or '' without a figure."""
-    documented = r.ref_vs(key, r.parent_reference)
-    if documented is not None:
-        return f" (documented: {fmt_pct(documented)})"
-    return f" ({ANCHOR}: {fmt_pct(anchor_change(r))})" if key == "seconds" and anchor_change(r) is not None else ""
 
 
 def mfu_cell(r: Rung) -> str:
@@ -336,13 +328,12 @@ def memory_table(rungs: list[Rung]) -> list[str]:
 
 
 def ladder_intro(name: str, rungs: list[Rung]) -> str:
-    """What the ladder's comparisons mean."""
+    """What the ladder's stages build on and what its reference figures are (the columns: docs/measurement.md)."""
     start = LADDERS[name].starts_from
     text = (
         "Each stage keeps every earlier change"
         + (f", on top of `{start}` and the stages before it" if start else "")
-        + f"; 'vs previous' compares with the stage above{f' (for the first: `{start}`)' if start else ''}, "
-        f"'vs baseline' with `{lineage(rungs[0].stage)[0]}`. "
+        + ". "
     )
     kind = reference_kind(rungs)
     if kind == "documented":
@@ -352,7 +343,6 @@ def ladder_intro(name: str, rungs: list[Rung]) -> str:
     if kind == "anchor":
         return text + (
             f"Beyond the book: the anchor figures come from {ANCHOR_SETUP}; compare the changes, not "
-            "the figures (other model, hardware and batch). MFU is given against the peak of the "
-            "dtype a stage computes in and against the device's fastest peak."
+            "the figures (other model, hardware and batch)."
         )
     return text + "Beyond the book: no documented figures to compare with."

@@ -126,9 +126,7 @@ def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
     return [
         "",
         f"Where the time goes, stage by stage (share of a profiled step's wall time, then seconds per "
-        f"{samples_label(rungs)} samples; for data wait and copy also their share of the timed repeats, the "
-        "tables' data wait / copy column; the bottleneck column is the largest share of the profiled "
-        "step):",
+        f"{samples_label(rungs)} samples):",
         "",
     ] + [f"- {ln}" for ln in lines]
 

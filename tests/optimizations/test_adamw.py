@@ -22,9 +22,9 @@ def test_adamw_for_loop_matches_foreach(char_data):
     assert [g["foreach"] for g in loop.optimizer.param_groups] == [False, False]
     assert [g["foreach"] for g in multi.optimizer.param_groups] == [True, True]
     assert [g["weight_decay"] for g in loop.optimizer.param_groups] == [0.1, 0.0]  # both groups in play
-    report("AdamW for-loop vs foreach parameters after 4 steps", full_params(loop.raw), full_params(multi.raw))
-    torch.testing.assert_close(full_params(loop.raw), full_params(multi.raw), rtol=0, atol=0)
-    for p_loop, p_multi in zip(loop.raw.parameters(), multi.raw.parameters()):
+    report("AdamW for-loop vs foreach parameters after 4 steps", full_params(loop.gpt), full_params(multi.gpt))
+    torch.testing.assert_close(full_params(loop.gpt), full_params(multi.gpt), rtol=0, atol=0)
+    for p_loop, p_multi in zip(loop.gpt.parameters(), multi.gpt.parameters()):
         s_loop, s_multi = loop.optimizer.state[p_loop], multi.optimizer.state[p_multi]
         torch.testing.assert_close(s_loop["exp_avg"], s_multi["exp_avg"], rtol=0, atol=0)
         torch.testing.assert_close(s_loop["exp_avg_sq"], s_multi["exp_avg_sq"], rtol=0, atol=0)
@@ -49,10 +49,10 @@ def test_fused_adamw_matches_foreach(char_data):
     assert [g["fused"] for g in fused.optimizer.param_groups] == [True, True]
     report(
         "fused vs foreach AdamW, parameters after 4 steps",
-        full_params(fused.raw),
-        full_params(foreach.raw),
+        full_params(fused.gpt),
+        full_params(foreach.gpt),
         FUSED_RTOL,
         FUSED_ATOL,
     )
-    torch.testing.assert_close(full_params(fused.raw), full_params(foreach.raw), rtol=FUSED_RTOL, atol=FUSED_ATOL)
+    torch.testing.assert_close(full_params(fused.gpt), full_params(foreach.gpt), rtol=FUSED_RTOL, atol=FUSED_ATOL)
     assert fused.losses == pytest.approx(foreach.losses, rel=1e-6)

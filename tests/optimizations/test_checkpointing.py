@@ -18,7 +18,7 @@ def test_activation_checkpointing_gives_identical_gradients_with_dropout(char_da
     cfg = dict(dropout=0.1, grad_accum_steps=2)  # as memory_2 runs: after the accumulation stage
     plain, grads_plain = train_with_grads(tiny_config(char_data, **cfg), 2, seeded(1))
     ckpt, grads_ckpt = train_with_grads(tiny_config(char_data, activation_checkpointing=True, **cfg), 2, seeded(1))
-    assert all(isinstance(b, CheckpointWrapper) for b in ckpt.raw.transformer.h)
+    assert all(isinstance(b, CheckpointWrapper) for b in ckpt.gpt.transformer.h)
     for step, (gc, gp) in enumerate(zip(grads_ckpt, grads_plain)):
         report(f"checkpointing vs plain, step {step + 1} gradients", gc, gp)
         torch.testing.assert_close(gc, gp, rtol=0, atol=0)
@@ -56,6 +56,6 @@ def test_checkpoint_recomputation_raises_no_exception_through_an_op(char_data, m
     _, (grads,) = train_with_grads(cfg, 1, seeded(1))
     assert raised == []
 
-    _, (grads_early,) = train_with_grads(cfg, 1, seeded(1), lambda run: with_pytorchs_early_stop(run.raw))
+    _, (grads_early,) = train_with_grads(cfg, 1, seeded(1), lambda run: with_pytorchs_early_stop(run.gpt))
     assert len(raised) == cfg.n_layer * cfg.grad_accum_steps
     torch.testing.assert_close(grads, grads_early, rtol=0, atol=0)  # the same saved tensors either way

@@ -62,7 +62,7 @@ def small_chunks(monkeypatch):
 def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multiple):
     full, grads_full = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple), 2)
     chunked, grads_chunked = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple, loss="chunked"), 2)
-    assert chunked.raw.config.loss == "chunked" and full.raw.config.loss == "full"
+    assert chunked.gpt.config.loss == "chunked" and full.gpt.config.loss == "full"
     assert small_chunks == [16, 16]  # the chunked op ran in the model, once per step, 8 chunks per call
     assert chunked.losses == pytest.approx(full.losses, rel=CHUNK_RTOL)
     for step, (gc, gf) in enumerate(zip(grads_chunked, grads_full)):
@@ -92,7 +92,7 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
     full, grads_full = train_with_grads(tiny_config(char_data, amp=True, **cfg), 1)
     chunked, grads_chunked = train_with_grads(tiny_config(char_data, amp=True, loss="chunked", **cfg), 1)
-    assert chunked.raw.config.loss == "chunked" and small_chunks == [16]
+    assert chunked.gpt.config.loss == "chunked" and small_chunks == [16]
     n_chunks = 8 * 16 // small_chunks[0]
     full_rel, chunked_rel = max_diff(grads_full[0], grads_fp32[0])[1], max_diff(grads_chunked[0], grads_fp32[0])[1]
     print(
@@ -334,7 +334,7 @@ from test_chunked_loss import CHUNK_ATOL, CHUNK_RTOL
 full, grads_full = train_with_grads(tiny_config({str(char_data)!r}, vocab_multiple=64), 2)
 liger, grads_liger = train_with_grads(tiny_config({str(char_data)!r}, vocab_multiple=64, loss="chunked",
                                                   loss_impl="liger"), 2)
-assert liger.raw.config.loss_impl == "liger"
+assert liger.gpt.config.loss_impl == "liger"
 assert liger.losses == __import__("pytest").approx(full.losses, rel=CHUNK_RTOL), (liger.losses, full.losses)
 for gl, gf in zip(grads_liger, grads_full):
     torch.testing.assert_close(gl, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)

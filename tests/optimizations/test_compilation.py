@@ -93,7 +93,7 @@ def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why
     eager_cfg = stage_config("speedrun_12_eager", "smoke", True, data_dir=str(char_data), device="cpu")
     parent_cfg = stage_config("speedrun_11_budget", "smoke", True, data_dir=str(char_data), device="cpu")
     eager, parent = (train.prepare(c, cpu, 1, "test") for c in (eager_cfg, parent_cfg))
-    assert eager.model is eager.raw and not hasattr(eager.model, "_orig_mod")
+    assert eager.model is eager.gpt and not hasattr(eager.model, "_orig_mod")
     assert eager.choices.record()["compile_mode"] is None and "ran eager" in eager.choices.record()["compile_why"]
     assert hasattr(parent.model, "_orig_mod") and parent.choices.record()["compile_why"] is None
 
@@ -108,9 +108,9 @@ def test_under_cuda_graphs_the_attention_and_the_loss_run_by_rule_and_elsewhere_
     compiled CUDA run keeps SDPA and the chunked loss untimed, its record saying "rule: ..."; an eager CUDA run and a
     compiled CPU run time both as they run them (here: the explicit attention and the full loss faster) and say
     "measured"."""
-    from gpt.choices import model_choices
     from gpt.model import GPTConfig
     from gpt.optimizations import chunked_loss, fused_attention
+    from gpt.run_choices import model_choices
 
     timed, losses = [], itertools.cycle([{"median_ms": 1.0}, {"median_ms": 5.0}])  # full, then chunked
     monkeypatch.setattr(fused_attention, "time_attentions", lambda *a: timed.append("attention") or [1.0, 4.0])

@@ -20,7 +20,7 @@ SDPA_RTOL, SDPA_ATOL = 1e-5, 1e-6
 def test_sdpa_matches_naive_attention(char_data):
     naive, grads_naive = train_with_grads(tiny_config(char_data, attention="naive"), 2)
     sdpa, grads_sdpa = train_with_grads(tiny_config(char_data, attention="sdpa"), 2)
-    assert sdpa.raw.transformer.h[0].attn.attention == "sdpa"
+    assert sdpa.gpt.transformer.h[0].attn.attention == "sdpa"
     assert sdpa.losses == pytest.approx(naive.losses, rel=SDPA_RTOL)
     for step, (gs, gn) in enumerate(zip(grads_sdpa, grads_naive)):
         report(f"sdpa vs naive, step {step + 1} gradients", gs, gn, SDPA_RTOL, SDPA_ATOL)

@@ -22,7 +22,7 @@ def test_padded_vocab_keeps_the_loss_and_the_real_rows_gradients(char_data):
     vocab = load_prepared(char_data).vocab_size
     plain, grads_plain = train_with_grads(tiny_config(char_data), 3)
     padded, grads_padded = train_with_grads(tiny_config(char_data, vocab_multiple=64), 3)
-    wte = padded.raw.transformer.wte.weight
+    wte = padded.gpt.transformer.wte.weight
     assert wte.shape[0] == 128 > vocab  # 80 characters padded to 128 rows
     assert padded.losses == pytest.approx(plain.losses, rel=PAD_RTOL)
     for step, (gp, g) in enumerate(zip(grads_padded, grads_plain)):
@@ -37,7 +37,7 @@ def test_padded_vocab_keeps_the_loss_and_the_real_rows_gradients(char_data):
         torch.testing.assert_close(real_rows(gp, vocab), g, rtol=PAD_RTOL, atol=PAD_ATOL)
     assert wte[vocab:].abs().max() == 0  # never predicted, never updated
     torch.testing.assert_close(
-        real_rows(full_params(padded.raw), vocab), full_params(plain.raw), rtol=PAD_RTOL, atol=PAD_ATOL
+        real_rows(full_params(padded.gpt), vocab), full_params(plain.gpt), rtol=PAD_RTOL, atol=PAD_ATOL
     )
 
 
@@ -48,7 +48,7 @@ def test_padding_without_the_mask_changes_the_loss(char_data):
     accepts is not reached."""
     plain = train_with_grads(tiny_config(char_data), 1)[0]
     unmasked = train_with_grads(
-        tiny_config(char_data, vocab_multiple=64), 1, lambda run: setattr(run.raw, "vocab_mask", None)
+        tiny_config(char_data, vocab_multiple=64), 1, lambda run: setattr(run.gpt, "vocab_mask", None)
     )[0]
     print(f"\nunmasked padding vs plain loss: {unmasked.losses[0]:.6f} vs {plain.losses[0]:.6f}")
     assert unmasked.losses[0] != pytest.approx(plain.losses[0], rel=PAD_RTOL)

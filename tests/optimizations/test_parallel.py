@@ -149,7 +149,7 @@ def check_two_processes_match_one(
         tiny_config(char_data, batch_size=NPROC * RANK_BATCH, device=device, grad_clip=NO_CLIP), DIST_STEPS
     )
     grads_single = [{k: g.cpu() for k, g in grads.items()} for grads in grads_single]
-    params_single = {k: p.cpu() for k, p in full_params(single.raw).items()}
+    params_single = {k: p.cpu() for k, p in full_params(single.gpt).items()}
 
     # The sampler's promise, checked on what the ranks really trained on: at every step the ranks'
     # batches, in rank order, are the single process's batch.
@@ -263,7 +263,7 @@ def fsdp_bf16_first_gradients(cfg, char_data) -> dict:
     the ranks run (launch_workers): a matmul blocked for more threads sums in another order, and its bf16 output then
     differs by an ulp here and there (measured 7e-5 norm-wise with 2 threads)."""
     x, y = loader_batches(tiny_config(char_data, batch_size=cfg.nproc * cfg.batch_size), 1)[0]  # ranks' in order
-    raw = train_with_grads(tiny_config(char_data, loss=cfg.loss, goal=cfg.goal), 0)[0].raw.to(torch.bfloat16)
+    raw = train_with_grads(tiny_config(char_data, loss=cfg.loss, goal=cfg.goal), 0)[0].gpt.to(torch.bfloat16)
     params = {param_name(n): p for n, p in raw.named_parameters()}
     total = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
     k, threads = cfg.grad_accum_steps, torch.get_num_threads()
@@ -304,7 +304,7 @@ def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_dat
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NPROC)]
     assert all(r["model_loss"] == cfg.loss for r in ranks)  # the built model computes the loss under test
     single = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH), DIST_STEPS)[0]
-    initial = full_params(train_with_grads(tiny_config(char_data), 0)[0].raw)  # the same seed's weights
+    initial = full_params(train_with_grads(tiny_config(char_data), 0)[0].gpt)  # the same seed's weights
     params = ranks[0]["params"]
     assert all(p.dtype == torch.float32 for p in params.values())  # fp32 master weights
     emulated, first = fsdp_bf16_first_gradients(cfg, char_data), ranks[0]["grads"][0]
@@ -315,9 +315,9 @@ def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_dat
     print(f"\nFSDP bf16 {stage_settings} vs fp32 losses: {rank_mean} vs {single.losses}")
     bf16_loss = 2**-8 * max(single.losses) if cfg.loss == "chunked" else 0.0
     assert max(abs(a - b) for a, b in zip(rank_mean, single.losses)) < FSDP_BF16_LOSS_ATOL + bf16_loss
-    error = update_error(params, full_params(single.raw), initial)
+    error = update_error(params, full_params(single.gpt), initial)
     slower = train_with_grads(tiny_config(char_data, batch_size=NPROC * RANK_BATCH, lr=0.8 * cfg.lr), DIST_STEPS)[0]
-    control = update_error(full_params(slower.raw), full_params(single.raw), initial)
+    control = update_error(full_params(slower.gpt), full_params(single.gpt), initial)
     print(
         f"update after {DIST_STEPS} steps vs fp32 on one process: {error:.3g} relative "
         f"(fp32 at 0.8 x lr: {control:.3g})"

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from gpt.committed_records import PUBLISHED, published_dir
 from gpt.ladder import ladder_of, stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
-from gpt.published import PUBLISHED, published_dir
 from gpt.records import read_record, write_record
 from gpt.supervision import TimeLimitReached, run_stage
 
@@ -280,7 +280,7 @@ class Plan:
 def print_plan(plan: Plan, limit_label: str, source: str) -> None:
     """The plan, one line an item with its expected seconds and their rule, the left-out sections, then the total."""
     print(f"== quick run: a first look within {limit_label} (--time-limit), every stage a real record marked quick")
-    print(f"   the plan, from {source} (expected seconds: gpt/quick.py's Figures):")
+    print(f"   the plan, from {source} (expected seconds: gpt/quick_run.py's Figures):")
     for item in plan.kept:
         print(f"   {minutes(item.seconds):>10}  {item.section}: {item.name}  ({item.why})")
     for section in dict.fromkeys(item.section for item in plan.dropped):

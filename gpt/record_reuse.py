@@ -149,8 +149,8 @@ def reused_note(record: dict, plural: bool = False) -> str:
     subject, verb, obj = ("they", "do", "them") if plural else ("it", "does", "it")
     return (
         f"computed on {when} at commit {commit} ({prov.get('machine')}) and reused: {subject} {verb} not depend "
-        f"on the machine, and the code behind {obj} is unchanged (gpt/reuse.py; `./run_all.sh --fresh` recomputes "
-        f"{obj})"
+        f"on the machine, and the code behind {obj} is unchanged (gpt/record_reuse.py; `./run_all.sh --fresh` "
+        f"recomputes {obj})"
     )
 
 

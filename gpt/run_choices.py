@@ -6,7 +6,7 @@ A stage's config says what it asks for; the device decides what runs: a CPU keep
 slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
 stage's shape (or is missing on this torch), CUDA graphs only on CUDA, no compilation where it would not pay within
 the run (if the stage asks so), a process group's backend from the device. Each answer comes from its optimization's
-home; this object asks each once, so the protocol, the training to a loss and the record read the same answer."""
+module; this object asks each once, so the protocol, the training to a loss and the record read the same answer."""
 
 from dataclasses import dataclass
 
@@ -66,7 +66,7 @@ class RunChoices:
 def resolve(
     cfg: TrainConfig, device: torch.device, fp32_matmuls: str, host_allocator: str | None, model_config
 ) -> RunChoices:
-    """Every per-device decision of a run, each asked of its home once.
+    """Every per-device decision of a run, each asked of its module once.
 
     The precision (precision.mixed_precision: the bf16 rule) is chosen here. `fp32_matmuls` and `host_allocator` as the
     run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from gpt.data import REPO_ROOT
 from gpt.ladder import ladder_names
-from gpt.profiles import SPEEDRUN, profile_settings
 from gpt.records import time_to_loss_dir
+from gpt.settings_profiles import SPEEDRUN, profile_settings
 
 PUBLISHED = REPO_ROOT / "records"
 NOTE = "note.md"  # a records folder's provenance (e.g. made by older code), shown under the report's header
-# The default run whose committed speed_0 seeds set the speedrun's target: the task was tuned there (gpt/profiles.py)
+# The default run whose committed speed_0 seeds set the speedrun's target: the task was tuned there
+# (gpt/settings_profiles.py)
 SPEEDRUN_TARGET_SET_BY = ("cpu", "cpu")
 
 
