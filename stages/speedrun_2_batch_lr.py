@@ -18,7 +18,8 @@ prediction, is its judge: batch 24 at this stage's other settings, trained on th
 here and 0.83x at the last stage (docs/speedrun.md, the log of 2026-11-27). The learning rate is not the
 measurement's either: its suggestion, the square-root rule for Adam, did not reach the target at this batch, and the
 linear rule did (the speedrun log). beta2 keeps its half-life in tokens (beta2 ** factor); the warm-up is in tokens
-already (gpt/settings_profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings below.
+already (gpt/settings_profiles.py). Code: gpt/noise_scale.py (the measurement), the batch and the schedule's settings
+below.
 """
 
 BATCH_FACTOR = 4  # x the baseline's batch (12 -> 48 on the cpu profile): the first measurement's choice

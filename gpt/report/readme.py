@@ -9,11 +9,11 @@ results.md, and tests/test_report.py holds the committed README to what they wri
 import re
 from pathlib import Path
 
+from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
 from gpt.formatting import table
 from gpt.ladder import stage_config, stages_of, timed_ladders
-from gpt.committed_records import PUBLISHED, published_dir
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
 from gpt.report.speedrun import BASELINE, Speedrun, speedrun_findings, speedrun_table, speedup_range
