@@ -10,6 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# One set-up at a time: two runs started together would otherwise pip-install into .venv at once (seen failing).
+if command -v flock >/dev/null; then
+    exec 9>.setup.lock
+    flock 9
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "creating the virtual environment .venv"
     python3 -m venv --system-site-packages .venv
