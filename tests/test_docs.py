@@ -199,3 +199,23 @@ def test_the_design_page_cites_each_book_stages_path_to_its_torch_call_line_by_l
     assert torch_path_problems(text) == []
     off_by_one = re.sub(r"`gpt/train.py:(\d+)`", lambda m: f"`gpt/train.py:{int(m[1]) + 1}`", text, count=1)
     assert any("does not hold" in p for p in torch_path_problems(off_by_one))  # the checker sees a moved line
+
+
+def test_the_readmes_first_gpu_quick_run_figures_are_its_console_logs():
+    """The README's times of the first quick run on a GPU are those its committed console logs end with.
+
+    The commands' wall clocks were printed by the shell around them (`wall_s=`), the plan's total by the run itself;
+    the records hold neither, so this test holds the README's typed figures to the logs."""
+    from gpt.quick_run import minutes
+
+    folder, readme = REPO / "records" / "h100-2026-11-27", (REPO / "README.md").read_text()
+
+    def wall(log: str) -> str:
+        return minutes(int(re.search(r"wall_s=(\d+)", (folder / log).read_text())[1]))
+
+    planned = re.search(r"^total: (.+)$", (folder / "console_quick.log").read_text(), re.M)[1]
+    assert f"planned {planned} and took {wall('console_quick.log')}" in readme
+    assert f"`--quick`: {wall('console_quick.log')} of its 7 min" in readme
+    assert f"`speedrun_5` to `_9` in {wall('console_resume_speedrun_1.log')}" in readme
+    assert f"`_10` to `_13` in {wall('console_resume_speedrun_2.log')}" in readme
+    assert f"`speed_0` to `speed_4` in {wall('console_resume_speed.log')}" in readme

@@ -7,6 +7,7 @@ results.md, and tests/test_report.py holds the committed README to what they wri
 """
 
 import re
+import statistics
 from pathlib import Path
 
 from gpt.committed_records import PUBLISHED, published_dir
@@ -82,36 +83,73 @@ def gpu_folders() -> list[Path]:
     return sorted(gpu, key=lambda f: machines[f].get("started", ""), reverse=True)
 
 
-def newest_gpu_folder() -> Path | None:
-    """The committed GPU run started last, None where there is none."""
-    return next(iter(gpu_folders()), None)
+def newest_gpu_record(name: str) -> tuple[Path, dict] | None:
+    """The newest committed GPU run's finished record `name` (a path in its folder), with that folder; else None.
+
+    Record by record, since a run need not hold every ladder (a quick run's folder has no memory ladder)."""
+    return next(((f, r) for f in gpu_folders() if ok(r := read_record(f / name))), None)
+
+
+def source_cell(folder: Path, record: dict) -> str:
+    """Where a GPU figure comes from: its folder (linked to its page), the commit and the torch that made it."""
+    commit, torch_version = record["env"]["git_commit"][:7], record["env"]["torch"]
+    return f"[records/{folder.name}](records/{folder.name}/results.md), commit {commit}, torch {torch_version}"
 
 
 def gpu_memory_table() -> str:
-    """Each ladder's peak GPU memory per process, stage by stage, as the newest committed GPU run measured it."""
-    folder = newest_gpu_folder()
-    if folder is None:
-        return "\nNo GPU run is committed.\n"
-    rows, env = [], None
+    """Each ladder's peak GPU memory per process, stage by stage, from the committed GPU run that finished most of it.
+
+    Of runs that finished as many of its stages, the newest; one run a ladder, so that a row compares like with like."""
+    rows = []
     for ladder in timed_ladders():
-        cells, two = [], []
-        for stage in stages_of(ladder):
+        stages = stages_of(ladder)
+        finished = {f: [s for s in stages if ok(read_record(f / f"{s}.json"))] for f in gpu_folders()}
+        two = ", ".join(f"`{s}`" for s in stages if stage_config(s, "reference").world_size > 1) or "none"
+        if not any(finished.values()):
+            rows.append([ladder, "no committed GPU run has it", "", two])
+            continue
+        folder, cells = max(finished, key=lambda f: len(finished[f])), []  # the newest of those that finished most
+        for stage in stages:
             record = read_record(folder / f"{stage}.json")
-            if stage_config(stage, "reference").world_size > 1:
-                two.append(f"`{stage}`")
             if record is None:
                 cells.append(f"`{stage}` not run")
             elif ok(record):
-                env = env or record["env"]
                 cells.append(f"`{stage}` {record['metrics']['peak_memory_mib'] / 1024:.1f}")
             else:
                 cells.append(f"`{stage}` {record['status']}")
-        rows.append([ladder, ", ".join(cells), ", ".join(two) or "none"])
-    commit = (env or {}).get("git_commit", "?")[:7]
-    source = (
-        f"[records/{folder.name}](records/{folder.name}/results.md), commit {commit}, torch {(env or {}).get('torch')}"
-    )
-    return "\n".join(["", *table(["ladder", f"GiB per process ({source})", "needs 2 GPUs"], rows), "", ""])
+        rows.append(
+            [ladder, ", ".join(cells), source_cell(folder, read_record(folder / f"{finished[folder][0]}.json")), two]
+        )
+    return "\n".join(["", *table(["ladder", "GiB per process", "from", "needs 2 GPUs"], rows), "", ""])
+
+
+def gpu_speedrun_line() -> str:
+    """The speedrun on the newest committed GPU run that trained it: seconds and wall clocks of speed_0 and the last."""
+    for folder in gpu_folders():
+        sr = Speedrun(folder)
+        held = [s for s in sr.stages if sr.holds(s)]
+        if not held or not sr.holds(BASELINE):
+            continue
+        last, fewest = held[-1], min(held, key=sr.mean_seconds)
+        base, mine, (base_walls, _) = sr.mean_seconds(BASELINE), sr.mean_seconds(last), sr.walls(BASELINE)
+        (walls, _), record = sr.walls(last), sr.stages[last][0]
+
+        def wall(values: list[float]) -> str:
+            return f"{statistics.fmean(values):.1f} s" if values else "no wall clock"
+
+        text = (
+            f"on one {record['device']['name'].removeprefix('NVIDIA ')} ({source_cell(folder, record)}, "
+            f"{len(sr.stages[last])} seed a stage), `{BASELINE}` reaches the target {sr.target:.3f} in "
+            f"{base:.1f} s of training ({wall(base_walls)} of wall clock) and `{last}` in {mine:.2f} s "
+            f"({base / mine:.1f}x sooner; {wall(walls)} of wall clock"
+        )
+        if base_walls and walls:
+            text += f", {statistics.fmean(base_walls) / statistics.fmean(walls):.1f}x"
+        text += ")"
+        if fewest != last:
+            text += f"; the fewest training seconds are `{fewest}`'s, {sr.mean_seconds(fewest):.2f} s"
+        return text
+    return "no committed GPU run has trained the speedrun"
 
 
 def model_cell(record: dict | None) -> str:
@@ -127,10 +165,10 @@ def model_cell(record: dict | None) -> str:
 
 def models_table(runs: Path) -> str:
     """Which model each part of the project trains on 2 CPU cores and on a GPU, from the committed records."""
-    gpu = newest_gpu_folder()
 
     def on_gpu(name: str) -> str:
-        return model_cell(read_record(gpu / name)) if gpu else "no GPU run committed"
+        found = newest_gpu_record(name)
+        return model_cell(found[1]) if found else "no GPU run committed"
 
     task = model_cell(read_record(time_to_loss_dir(runs) / f"{BASELINE}.json"))
     rows = [
@@ -161,6 +199,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "speedrun-table": speedrun_block(sr),
         "planner-headline": planner_headline(runs),
         "gpu-memory": gpu_memory_table(),
+        "gpu-speedrun": gpu_speedrun_line(),
         "models": models_table(runs),
     }
 
