@@ -14,7 +14,7 @@ from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
 from gpt.formatting import table
-from gpt.ladder import stage_config, stages_of, timed_ladders
+from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
 from gpt.report.speedrun import BASELINE, Speedrun, speedrun_findings, speedrun_table, speedup_range
@@ -152,6 +152,28 @@ def gpu_speedrun_line() -> str:
     return "no committed GPU run has trained the speedrun"
 
 
+def gpu_batch_line() -> str:
+    """The speed ladder's biggest change on GPUs: batch x8's change per sample, the book's and each GPU run's.
+
+    With the whole ladder's speedup (speed_0 over its last one-GPU stage) where a run finished that stage."""
+    first, batch, last = stages_of("speed")[0], stages_of("speed")[1], stages_of("speed")[-2]
+    book = declaration(first).reference["seconds"], declaration(batch).reference["seconds"]
+    parts = [f"on the book's H100 batch x8 (`{batch}`) is {100 * (book[1] / book[0] - 1):+.0f}% per sample"]
+    for folder in gpu_folders():
+        base, mine = (read_record(folder / f"{s}.json") for s in (first, batch))
+        if not (ok(base) and ok(mine)):
+            continue
+        text = (
+            f"{100 * (mine['metrics']['seconds_mean'] / base['metrics']['seconds_mean'] - 1):+.0f}% on "
+            f"[{folder.name}](records/{folder.name}/results.md)"
+        )
+        if ok(end := read_record(folder / f"{last}.json")):
+            ladder = base["metrics"]["seconds_mean"] / end["metrics"]["seconds_mean"]
+            text += f" ({ladder:.1f}x from `{first}` to `{last}`)"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def model_cell(record: dict | None) -> str:
     """A model in a few words from a record: layers, width, vocabulary, parameters."""
     if not ok(record):
@@ -200,6 +222,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "planner-headline": planner_headline(runs),
         "gpu-memory": gpu_memory_table(),
         "gpu-speedrun": gpu_speedrun_line(),
+        "gpu-batch": gpu_batch_line(),
         "models": models_table(runs),
     }
 
