@@ -5,6 +5,7 @@ backticks. A renamed function or a moved page fails here instead of leaving a re
 of the book's stages to its torch call (docs/design.md's table, the stages' `Code:` lines) cites lines that hold it."""
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -219,3 +220,19 @@ def test_the_readmes_first_gpu_quick_run_figures_are_its_console_logs():
     assert f"`speedrun_5` to `_9` in {wall('console_resume_speedrun_1.log')}" in readme
     assert f"`_10` to `_13` in {wall('console_resume_speedrun_2.log')}" in readme
     assert f"`speed_0` to `speed_4` in {wall('console_resume_speed.log')}" in readme
+
+
+def test_the_gpu_speedrun_split_in_docs_speedrun_is_its_records():
+    """docs/speedrun.md's table of the H100 speedrun's process split is the committed records' metrics, to 0.1 s."""
+    text = (REPO / "docs" / "speedrun.md").read_text()
+    section = text[text.index("the speedrun on one H100, and what its wall clock") :]
+    rows = re.findall(
+        r"^\| `(\w+)`[^|]*((?:\| [\d.]+ )+)\|$", section[: section.index("\n\n", section.index("| stage"))], re.M
+    )
+    assert len(rows) == 6
+    folder = REPO / "records" / "h100-2026-11-27"
+    keys = ("import_setup_s", "setup_s", "startup_s", "train_seconds", "eval_seconds", "process_s")
+    for stage, cells in rows:
+        path = folder / "speedrun" / f"{stage}.json"  # speed_0 too: the speedrun task's own baseline
+        metrics = json.loads(path.read_text())["metrics"]
+        assert [float(c) for c in cells.split("|")[1:]] == [round(metrics[k], 1) for k in keys], stage
