@@ -295,7 +295,8 @@ def print_plan(plan: Plan, limit_label: str, source: str) -> None:
 
 def gpu_tests_command() -> list[str]:
     """The GPU tests' command: `pytest -m "gpu and quick"` on tests/test_gpu.py, side by side where xdist is."""
-    cmd = [sys.executable, "-m", "pytest", "-m", GPU_TESTS_MARKERS, "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    cmd = [sys.executable, "-m", "pytest", "-m", GPU_TESTS_MARKERS, "-q", "-rs"]  # -rs: the log says why tests skipped
+    cmd += ["-p", "no:cacheprovider", "tests/test_gpu.py"]
     if importlib.util.find_spec("xdist"):  # pytest-xdist: the GPU tests side by side, as many as there are cores / 4
         cmd += ["-n", str(max(1, (os.cpu_count() or 4) // 4))]
     return cmd

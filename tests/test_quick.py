@@ -140,6 +140,18 @@ def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
     assert plan.dropped_item(Path("0")) is None and plan.runs("a")
 
 
+def test_the_gpu_tests_say_why_they_skipped_and_their_closing_line_is_still_found():
+    """The GPU tests' command lists skip reasons (-rs); the closing line is pytest's summary, after those reasons."""
+    assert "-rs" in quick_run.gpu_tests_command()
+    output = (
+        "....s.s..s..\n"
+        "============= short test summary info =============\n"
+        "SKIPPED [3] tests/test_gpu.py:88: the chunked loss needs PyTorch 2.12 or newer, or liger-kernel\n"
+        "===== 9 passed, 3 skipped, 2 warnings in 27.13s =====\n"
+    )
+    assert quick_run.closing_line(output) == "9 passed, 3 skipped, 2 warnings in 27.13s"
+
+
 def test_the_quick_runs_processes_share_one_compile_cache_in_its_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     read = [sys.executable, "-c", "import os; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"]
