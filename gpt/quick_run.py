@@ -46,6 +46,7 @@ GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most
 # nothing to a loss (the quick run's own stages do both on the GPU).
 GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
+GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
 COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
 NOT_RUN = "not run: the quick run's {limit} limit was reached first (--resume runs it)"
 NOT_PLANNED = "not run: the quick run's plan for {limit} had no room for it (`{command}` runs it)"
@@ -125,12 +126,16 @@ def gpu_kind(name: str) -> str:
     return next((kind for kind in GPU_KINDS if kind in name.upper()), GPU_KINDS[0])
 
 
-def committed_folders(profile: str, device: str, kind: str | None) -> list[Path]:
-    """The committed records a plan reads, this machine's kind first: on a GPU every GPU kind's (reference profile)."""
+def committed_folders(profile: str, device: str, kind: str | None) -> tuple[list[Path], list[Path]]:
+    """The committed records a plan reads: this machine's kind's folders, newest first, and the other GPU kinds'.
+
+    On a GPU (the reference profile) a kind has a folder a run (records/<kind>-<date>), and a newer one may hold only
+    some stages (a quick run's): every one is read. Elsewhere the profile and device's one folder."""
     if device != "cuda" or profile != "reference":
-        return [published_dir(profile, device)]
-    folders = {k: max(PUBLISHED.glob(f"{k.lower()}-*"), default=PUBLISHED / k.lower()) for k in GPU_KINDS}
-    return [folders[kind or GPU_KINDS[0]], *(f for k, f in folders.items() if k != kind)]
+        return [published_dir(profile, device)], []
+    newest_first = {k: sorted(PUBLISHED.glob(f"{k.lower()}-*"), reverse=True) for k in GPU_KINDS}
+    kind = kind or GPU_KINDS[0]
+    return newest_first[kind], [folder for k in GPU_KINDS if k != kind for folder in newest_first[k]]
 
 
 def ok_record(path: Path) -> dict | None:
@@ -143,93 +148,118 @@ class Figures:
     """Where a quick run's plan takes a stage run's expected seconds (launch to exit) from: the first rule that has one.
 
     1. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
-    2. the committed record of it on this kind of device: its wall clock if it has one (records/cpu-cpu: a whole run's,
-       with more repeats than a quick run's: an upper bound); a GPU record has none, so TIMED_REST_S + its warm-up
-       (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) + QUICK_REPEATS x its `seconds_mean`;
-    3. on a GPU, a run to a loss (none has run on a GPU yet): its budget's steps at speed_0's recorded step time, times
-       the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that for evaluations,
-       PROCESS_START_S, and a cold compile (the records' slowest `compile_s`) where the stage compiles;
-    4. a stage that needs more GPUs than there are: PROCESS_START_S (it records itself skipped);
-    5. another GPU kind's committed record of it (rule 2), then its ladder's slowest stage by rules 1 and 2;
-    6. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
+    2. the committed records of it on this kind of device, the newest folder first: its wall clock if it has one
+       (records/cpu-cpu: a whole run's, with more repeats than a quick run's: an upper bound; a GPU's quick run's),
+       else TIMED_REST_S + its warm-up (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) +
+       QUICK_REPEATS x its `seconds_mean`;
+    3. another GPU kind's committed record of it, as rule 2 reads it: a wall clock measured on another GPU is nearer
+       than rule 4's model (which took the H100's speedrun for a third slower than it ran);
+    4. on a GPU, a run to a loss no record has: its budget's steps at speed_0's recorded step time (this kind's newest
+       record of it), times the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that
+       for evaluations, PROCESS_START_S, and a cold compile (that folder's slowest `compile_s`) if the stage compiles;
+    5. a stage that needs more GPUs than there are: PROCESS_START_S (it records itself skipped);
+    6. a timed stage: its ladder's slowest stage by rules 1 to 3;
+    7. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
+
+    The GPU tests' seconds (`gpu_tests`): this kind's newest committed run of them (gpu_tests.json), else their cap.
     """
 
     own: Path  # this run's folder
-    committed: list[Path]  # committed_folders
+    committed: list[Path]  # this kind's committed folders, newest first (committed_folders)
     profile: str
     device: str
+    others: list[Path] = field(default_factory=list)  # the other GPU kinds' committed folders (committed_folders)
     gpus: int = 1
 
     def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
         """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
-        for rule in (self.measured, self.recorded, self.trained_to_a_loss, self.on_two_gpus, self.elsewhere):
+        rules = (self.measured, self.recorded, self.elsewhere, self.trained_to_a_loss, self.on_two_gpus, self.slowest)
+        for rule in rules:
             if found := rule(stage, rel, to_a_loss):
                 return found
         return 0.0, "no figure: the limit bounds it"
+
+    def config(self, stage: str, rel: Path, to_a_loss: bool):
+        """The stage's settings (a TrainConfig) in the run: on the speedrun's task where its record is in its folder."""
+        task = rel.parts[0] == SPEEDRUN
+        return stage_config(stage, self.profile, to_a_loss, speedrun_task=task, device=self.device)
 
     def measured(self, stage, rel, to_a_loss):
         record = ok_record(self.own / rel)
         if record and record.get("run", {}).get("quick") and record["run"].get("wall_s"):
             return record["run"]["wall_s"], "this folder's last quick run"
 
-    def recorded(self, stage, rel, to_a_loss, folder: Path | None = None):
-        folder = folder or self.committed[0]
-        record = ok_record(folder / rel)
-        if record is None:
-            return None
-        if wall := record.get("run", {}).get("wall_s"):
-            return wall, f"{folder.name}'s wall clock"
-        m, rest = record["metrics"], TIMED_REST_S[ladder_of(stage)]
-        if m.get("seconds_mean") is not None:
-            return (
-                rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
-                f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
-            )
+    def recorded(self, stage, rel, to_a_loss):
+        return committed_figure(stage, rel, self.committed)
+
+    def elsewhere(self, stage, rel, to_a_loss):
+        return committed_figure(stage, rel, self.others)
 
     def trained_to_a_loss(self, stage, rel, to_a_loss):
-        baseline = ok_record(self.committed[0] / f"{stages_of('speed')[0]}.json")
-        if self.device != "cuda" or not to_a_loss or baseline is None:
+        if self.device != "cuda" or not to_a_loss:
             return None
-        task = rel.parts[0] == SPEEDRUN  # its records' folder: the speedrun's task, whatever the profile
-        cfg, budget = (
-            stage_config(s, self.profile, True, speedrun_task=task, device="cuda") for s in (stage, baseline["stage"])
-        )
+        baseline_rel = f"{stages_of('speed')[0]}.json"
+        folder = next((f for f in self.committed if ok_record(f / baseline_rel)), None)
+        if folder is None:
+            return None
+        baseline = ok_record(folder / baseline_rel)
+        cfg, budget = (self.config(s, rel, True) for s in (stage, baseline["stage"]))
         steps, step_s = budget.train_tokens // budget.tokens_per_step, baseline["metrics"]["step_time_s"]
         share = cpu_share(rel)
         compiles = compile_mode(cfg, torch.device("cuda")) is not None  # the rule may keep a short run eager
-        compile_s = max(self.compile_seconds(), default=0.0) if compiles else 0.0
+        compile_s = max(compile_seconds(folder), default=0.0) if compiles else 0.0
         seconds = PROCESS_START_S + compile_s + (1 + EVAL_SHARE) * steps * step_s * share
         return seconds, (
-            f"{self.committed[0].name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"
+            f"{folder.name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"
             + (f" x {share:.2f} (its cpu-cpu share)" if share != 1 else "")
             + f" + evaluations + start-up {PROCESS_START_S:g}"
             + (f" + compile {compile_s:.0f}" if compile_s else "")
         )
 
-    def compile_seconds(self):
-        for path in sorted(self.committed[0].glob("*.json")):
-            if (record := ok_record(path)) and record.get("metrics", {}).get("compile_s"):
-                yield record["metrics"]["compile_s"]
-
     def on_two_gpus(self, stage, rel, to_a_loss):
-        processes = stage_config(stage, self.profile, to_a_loss).world_size
+        processes = self.config(stage, rel, to_a_loss).world_size
         if self.device == "cuda" and self.gpus < processes:
             return PROCESS_START_S, f"start-up only: it needs {processes} GPUs and records itself skipped"
 
-    def elsewhere(self, stage, rel, to_a_loss):
-        for folder in self.committed[1:]:
-            if found := self.recorded(stage, rel, to_a_loss, folder):
-                return found
+    def slowest(self, stage, rel, to_a_loss):
         if to_a_loss:
             return None
-        figures = [self.any_record(s, f"{s}.json") for s in stages_of(ladder_of(stage))]
+        figures = [self.any_record(s, Path(f"{s}.json")) for s in stages_of(ladder_of(stage))]
         if figures := [f[0] for f in figures if f]:
             return max(figures), f"{ladder_of(stage)}'s slowest recorded stage"
 
     def any_record(self, stage, rel):
-        """Rules 1, 2 and 5's first part: a timed stage's figure from any record of it."""
-        found = [self.measured(stage, rel, False)] + [self.recorded(stage, rel, False, f) for f in self.committed]
-        return next((f for f in found if f), None)
+        """Rules 1 to 3: a timed stage's figure from any record of it."""
+        return self.measured(stage, rel, False) or self.recorded(stage, rel, False) or self.elsewhere(stage, rel, False)
+
+    def gpu_tests(self) -> tuple[float, str]:
+        """The GPU tests' expected seconds and where they come from: this kind's committed run of them, else the cap."""
+        for folder in self.committed:
+            if (result := read_record(folder / GPU_TESTS_FILE)) and result.get("seconds"):
+                return min(result["seconds"], GPU_TESTS_CAP_S), f"{folder.name}'s run of them"
+        return GPU_TESTS_CAP_S, "their cap"
+
+
+def committed_figure(stage: str, rel: Path, folders: list[Path]) -> tuple[float, str] | None:
+    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 2)."""
+    for folder in folders:
+        record = ok_record(folder / rel)
+        if record and (wall := record.get("run", {}).get("wall_s")):
+            return wall, f"{folder.name}'s wall clock"
+        if record and (m := record["metrics"]).get("seconds_mean") is not None:
+            rest = TIMED_REST_S[ladder_of(stage)]
+            return (
+                rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
+                f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
+            )
+    return None
+
+
+def compile_seconds(folder: Path):
+    """The `compile_s` of every finished record in `folder`."""
+    for path in sorted(folder.glob("*.json")):
+        if (record := ok_record(path)) and record.get("metrics", {}).get("compile_s"):
+            yield record["metrics"]["compile_s"]
 
 
 def cpu_share(rel: Path) -> float:
@@ -322,7 +352,7 @@ def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
         "seconds": round(time.monotonic() - t0, 1),
         "summary": summary if rc is not None else f"stopped at {minutes(cap)}; last line: {summary}",
     }
-    write_record(out / "gpu_tests.json", result)
+    write_record(out / GPU_TESTS_FILE, result)
     print(f"[gpu tests] {result['summary']}", flush=True)
     return result
 

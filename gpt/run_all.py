@@ -667,17 +667,18 @@ def run(args, device: str, profile: str, out: Path) -> int:
 def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     """A quick run's plan, printed: its GPU tests and stage runs in order, each with its expected seconds.
 
-    On a GPU the committed records of its kind (--gpu: the one named), elsewhere those of its profile and device. The
-    GPU tests come only in a run of every quick section. With --resume the stage runs it keeps cost nothing."""
+    On a GPU the committed records of its kind (--gpu: the one named), newest first, then the other kinds'; elsewhere
+    those of its profile and device. The GPU tests come only in a run of every quick section. With --resume the stage
+    runs it keeps cost nothing."""
     kind = args.gpu or (quick_run.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
+    committed, others = quick_run.committed_folders(profile, device, kind)
     gpus = 1 if args.gpu else torch.cuda.device_count()
-    folders = quick_run.committed_folders(profile, device, kind)
-    figures = quick_run.Figures(out, folders, profile, device, gpus)
+    figures = quick_run.Figures(out, committed, profile, device, others, gpus)
     items = []
     if device == "cuda" and not args.only:
         command = quick_run.gpu_tests_command()
         name, command = shlex.join(["pytest", *command[3:]]), shlex.join(command)  # [python, -m, pytest, ...]
-        items.append(quick_run.Item(quick_run.GPU_TESTS, name, quick_run.GPU_TESTS_CAP_S, "its cap", command))
+        items.append(quick_run.Item(quick_run.GPU_TESTS, name, *figures.gpu_tests(), command))
     for section, job in planned_jobs(args, profile, out):
         if args.resume and not needs_run(read_record(job.record), profile, device, job):
             continue
@@ -685,7 +686,8 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
         items.append(quick_run.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
     plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
-    source = f"{kind or device}'s records (records/{folders[0].name})"
+    folders = ", ".join(f"records/{folder.name}" for folder in committed) or "none"
+    source = f"{kind or device}'s records ({folders})" + (", then other GPUs'" if others else "")
     quick_run.print_plan(plan, quick_run.minutes(60 * limit_min), source)
     return plan
 
