@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gpt import optimizations
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.ladder import ladder_of, stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
@@ -48,8 +49,9 @@ GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
 GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
 COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
-NOT_RUN = "not run: the quick run's {limit} limit was reached first (--resume runs it)"
-NOT_PLANNED = "not run: the quick run's plan for {limit} had no room for it (`{command}` runs it)"
+NOT_RUN_PREFIX = "not run: the quick run's "  # the reason of every record of a stage a quick run had no time for
+NOT_RUN = NOT_RUN_PREFIX + "{limit} limit was reached first (--resume runs it)"
+NOT_PLANNED = NOT_RUN_PREFIX + "plan for {limit} had no room for it (`{command}` runs it)"
 STOPPED = "stopped at the quick run's {limit} limit (--resume runs it again)"
 
 # The GPU kinds with committed records (records/<kind>-<date>/, the reference profile); another GPU is planned as the
@@ -118,6 +120,11 @@ def mark(record_file: Path, wall_s: float, quick: bool) -> None:
         write_record(record_file, {**record, "run": {"quick": quick, "wall_s": round(wall_s, 2)}})
 
 
+def left_out(record: dict) -> bool:
+    """Whether a record is a quick run's "not run": it had no time for the stage, which says nothing of this machine."""
+    return record.get("status") == "skipped" and record.get("reason", "").startswith(NOT_RUN_PREFIX)
+
+
 # ---- the plan ------------------------------------------------------------------------------------------------------
 
 
@@ -147,18 +154,19 @@ def ok_record(path: Path) -> dict | None:
 class Figures:
     """Where a quick run's plan takes a stage run's expected seconds (launch to exit) from: the first rule that has one.
 
-    1. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
-    2. the committed records of it on this kind of device, the newest folder first: its wall clock if it has one
+    1. a stage that cannot run on the machine planned for (`cannot_run`): PROCESS_START_S, the start-up of a process
+       that then records itself skipped, saying why;
+    2. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
+    3. the committed records of it on this kind of device, the newest folder first: its wall clock if it has one
        (records/cpu-cpu: a whole run's, with more repeats than a quick run's: an upper bound; a GPU's quick run's),
        else TIMED_REST_S + its warm-up (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) +
        QUICK_REPEATS x its `seconds_mean`;
-    3. another GPU kind's committed record of it, as rule 2 reads it: a wall clock measured on another GPU is nearer
-       than rule 4's model (which took the H100's speedrun for a third slower than it ran);
-    4. on a GPU, a run to a loss no record has: its budget's steps at speed_0's recorded step time (this kind's newest
+    4. another GPU kind's committed record of it, as rule 3 reads it: a wall clock measured on another GPU is nearer
+       than rule 5's model (which took the H100's speedrun for a third slower than it ran);
+    5. on a GPU, a run to a loss no record has: its budget's steps at speed_0's recorded step time (this kind's newest
        record of it), times the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that
        for evaluations, PROCESS_START_S, and a cold compile (that folder's slowest `compile_s`) if the stage compiles;
-    5. a stage that needs more GPUs than there are: PROCESS_START_S (it records itself skipped);
-    6. a timed stage: its ladder's slowest stage by rules 1 to 3;
+    6. a timed stage: its ladder's slowest stage by rules 2 to 4;
     7. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
 
     The GPU tests' seconds (`gpu_tests`): this kind's newest committed run of them (gpu_tests.json), else their cap.
@@ -169,11 +177,11 @@ class Figures:
     profile: str
     device: str
     others: list[Path] = field(default_factory=list)  # the other GPU kinds' committed folders (committed_folders)
-    gpus: int = 1
+    planned_gpus: int | None = None  # a GPU planned from elsewhere (--dry-run --gpu): its GPUs; None: this machine's
 
     def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
         """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
-        rules = (self.measured, self.recorded, self.elsewhere, self.trained_to_a_loss, self.on_two_gpus, self.slowest)
+        rules = (self.start_up_only, self.measured, self.recorded, self.elsewhere, self.trained_to_a_loss, self.slowest)
         for rule in rules:
             if found := rule(stage, rel, to_a_loss):
                 return found
@@ -183,6 +191,22 @@ class Figures:
         """The stage's settings (a TrainConfig) in the run: on the speedrun's task where its record is in its folder."""
         task = rel.parts[0] == SPEEDRUN
         return stage_config(stage, self.profile, to_a_loss, speedrun_task=task, device=self.device)
+
+    def cannot_run(self, stage: str, rel: Path, to_a_loss: bool) -> str | None:
+        """Why the stage cannot run on the machine planned for, or None.
+
+        This machine says it as the stage will (optimizations.why_cannot_run); of a GPU planned from elsewhere (--gpu)
+        only its number of GPUs is known."""
+        cfg = self.config(stage, rel, to_a_loss)
+        if self.planned_gpus is None:
+            return optimizations.why_cannot_run(cfg, self.device)
+        if cfg.world_size > self.planned_gpus:
+            return f"needs {cfg.world_size} GPUs, planned for {self.planned_gpus}"
+        return None
+
+    def start_up_only(self, stage, rel, to_a_loss):
+        if reason := self.cannot_run(stage, rel, to_a_loss):
+            return PROCESS_START_S, f"start-up only, then it records itself skipped: {reason}"
 
     def measured(self, stage, rel, to_a_loss):
         record = ok_record(self.own / rel)
@@ -216,11 +240,6 @@ class Figures:
             + (f" + compile {compile_s:.0f}" if compile_s else "")
         )
 
-    def on_two_gpus(self, stage, rel, to_a_loss):
-        processes = self.config(stage, rel, to_a_loss).world_size
-        if self.device == "cuda" and self.gpus < processes:
-            return PROCESS_START_S, f"start-up only: it needs {processes} GPUs and records itself skipped"
-
     def slowest(self, stage, rel, to_a_loss):
         if to_a_loss:
             return None
@@ -229,7 +248,7 @@ class Figures:
             return max(figures), f"{ladder_of(stage)}'s slowest recorded stage"
 
     def any_record(self, stage, rel):
-        """Rules 1 to 3: a timed stage's figure from any record of it."""
+        """Rules 2 to 4: a timed stage's figure from any record of it."""
         return self.measured(stage, rel, False) or self.recorded(stage, rel, False) or self.elsewhere(stage, rel, False)
 
     def gpu_tests(self) -> tuple[float, str]:
@@ -241,7 +260,7 @@ class Figures:
 
 
 def committed_figure(stage: str, rel: Path, folders: list[Path]) -> tuple[float, str] | None:
-    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 2)."""
+    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 3)."""
     for folder in folders:
         record = ok_record(folder / rel)
         if record and (wall := record.get("run", {}).get("wall_s")):
@@ -281,11 +300,15 @@ class Item:
     why: str  # the rule the seconds come from
     command: str  # what runs it (its section) alone, said where the plan leaves it out
     record: Path | None = None
+    cannot_run: str | None = None  # why it cannot run here: planned whatever the room, so that its record says why
 
 
 @dataclass
 class Plan:
-    """A quick run's items in the order they run, and how many of them, from the first, fit in the stages' time."""
+    """A quick run's items in the order they run, and those it keeps: what fits in the stages' time, from the first.
+
+    A stage that cannot run here is kept wherever it stands, its seconds (its start-up) counted first: left out, its
+    record would say "not run" instead of why."""
 
     items: list[Item]
     budget_s: float  # the limit less the report's share
@@ -293,11 +316,13 @@ class Plan:
     dropped: list[Item] = field(init=False)
 
     def __post_init__(self):
-        total, n = 0.0, 0
-        while n < len(self.items) and total + self.items[n].seconds <= self.budget_s:
-            total += self.items[n].seconds
+        total = sum(item.seconds for item in self.items if item.cannot_run)
+        rest, n = [item for item in self.items if not item.cannot_run], 0
+        while n < len(rest) and total + rest[n].seconds <= self.budget_s:
+            total += rest[n].seconds
             n += 1
-        self.kept, self.dropped = self.items[:n], self.items[n:]
+        self.kept = [item for item in self.items if item.cannot_run or item in rest[:n]]
+        self.dropped = [item for item in self.items if item not in self.kept]
 
     def dropped_item(self, record: Path) -> Item | None:
         """The item of a stage run the plan leaves out, or None if it runs."""

@@ -140,13 +140,16 @@ def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" 
     """Whether the stage of a record must run (again): False only for a record that --resume keeps.
 
     --resume keeps a record only if it is a final answer measured with the same profile and device, and, for a
-    skipped stage, only while it still cannot run here (a library installed since, a second GPU)."""
+    skipped stage, only the stage's own, while it still cannot run here (a library installed since, a second GPU): a
+    quick run's "not run" (it had no time for the stage) is no answer, even for a stage that cannot run here."""
     if record is None or record.get("status") not in KEEP_ON_RESUME or record.get("profile") != profile:
         return True
     measured_on = record.get("device", {}).get("type") or record.get("config", {}).get("device")
     if measured_on not in (device, "auto"):
         return True
-    return record["status"] == "skipped" and job is not None and still_runs(job, profile, device)
+    if record["status"] != "skipped":
+        return False
+    return quick_run.left_out(record) or (job is not None and still_runs(job, profile, device))
 
 
 def still_runs(job: "Job", profile: str, device: str) -> bool:
@@ -672,8 +675,7 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     runs it keeps cost nothing."""
     kind = args.gpu or (quick_run.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
     committed, others = quick_run.committed_folders(profile, device, kind)
-    gpus = 1 if args.gpu else torch.cuda.device_count()
-    figures = quick_run.Figures(out, committed, profile, device, others, gpus)
+    figures = quick_run.Figures(out, committed, profile, device, others, planned_gpus=1 if args.gpu else None)
     items = []
     if device == "cuda" and not args.only:
         command = quick_run.gpu_tests_command()
@@ -682,8 +684,10 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     for section, job in planned_jobs(args, profile, out):
         if args.resume and not needs_run(read_record(job.record), profile, device, job):
             continue
-        seconds, why = figures.seconds(job.stage, job.record.relative_to(out), job.to_a_loss)
-        items.append(quick_run.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
+        rel, command = job.record.relative_to(out), rerun_command(args, section)
+        seconds, why = figures.seconds(job.stage, rel, job.to_a_loss)
+        cannot_run = figures.cannot_run(job.stage, rel, job.to_a_loss)
+        items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
     plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
     folders = ", ".join(f"records/{folder.name}" for folder in committed) or "none"

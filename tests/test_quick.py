@@ -111,7 +111,7 @@ def test_a_gpu_plan_reads_every_folder_of_its_kind_newest_first_then_another_kin
     The H100's newest folder (records/h100-2026-11-27, a quick run's) lacks speed_5 and the fast ladder: they come from
     records/h100-2026-11-24, not the H200's records. The H200's speedrun comes from the H100's measured wall clocks,
     before rule 5's model (a third too slow on the H100). The GPU tests take the seconds of this kind's committed run of
-    them (gpu_tests.json), else their cap."""
+    them (gpu_tests.json), else their cap; a stage that needs 2 GPUs costs its start-up and says why."""
     h100, h200 = (planned(capsys, kind, tmp_path / "q") for kind in ("H100", "H200"))
     for stage in ("speed_5_amp", "fast_1_pretokenized", "fast_5_fused_adamw"):
         assert h100[("speed" if stage.startswith("speed") else "fast", stage)][1].startswith("h100-2026-11-24: ")
@@ -119,6 +119,10 @@ def test_a_gpu_plan_reads_every_folder_of_its_kind_newest_first_then_another_kin
     assert h200[("speedrun", "speedrun_1_systems")] == (52, "h100-2026-11-27's wall clock")
     assert h100[("gpu tests", "pytest")] == (37, "h100-2026-11-27's run of them")
     assert h200[("gpu tests", "pytest")] == (90, "their cap")
+    assert h100[("speed", "speed_6_ddp")] == (
+        10,
+        "start-up only, then it records itself skipped: needs 2 GPUs, planned for 1",
+    )
 
 
 def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -161,6 +165,14 @@ def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
     plan = quick_run.Plan(items, budget_s=92)
     assert [i.name for i in plan.kept] == ["0", "1"] and plan.dropped_item(Path("2")).name == "2"
     assert plan.dropped_item(Path("0")) is None and plan.runs("a")
+
+
+def test_a_plan_keeps_a_stage_that_cannot_run_here_wherever_it_stands():
+    """A stage that cannot run here (the last) is planned wherever it stands, its seconds counted first."""
+    items = [quick_run.Item("a", str(i), s, "", "cmd", Path(str(i))) for i, s in enumerate([50, 40, 30, 10])]
+    items[3].cannot_run = "needs 2 GPUs, found 1"
+    plan = quick_run.Plan(items, budget_s=95)  # 10 + 50, and 40 more would be 100
+    assert [i.name for i in plan.kept] == ["0", "3"] and [i.name for i in plan.dropped] == ["1", "2"]
 
 
 def test_the_gpu_tests_say_why_they_skipped_and_their_closing_line_is_still_found():
