@@ -301,6 +301,7 @@ class Item:
     command: str  # what runs it (its section) alone, said where the plan leaves it out
     record: Path | None = None
     cannot_run: str | None = None  # why it cannot run here: planned whatever the room, so that its record says why
+    reflowed: bool = False  # the plan left it out, and it ran because the time left had room for it (Plan.fits_now)
 
 
 @dataclass
@@ -308,7 +309,8 @@ class Plan:
     """A quick run's items in the order they run, and those it keeps: what fits in the stages' time, from the first.
 
     A stage that cannot run here is kept wherever it stands, its seconds (its start-up) counted first: left out, its
-    record would say "not run" instead of why."""
+    record would say "not run" instead of why. The items left out may still run, where the time left has room for
+    them when their turn comes (`fits_now`)."""
 
     items: list[Item]
     budget_s: float  # the limit less the report's share
@@ -327,6 +329,13 @@ class Plan:
     def dropped_item(self, record: Path) -> Item | None:
         """The item of a stage run the plan leaves out, or None if it runs."""
         return next((item for item in self.dropped if item.record == record), None)
+
+    def fits_now(self, item: Item, left_s: float) -> bool:
+        """Whether an item the plan left out runs after all: the time left, less the kept items after it, covers it.
+
+        The stages so far took less than planned, say. Only what comes later is counted: the items keep their order."""
+        later = self.items[self.items.index(item) + 1 :]
+        return left_s - sum(i.seconds for i in later if i in self.kept) >= item.seconds
 
     def runs(self, section: str) -> bool:
         return any(item.section == section for item in self.kept)

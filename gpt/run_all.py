@@ -413,10 +413,15 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
 
 
 def not_run_reason(args, record: Path) -> str | None:
-    """Why a quick run does not run a stage: its plan left it out, or its limit came first; None: it runs."""
+    """Why a quick run does not run a stage: no room in its plan or in the time left, or its limit came; None: it runs.
+
+    A stage the plan left out runs after all where the stages before it took less than planned (Plan.fits_now)."""
     deadline, plan = args.deadline, args.plan
     if plan and (item := plan.dropped_item(record)):
-        return quick_run.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+        if not plan.fits_now(item, deadline.left()):
+            return quick_run.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+        item.reflowed = True
+        print(f"   time left: running {item.name}, which the plan left out", flush=True)
     if deadline and deadline.passed():
         return quick_run.NOT_RUN.format(limit=deadline.label)
     return None

@@ -167,12 +167,17 @@ def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
     assert plan.dropped_item(Path("0")) is None and plan.runs("a")
 
 
-def test_a_plan_keeps_a_stage_that_cannot_run_here_wherever_it_stands():
-    """A stage that cannot run here (the last) is planned wherever it stands, its seconds counted first."""
+def test_a_left_out_item_runs_where_the_time_left_covers_it_and_the_planned_items_after_it():
+    """Reflow: where the stages ran faster than planned, an item the plan left out runs after all.
+
+    It runs where the time left, less the expected seconds of the planned items still to run after it, covers its own.
+    A stage that cannot run here (the last) is planned wherever it stands, its seconds counted first."""
     items = [quick_run.Item("a", str(i), s, "", "cmd", Path(str(i))) for i, s in enumerate([50, 40, 30, 10])]
     items[3].cannot_run = "needs 2 GPUs, found 1"
     plan = quick_run.Plan(items, budget_s=95)  # 10 + 50, and 40 more would be 100
     assert [i.name for i in plan.kept] == ["0", "3"] and [i.name for i in plan.dropped] == ["1", "2"]
+    assert plan.fits_now(items[1], left_s=50) and not plan.fits_now(items[1], left_s=49.9)  # 10 s of item 3 to come
+    assert plan.fits_now(items[2], left_s=40) and not plan.fits_now(items[2], left_s=39.9)
 
 
 def test_the_gpu_tests_say_why_they_skipped_and_their_closing_line_is_still_found():

@@ -839,10 +839,23 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     assert (quick_out / "calls.txt").read_text().split() == speed[:2] + speed[1:]
 
 
-def quick_speed_ladder(stub_stages, monkeypatch) -> list[str]:
+def advancing_clock(monkeypatch, seconds_a_stage: float) -> None:
+    """A quick run's clock that moves only as its stages run, `seconds_a_stage` each (a stub stage takes none)."""
+    spent = [0.0]
+    real = run_all.run_stage
+
+    def run_stage(cmd, log, show, deadline=None):
+        spent[0] += seconds_a_stage
+        return real(cmd, log, show)
+
+    monkeypatch.setattr(run_all, "run_stage", run_stage)
+    monkeypatch.setattr(run_all.quick_run.Deadline, "left", lambda self: self.limit_s * (1 - self.reserve) - spent[0])
+
+
+def quick_speed_ladder(stub_stages, monkeypatch, seconds_a_stage: float) -> list[str]:
     """The arguments of a quick run of the speed ladder's stub stages in 2 minutes (114 s for the stages).
 
-    Each stage is planned at a minute (a stage that cannot run here at its start-up)."""
+    Each stage is planned at a minute (a stage that cannot run here at its start-up) and takes `seconds_a_stage`."""
     out, behave, _ = stub_stages
     for stage in stages_of("speed"):
         behave(stage, "ok", fake_record(stage))
@@ -851,6 +864,7 @@ def quick_speed_ladder(stub_stages, monkeypatch) -> list[str]:
         "seconds",
         lambda self, stage, rel, to_a_loss: self.start_up_only(stage, rel, to_a_loss) or (60.0, "a minute"),
     )
+    advancing_clock(monkeypatch, seconds_a_stage)
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]
     return args + ["--out", str(out), "--wandb", "disabled"]
 
@@ -859,7 +873,7 @@ def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs
     """The stage runs a quick run's plan has no room for are never started, and their records say how to run them."""
     out, _, calls = stub_stages
     speed = stages_of("speed")
-    args = quick_speed_ladder(stub_stages, monkeypatch)
+    args = quick_speed_ladder(stub_stages, monkeypatch, 60.0)  # as planned: no time left for what the plan left out
     assert run_all.main(args) == 0  # 114 s for the stages: one fits
     assert calls() == speed[:1]
     command = f"./run_all.sh --quick --only speed --profile smoke --device cpu --out {out} --wandb disabled --resume"
@@ -871,6 +885,21 @@ def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs
         )
 
 
+def test_a_quick_run_runs_what_its_plan_left_out_where_time_is_left(stub_stages, monkeypatch, capsys):
+    """Reflow: a stage the plan left out runs where the time left covers it.
+
+    At a minute a stage, 2 minutes (114 s for the stages) plan speed_0 alone; the stages take 30 s, so speed_1 runs
+    too (84 s left), and speed_2 (54 s left) is recorded as not run."""
+    out, _, calls = stub_stages
+    speed = stages_of("speed")
+    args = quick_speed_ladder(stub_stages, monkeypatch, 30.0)
+    assert run_all.main(args) == 0
+    assert calls() == speed[:2]
+    assert "   time left: running speed_1_batch_size, which the plan left out" in capsys.readouterr().out.splitlines()
+    reason = json.loads((out / "speed_2_num_workers.json").read_text())["reason"]
+    assert reason.startswith("not run: the quick run's plan for 2 min 0 s had no room for it")
+
+
 def test_a_quick_run_starts_a_stage_that_cannot_run_here_whatever_its_room_so_its_record_says_why(
     stub_stages, monkeypatch, capsys
 ):
@@ -879,13 +908,13 @@ def test_a_quick_run_starts_a_stage_that_cannot_run_here_whatever_its_room_so_it
     On one GPU speed_6_ddp (two processes) was recorded "not run: no room in the plan" (records/h100-2026-11-27)."""
     out, behave, calls = stub_stages
     speed, why = stages_of("speed"), "needs 2 GPUs, found 1"
-    args = quick_speed_ladder(stub_stages, monkeypatch)
+    args = quick_speed_ladder(stub_stages, monkeypatch, 60.0)
     behave("speed_6_ddp", "ok", fake_record("speed_6_ddp", "skipped", reason=why))
     monkeypatch.setattr(
         run_all.optimizations, "why_cannot_run", lambda cfg, device: why if cfg.world_size > 1 else None
     )
     assert run_all.main(args) == 0
-    assert calls() == [speed[0], "speed_6_ddp"]  # 114 s: speed_0 and speed_6's start-up
+    assert calls() == [speed[0], "speed_6_ddp"]  # 114 s: speed_0 and speed_6's start-up; 54 s left then
     assert json.loads((out / "speed_6_ddp.json").read_text())["reason"] == why
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "speed: speed_6_ddp" in line]
     assert line.split()[:2] == ["10", "s"] and line.endswith(f"records itself skipped: {why})")
