@@ -24,6 +24,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most
 GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
 GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
+RUN_FILE = "quick_run.json"  # in the run's folder: each quick run's plan and wall clocks (write_summary)
 COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
 NOT_RUN_PREFIX = "not run: the quick run's "  # the reason of every record of a stage a quick run had no time for
 NOT_RUN = NOT_RUN_PREFIX + "{limit} limit was reached first (--resume runs it)"
@@ -302,6 +304,20 @@ class Item:
     record: Path | None = None
     cannot_run: str | None = None  # why it cannot run here: planned whatever the room, so that its record says why
     reflowed: bool = False  # the plan left it out, and it ran because the time left had room for it (Plan.fits_now)
+    wall_s: float | None = None  # measured, launch to exit, where it ran
+
+    def outcome(self) -> dict:
+        """The item in quick_run.json: what was planned, whether it ran, and for how long."""
+        ran = self.wall_s is not None
+        return {
+            "section": self.section,
+            "name": self.name,
+            "planned_s": round(self.seconds, 1),
+            "why": self.why,
+            "ran": ran,
+            "reflowed": self.reflowed,
+            **({"wall_s": round(self.wall_s, 1)} if ran else {}),
+        }
 
 
 @dataclass
@@ -326,9 +342,14 @@ class Plan:
         self.kept = [item for item in self.items if item.cannot_run or item in rest[:n]]
         self.dropped = [item for item in self.items if item not in self.kept]
 
+    def item_of(self, record: Path | None) -> Item | None:
+        """The item of a stage run's record (None: the GPU tests'), or None if the plan has none."""
+        return next((item for item in self.items if item.record == record), None)
+
     def dropped_item(self, record: Path) -> Item | None:
         """The item of a stage run the plan leaves out, or None if it runs."""
-        return next((item for item in self.dropped if item.record == record), None)
+        item = self.item_of(record)
+        return item if item in self.dropped else None
 
     def fits_now(self, item: Item, left_s: float) -> bool:
         """Whether an item the plan left out runs after all: the time left, less the kept items after it, covers it.
@@ -396,6 +417,25 @@ def closing_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     closing = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     return (closing or lines or [""])[-1].strip("= ")
+
+
+def write_summary(out: Path, deadline: Deadline, plan: Plan, resume: bool) -> Path:
+    """<out>/quick_run.json, at a quick run's end: its limit, plan and wall clock, and each item planned and measured.
+
+    Written atomically, as a record is; a --resume into the folder adds its run to the list the earlier ones left."""
+    wall_s = time.monotonic() - deadline.start
+    ended = datetime.now(UTC)
+    run = {
+        "limit_s": deadline.limit_s,
+        "planned_s": round(sum(item.seconds for item in plan.kept), 1),
+        "started": (ended - timedelta(seconds=wall_s)).isoformat(timespec="seconds"),
+        "ended": ended.isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 1),
+        "items": [item.outcome() for item in plan.items],
+    }
+    path = out / RUN_FILE
+    earlier = (read_record(path) or {}).get("runs", []) if resume else []
+    return write_record(path, {"runs": [*earlier, run]})
 
 
 @contextmanager

@@ -401,7 +401,10 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                 reason = f"exit code {rc} without a record: {last_line(log)}"
             record = failed_record(job, profile, device, reason)
             write_record(path, record)
-        quick_run.mark(path, time.monotonic() - t0, deadline is not None)
+        wall_s = time.monotonic() - t0
+        quick_run.mark(path, wall_s, deadline is not None)
+        if args.plan and (item := args.plan.item_of(path)):
+            item.wall_s = wall_s
         failures += record.get("status") == "failed"
         print(
             f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
@@ -658,7 +661,7 @@ def run(args, device: str, profile: str, out: Path) -> int:
         machine_cache.forget(name)
     with quick_run.one_compile_cache(out) if args.quick else contextlib.nullcontext():
         if args.plan and args.plan.runs(quick_run.GPU_TESTS):
-            quick_run.run_gpu_tests(out, args.deadline)
+            args.plan.item_of(None).wall_s = quick_run.run_gpu_tests(out, args.deadline)["seconds"]
         failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
@@ -669,6 +672,8 @@ def run(args, device: str, profile: str, out: Path) -> int:
         run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
     write_results(args, out, profile, device, interrupted)
+    if args.quick:
+        print(f"   its plan and wall clocks: {quick_run.write_summary(out, args.deadline, args.plan, args.resume)}")
     return 130 if interrupted else 1 if failures else 0
 
 

@@ -885,12 +885,15 @@ def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs
         )
 
 
-def test_a_quick_run_runs_what_its_plan_left_out_where_time_is_left(stub_stages, monkeypatch, capsys):
-    """Reflow: a stage the plan left out runs where the time left covers it.
+def test_a_quick_run_runs_what_its_plan_left_out_where_time_is_left_and_records_its_timing(
+    stub_stages, monkeypatch, capsys
+):
+    """Reflow: a stage the plan left out runs where the time left covers it; <out>/quick_run.json says how it went.
 
     At a minute a stage, 2 minutes (114 s for the stages) plan speed_0 alone; the stages take 30 s, so speed_1 runs
-    too (84 s left), and speed_2 (54 s left) is recorded as not run."""
-    out, _, calls = stub_stages
+    too (84 s left), and speed_2 (54 s left) is recorded as not run. quick_run.json holds the limit, the plan, the wall
+    clock and each item, planned and measured; a --resume into the folder adds its run, a fresh run starts the list."""
+    out, behave, calls = stub_stages
     speed = stages_of("speed")
     args = quick_speed_ladder(stub_stages, monkeypatch, 30.0)
     assert run_all.main(args) == 0
@@ -898,6 +901,33 @@ def test_a_quick_run_runs_what_its_plan_left_out_where_time_is_left(stub_stages,
     assert "   time left: running speed_1_batch_size, which the plan left out" in capsys.readouterr().out.splitlines()
     reason = json.loads((out / "speed_2_num_workers.json").read_text())["reason"]
     assert reason.startswith("not run: the quick run's plan for 2 min 0 s had no room for it")
+    (run,) = json.loads((out / "quick_run.json").read_text())["runs"]
+    assert run["limit_s"] == 120 and run["planned_s"] == 60 and 0 <= run["wall_s"] < 60
+    assert run["started"] <= run["ended"] and run["ended"].endswith("+00:00")
+    ran = [(item["name"], item["ran"], item["reflowed"], "wall_s" in item) for item in run["items"]]
+    assert ran == [(speed[0], True, False, True), (speed[1], True, True, True)] + [
+        (s, False, False, False) for s in speed[2:]
+    ]
+    assert run["items"][0] | {"wall_s": 0} == {
+        "section": "speed",
+        "name": speed[0],
+        "planned_s": 60,
+        "why": "a minute",
+        "ran": True,
+        "reflowed": False,
+        "wall_s": 0,
+    }
+
+    assert run_all.main(args + ["--resume"]) == 0  # the clock at 60 s: speed_2, planned, runs
+    first, second = json.loads((out / "quick_run.json").read_text())["runs"]
+    assert first == run and [(item["name"], item["ran"]) for item in second["items"][:2]] == [
+        (speed[2], True),
+        (speed[3], False),
+    ]
+    for stage in speed:
+        behave(stage, "ok", fake_record(stage))
+    assert run_all.main(args) == 0  # not resumed: a new list
+    assert len(json.loads((out / "quick_run.json").read_text())["runs"]) == 1
 
 
 def test_a_quick_run_starts_a_stage_that_cannot_run_here_whatever_its_room_so_its_record_says_why(
