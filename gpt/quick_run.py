@@ -7,13 +7,17 @@ section) that section alone. The CPU runs the same order: one order is simpler t
 ladders to the speedrun (the speedrun trains its own speed_0 to a loss), so the headline goes first everywhere.
 
 Before the first stage it plans (`Plan`): each stage run's expected seconds (`Figures`: the rules are there), kept
-from the first while their sum fits the limit less the report's share; the rest is dropped from the end, printed and
-recorded as "not run" with the command that runs it. `--dry-run` prints that plan and runs nothing. The limit is also
-kept while it runs (`Deadline`): a stage still running when it comes is stopped and those after it recorded as not
-run; `--resume` completes the run. Its records are real records, each marked `run.quick`, kept in their own folder
-(runs/<profile>-<device>-quick by default) and never published over the committed ones; `python -m gpt.report --runs
-<that folder>` makes their page. Every stage process and the GPU tests share one compile cache in that folder
-(`one_compile_cache`).
+from the first while their sum fits the limit less the report's share (a stage that cannot run here is kept wherever it
+stands, at its start-up, so that its record says why); the rest is left out, printed with the command that runs it.
+`--dry-run` prints that plan and runs nothing. The plan reflows as the run goes: an item it left out runs after all
+where the time left, less the kept items still to come, covers it (`Plan.fits_now`: the stages so far ran faster than
+planned); one that does not fit is recorded as "not run" with that command. The limit is also kept while it runs
+(`Deadline`): a stage still running when it comes is stopped and those after it recorded as not run; `--resume`
+completes the run. At its end it writes <out>/quick_run.json (`write_summary`): its limit, plan and wall clock, and
+each item's planned and measured seconds; a `--resume` adds its run to the list. Its records are real records, each
+marked `run.quick`, kept in their own folder (runs/<profile>-<device>-quick by default) and never published over the
+committed ones; `python -m gpt.report --runs <that folder>` makes their page. Every stage process and the GPU tests
+share one compile cache in that folder (`one_compile_cache`).
 """
 
 import importlib.util
@@ -43,7 +47,7 @@ QUICK_WARMUP = 5  # warm-up steps at most: compilation and CUDA-graph recording 
 # cpu profile's quick run took on the 2-core machines this project is built on, with a margin (docs/running.md).
 DEFAULT_LIMIT_MIN = {"cuda": 7.0, "cpu": 20.0}
 REPORT_RESERVE = 0.05  # of the limit, kept for the report after the last stage
-GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most
+GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most: where they are stopped
 # The one-GPU tests a quick run runs: those marked `quick` in tests/test_gpu.py, which start no stage process and train
 # nothing to a loss (the quick run's own stages do both on the GPU).
 GPU_TESTS_MARKERS = "gpu and quick"
