@@ -7,13 +7,17 @@ section) that section alone. The CPU runs the same order: one order is simpler t
 ladders to the speedrun (the speedrun trains its own speed_0 to a loss), so the headline goes first everywhere.
 
 Before the first stage it plans (`Plan`): each stage run's expected seconds (`Figures`: the rules are there), kept
-from the first while their sum fits the limit less the report's share; the rest is dropped from the end, printed and
-recorded as "not run" with the command that runs it. `--dry-run` prints that plan and runs nothing. The limit is also
-kept while it runs (`Deadline`): a stage still running when it comes is stopped and those after it recorded as not
-run; `--resume` completes the run. Its records are real records, each marked `run.quick`, kept in their own folder
-(runs/<profile>-<device>-quick by default) and never published over the committed ones; `python -m gpt.report --runs
-<that folder>` makes their page. Every stage process and the GPU tests share one compile cache in that folder
-(`one_compile_cache`).
+from the first while their sum fits the limit less the report's share (a stage that cannot run here is kept wherever it
+stands, at its start-up, so that its record says why); the rest is left out, printed with the command that runs it.
+`--dry-run` prints that plan and runs nothing. The plan reflows as the run goes: an item it left out runs after all
+where the time left, less the kept items still to come, covers it (`Plan.fits_now`: the stages so far ran faster than
+planned); one that does not fit is recorded as "not run" with that command. The limit is also kept while it runs
+(`Deadline`): a stage still running when it comes is stopped and those after it recorded as not run; `--resume`
+completes the run. At its end it writes <out>/quick_run.json (`write_summary`): its limit, plan and wall clock, and
+each item's planned and measured seconds; a `--resume` adds its run to the list. Its records are real records, each
+marked `run.quick`, kept in their own folder (runs/<profile>-<device>-quick by default) and never published over the
+committed ones; `python -m gpt.report --runs <that folder>` makes their page. Every stage process and the GPU tests
+share one compile cache in that folder (`one_compile_cache`).
 """
 
 import importlib.util
@@ -24,10 +28,12 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch
 
+from gpt import optimizations
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.ladder import ladder_of, stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
@@ -41,14 +47,17 @@ QUICK_WARMUP = 5  # warm-up steps at most: compilation and CUDA-graph recording 
 # cpu profile's quick run took on the 2-core machines this project is built on, with a margin (docs/running.md).
 DEFAULT_LIMIT_MIN = {"cuda": 7.0, "cpu": 20.0}
 REPORT_RESERVE = 0.05  # of the limit, kept for the report after the last stage
-GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most
+GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most: where they are stopped
 # The one-GPU tests a quick run runs: those marked `quick` in tests/test_gpu.py, which start no stage process and train
 # nothing to a loss (the quick run's own stages do both on the GPU).
 GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
+GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
+RUN_FILE = "quick_run.json"  # in the run's folder: each quick run's plan and wall clocks (write_summary)
 COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
-NOT_RUN = "not run: the quick run's {limit} limit was reached first (--resume runs it)"
-NOT_PLANNED = "not run: the quick run's plan for {limit} had no room for it (`{command}` runs it)"
+NOT_RUN_PREFIX = "not run: the quick run's "  # the reason of every record of a stage a quick run had no time for
+NOT_RUN = NOT_RUN_PREFIX + "{limit} limit was reached first (--resume runs it)"
+NOT_PLANNED = NOT_RUN_PREFIX + "plan for {limit} had no room for it (`{command}` runs it)"
 STOPPED = "stopped at the quick run's {limit} limit (--resume runs it again)"
 
 # The GPU kinds with committed records (records/<kind>-<date>/, the reference profile); another GPU is planned as the
@@ -117,6 +126,11 @@ def mark(record_file: Path, wall_s: float, quick: bool) -> None:
         write_record(record_file, {**record, "run": {"quick": quick, "wall_s": round(wall_s, 2)}})
 
 
+def left_out(record: dict) -> bool:
+    """Whether a record is a quick run's "not run": it had no time for the stage, which says nothing of this machine."""
+    return record.get("status") == "skipped" and record.get("reason", "").startswith(NOT_RUN_PREFIX)
+
+
 # ---- the plan ------------------------------------------------------------------------------------------------------
 
 
@@ -125,12 +139,16 @@ def gpu_kind(name: str) -> str:
     return next((kind for kind in GPU_KINDS if kind in name.upper()), GPU_KINDS[0])
 
 
-def committed_folders(profile: str, device: str, kind: str | None) -> list[Path]:
-    """The committed records a plan reads, this machine's kind first: on a GPU every GPU kind's (reference profile)."""
+def committed_folders(profile: str, device: str, kind: str | None) -> tuple[list[Path], list[Path]]:
+    """The committed records a plan reads: this machine's kind's folders, newest first, and the other GPU kinds'.
+
+    On a GPU (the reference profile) a kind has a folder a run (records/<kind>-<date>), and a newer one may hold only
+    some stages (a quick run's): every one is read. Elsewhere the profile and device's one folder."""
     if device != "cuda" or profile != "reference":
-        return [published_dir(profile, device)]
-    folders = {k: max(PUBLISHED.glob(f"{k.lower()}-*"), default=PUBLISHED / k.lower()) for k in GPU_KINDS}
-    return [folders[kind or GPU_KINDS[0]], *(f for k, f in folders.items() if k != kind)]
+        return [published_dir(profile, device)], []
+    newest_first = {k: sorted(PUBLISHED.glob(f"{k.lower()}-*"), reverse=True) for k in GPU_KINDS}
+    kind = kind or GPU_KINDS[0]
+    return newest_first[kind], [folder for k in GPU_KINDS if k != kind for folder in newest_first[k]]
 
 
 def ok_record(path: Path) -> dict | None:
@@ -142,94 +160,131 @@ def ok_record(path: Path) -> dict | None:
 class Figures:
     """Where a quick run's plan takes a stage run's expected seconds (launch to exit) from: the first rule that has one.
 
-    1. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
-    2. the committed record of it on this kind of device: its wall clock if it has one (records/cpu-cpu: a whole run's,
-       with more repeats than a quick run's: an upper bound); a GPU record has none, so TIMED_REST_S + its warm-up
-       (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) + QUICK_REPEATS x its `seconds_mean`;
-    3. on a GPU, a run to a loss (none has run on a GPU yet): its budget's steps at speed_0's recorded step time, times
-       the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that for evaluations,
-       PROCESS_START_S, and a cold compile (the records' slowest `compile_s`) where the stage compiles;
-    4. a stage that needs more GPUs than there are: PROCESS_START_S (it records itself skipped);
-    5. another GPU kind's committed record of it (rule 2), then its ladder's slowest stage by rules 1 and 2;
-    6. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
+    1. a stage that cannot run on the machine planned for (`cannot_run`): PROCESS_START_S, the start-up of a process
+       that then records itself skipped, saying why;
+    2. this folder's earlier quick record of it, if it finished: its wall clock (`run.wall_s`), measured here;
+    3. the committed records of it on this kind of device, the newest folder first: its wall clock if it has one
+       (records/cpu-cpu: a whole run's, with more repeats than a quick run's: an upper bound; a GPU's quick run's),
+       else TIMED_REST_S + its warm-up (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) +
+       QUICK_REPEATS x its `seconds_mean`;
+    4. another GPU kind's committed record of it, as rule 3 reads it: a wall clock measured on another GPU is nearer
+       than rule 5's model (which took the H100's speedrun for a third slower than it ran);
+    5. on a GPU, a run to a loss no record has: its budget's steps at speed_0's recorded step time (this kind's newest
+       record of it), times the stage's share of speed_0's training seconds in records/cpu-cpu, plus EVAL_SHARE of that
+       for evaluations, PROCESS_START_S, and a cold compile (that folder's slowest `compile_s`) if the stage compiles;
+    6. a timed stage: its ladder's slowest stage by rules 2 to 4;
+    7. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
+
+    The GPU tests' seconds (`gpu_tests`): this kind's newest committed run of them (gpu_tests.json), else their cap.
     """
 
     own: Path  # this run's folder
-    committed: list[Path]  # committed_folders
+    committed: list[Path]  # this kind's committed folders, newest first (committed_folders)
     profile: str
     device: str
-    gpus: int = 1
+    others: list[Path] = field(default_factory=list)  # the other GPU kinds' committed folders (committed_folders)
+    planned_gpus: int | None = None  # a GPU planned from elsewhere (--dry-run --gpu): its GPUs; None: this machine's
 
     def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
         """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
-        for rule in (self.measured, self.recorded, self.trained_to_a_loss, self.on_two_gpus, self.elsewhere):
+        rules = (self.start_up_only, self.measured, self.recorded, self.elsewhere, self.trained_to_a_loss, self.slowest)
+        for rule in rules:
             if found := rule(stage, rel, to_a_loss):
                 return found
         return 0.0, "no figure: the limit bounds it"
+
+    def config(self, stage: str, rel: Path, to_a_loss: bool):
+        """The stage's settings (a TrainConfig) in the run: on the speedrun's task where its record is in its folder."""
+        task = rel.parts[0] == SPEEDRUN
+        return stage_config(stage, self.profile, to_a_loss, speedrun_task=task, device=self.device)
+
+    def cannot_run(self, stage: str, rel: Path, to_a_loss: bool) -> str | None:
+        """Why the stage cannot run on the machine planned for, or None.
+
+        This machine says it as the stage will (optimizations.why_cannot_run); of a GPU planned from elsewhere (--gpu)
+        only its number of GPUs is known."""
+        cfg = self.config(stage, rel, to_a_loss)
+        if self.planned_gpus is None:
+            return optimizations.why_cannot_run(cfg, self.device)
+        if cfg.world_size > self.planned_gpus:
+            return f"needs {cfg.world_size} GPUs, planned for {self.planned_gpus}"
+        return None
+
+    def start_up_only(self, stage, rel, to_a_loss):
+        if reason := self.cannot_run(stage, rel, to_a_loss):
+            return PROCESS_START_S, f"start-up only, then it records itself skipped: {reason}"
 
     def measured(self, stage, rel, to_a_loss):
         record = ok_record(self.own / rel)
         if record and record.get("run", {}).get("quick") and record["run"].get("wall_s"):
             return record["run"]["wall_s"], "this folder's last quick run"
 
-    def recorded(self, stage, rel, to_a_loss, folder: Path | None = None):
-        folder = folder or self.committed[0]
-        record = ok_record(folder / rel)
-        if record is None:
-            return None
-        if wall := record.get("run", {}).get("wall_s"):
-            return wall, f"{folder.name}'s wall clock"
-        m, rest = record["metrics"], TIMED_REST_S[ladder_of(stage)]
-        if m.get("seconds_mean") is not None:
-            return (
-                rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
-                f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
-            )
+    def recorded(self, stage, rel, to_a_loss):
+        return committed_figure(stage, rel, self.committed)
+
+    def elsewhere(self, stage, rel, to_a_loss):
+        return committed_figure(stage, rel, self.others)
 
     def trained_to_a_loss(self, stage, rel, to_a_loss):
-        baseline = ok_record(self.committed[0] / f"{stages_of('speed')[0]}.json")
-        if self.device != "cuda" or not to_a_loss or baseline is None:
+        if self.device != "cuda" or not to_a_loss:
             return None
-        task = rel.parts[0] == SPEEDRUN  # its records' folder: the speedrun's task, whatever the profile
-        cfg, budget = (
-            stage_config(s, self.profile, True, speedrun_task=task, device="cuda") for s in (stage, baseline["stage"])
-        )
+        baseline_rel = f"{stages_of('speed')[0]}.json"
+        folder = next((f for f in self.committed if ok_record(f / baseline_rel)), None)
+        if folder is None:
+            return None
+        baseline = ok_record(folder / baseline_rel)
+        cfg, budget = (self.config(s, rel, True) for s in (stage, baseline["stage"]))
         steps, step_s = budget.train_tokens // budget.tokens_per_step, baseline["metrics"]["step_time_s"]
         share = cpu_share(rel)
         compiles = compile_mode(cfg, torch.device("cuda")) is not None  # the rule may keep a short run eager
-        compile_s = max(self.compile_seconds(), default=0.0) if compiles else 0.0
+        compile_s = max(compile_seconds(folder), default=0.0) if compiles else 0.0
         seconds = PROCESS_START_S + compile_s + (1 + EVAL_SHARE) * steps * step_s * share
         return seconds, (
-            f"{self.committed[0].name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"
+            f"{folder.name}: speed_0's {steps} steps x {1000 * step_s:.1f} ms"
             + (f" x {share:.2f} (its cpu-cpu share)" if share != 1 else "")
             + f" + evaluations + start-up {PROCESS_START_S:g}"
             + (f" + compile {compile_s:.0f}" if compile_s else "")
         )
 
-    def compile_seconds(self):
-        for path in sorted(self.committed[0].glob("*.json")):
-            if (record := ok_record(path)) and record.get("metrics", {}).get("compile_s"):
-                yield record["metrics"]["compile_s"]
-
-    def on_two_gpus(self, stage, rel, to_a_loss):
-        processes = stage_config(stage, self.profile, to_a_loss).world_size
-        if self.device == "cuda" and self.gpus < processes:
-            return PROCESS_START_S, f"start-up only: it needs {processes} GPUs and records itself skipped"
-
-    def elsewhere(self, stage, rel, to_a_loss):
-        for folder in self.committed[1:]:
-            if found := self.recorded(stage, rel, to_a_loss, folder):
-                return found
+    def slowest(self, stage, rel, to_a_loss):
         if to_a_loss:
             return None
-        figures = [self.any_record(s, f"{s}.json") for s in stages_of(ladder_of(stage))]
+        figures = [self.any_record(s, Path(f"{s}.json")) for s in stages_of(ladder_of(stage))]
         if figures := [f[0] for f in figures if f]:
             return max(figures), f"{ladder_of(stage)}'s slowest recorded stage"
 
     def any_record(self, stage, rel):
-        """Rules 1, 2 and 5's first part: a timed stage's figure from any record of it."""
-        found = [self.measured(stage, rel, False)] + [self.recorded(stage, rel, False, f) for f in self.committed]
-        return next((f for f in found if f), None)
+        """Rules 2 to 4: a timed stage's figure from any record of it."""
+        return self.measured(stage, rel, False) or self.recorded(stage, rel, False) or self.elsewhere(stage, rel, False)
+
+    def gpu_tests(self) -> tuple[float, str]:
+        """The GPU tests' expected seconds and where they come from: this kind's committed run of them, else the cap."""
+        for folder in self.committed:
+            if (result := read_record(folder / GPU_TESTS_FILE)) and result.get("seconds"):
+                return min(result["seconds"], GPU_TESTS_CAP_S), f"{folder.name}'s run of them"
+        return GPU_TESTS_CAP_S, "their cap"
+
+
+def committed_figure(stage: str, rel: Path, folders: list[Path]) -> tuple[float, str] | None:
+    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 3)."""
+    for folder in folders:
+        record = ok_record(folder / rel)
+        if record and (wall := record.get("run", {}).get("wall_s")):
+            return wall, f"{folder.name}'s wall clock"
+        if record and (m := record["metrics"]).get("seconds_mean") is not None:
+            rest = TIMED_REST_S[ladder_of(stage)]
+            return (
+                rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
+                f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
+            )
+    return None
+
+
+def compile_seconds(folder: Path):
+    """The `compile_s` of every finished record in `folder`."""
+    for path in sorted(folder.glob("*.json")):
+        if (record := ok_record(path)) and record.get("metrics", {}).get("compile_s"):
+            yield record["metrics"]["compile_s"]
 
 
 def cpu_share(rel: Path) -> float:
@@ -251,11 +306,31 @@ class Item:
     why: str  # the rule the seconds come from
     command: str  # what runs it (its section) alone, said where the plan leaves it out
     record: Path | None = None
+    cannot_run: str | None = None  # why it cannot run here: planned whatever the room, so that its record says why
+    reflowed: bool = False  # the plan left it out, and it ran because the time left had room for it (Plan.fits_now)
+    wall_s: float | None = None  # measured, launch to exit, where it ran
+
+    def outcome(self) -> dict:
+        """The item in quick_run.json: what was planned, whether it ran, and for how long."""
+        ran = self.wall_s is not None
+        return {
+            "section": self.section,
+            "name": self.name,
+            "planned_s": round(self.seconds, 1),
+            "why": self.why,
+            "ran": ran,
+            "reflowed": self.reflowed,
+            **({"wall_s": round(self.wall_s, 1)} if ran else {}),
+        }
 
 
 @dataclass
 class Plan:
-    """A quick run's items in the order they run, and how many of them, from the first, fit in the stages' time."""
+    """A quick run's items in the order they run, and those it keeps: what fits in the stages' time, from the first.
+
+    A stage that cannot run here is kept wherever it stands, its seconds (its start-up) counted first: left out, its
+    record would say "not run" instead of why. The items left out may still run, where the time left has room for
+    them when their turn comes (`fits_now`)."""
 
     items: list[Item]
     budget_s: float  # the limit less the report's share
@@ -263,15 +338,29 @@ class Plan:
     dropped: list[Item] = field(init=False)
 
     def __post_init__(self):
-        total, n = 0.0, 0
-        while n < len(self.items) and total + self.items[n].seconds <= self.budget_s:
-            total += self.items[n].seconds
+        total = sum(item.seconds for item in self.items if item.cannot_run)
+        rest, n = [item for item in self.items if not item.cannot_run], 0
+        while n < len(rest) and total + rest[n].seconds <= self.budget_s:
+            total += rest[n].seconds
             n += 1
-        self.kept, self.dropped = self.items[:n], self.items[n:]
+        self.kept = [item for item in self.items if item.cannot_run or item in rest[:n]]
+        self.dropped = [item for item in self.items if item not in self.kept]
+
+    def item_of(self, record: Path | None) -> Item | None:
+        """The item of a stage run's record (None: the GPU tests'), or None if the plan has none."""
+        return next((item for item in self.items if item.record == record), None)
 
     def dropped_item(self, record: Path) -> Item | None:
         """The item of a stage run the plan leaves out, or None if it runs."""
-        return next((item for item in self.dropped if item.record == record), None)
+        item = self.item_of(record)
+        return item if item in self.dropped else None
+
+    def fits_now(self, item: Item, left_s: float) -> bool:
+        """Whether an item the plan left out runs after all: the time left, less the kept items after it, covers it.
+
+        The stages so far took less than planned, say. Only what comes later is counted: the items keep their order."""
+        later = self.items[self.items.index(item) + 1 :]
+        return left_s - sum(i.seconds for i in later if i in self.kept) >= item.seconds
 
     def runs(self, section: str) -> bool:
         return any(item.section == section for item in self.kept)
@@ -295,7 +384,8 @@ def print_plan(plan: Plan, limit_label: str, source: str) -> None:
 
 def gpu_tests_command() -> list[str]:
     """The GPU tests' command: `pytest -m "gpu and quick"` on tests/test_gpu.py, side by side where xdist is."""
-    cmd = [sys.executable, "-m", "pytest", "-m", GPU_TESTS_MARKERS, "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    cmd = [sys.executable, "-m", "pytest", "-m", GPU_TESTS_MARKERS, "-q", "-rs"]  # -rs: the log says why tests skipped
+    cmd += ["-p", "no:cacheprovider", "tests/test_gpu.py"]
     if importlib.util.find_spec("xdist"):  # pytest-xdist: the GPU tests side by side, as many as there are cores / 4
         cmd += ["-n", str(max(1, (os.cpu_count() or 4) // 4))]
     return cmd
@@ -321,7 +411,7 @@ def run_gpu_tests(out: Path, deadline: Deadline) -> dict:
         "seconds": round(time.monotonic() - t0, 1),
         "summary": summary if rc is not None else f"stopped at {minutes(cap)}; last line: {summary}",
     }
-    write_record(out / "gpu_tests.json", result)
+    write_record(out / GPU_TESTS_FILE, result)
     print(f"[gpu tests] {result['summary']}", flush=True)
     return result
 
@@ -331,6 +421,25 @@ def closing_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     closing = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     return (closing or lines or [""])[-1].strip("= ")
+
+
+def write_summary(out: Path, deadline: Deadline, plan: Plan, resume: bool) -> Path:
+    """<out>/quick_run.json, at a quick run's end: its limit, plan and wall clock, and each item planned and measured.
+
+    Written atomically, as a record is; a --resume into the folder adds its run to the list the earlier ones left."""
+    wall_s = time.monotonic() - deadline.start
+    ended = datetime.now(UTC)
+    run = {
+        "limit_s": deadline.limit_s,
+        "planned_s": round(sum(item.seconds for item in plan.kept), 1),
+        "started": (ended - timedelta(seconds=wall_s)).isoformat(timespec="seconds"),
+        "ended": ended.isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 1),
+        "items": [item.outcome() for item in plan.items],
+    }
+    path = out / RUN_FILE
+    earlier = (read_record(path) or {}).get("runs", []) if resume else []
+    return write_record(path, {"runs": [*earlier, run]})
 
 
 @contextmanager

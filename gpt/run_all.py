@@ -140,13 +140,16 @@ def needs_run(record: dict | None, profile: str, device: str, job: "Job | None" 
     """Whether the stage of a record must run (again): False only for a record that --resume keeps.
 
     --resume keeps a record only if it is a final answer measured with the same profile and device, and, for a
-    skipped stage, only while it still cannot run here (a library installed since, a second GPU)."""
+    skipped stage, only the stage's own, while it still cannot run here (a library installed since, a second GPU): a
+    quick run's "not run" (it had no time for the stage) is no answer, even for a stage that cannot run here."""
     if record is None or record.get("status") not in KEEP_ON_RESUME or record.get("profile") != profile:
         return True
     measured_on = record.get("device", {}).get("type") or record.get("config", {}).get("device")
     if measured_on not in (device, "auto"):
         return True
-    return record["status"] == "skipped" and job is not None and still_runs(job, profile, device)
+    if record["status"] != "skipped":
+        return False
+    return quick_run.left_out(record) or (job is not None and still_runs(job, profile, device))
 
 
 def still_runs(job: "Job", profile: str, device: str) -> bool:
@@ -398,7 +401,10 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
                 reason = f"exit code {rc} without a record: {last_line(log)}"
             record = failed_record(job, profile, device, reason)
             write_record(path, record)
-        quick_run.mark(path, time.monotonic() - t0, deadline is not None)
+        wall_s = time.monotonic() - t0
+        quick_run.mark(path, wall_s, deadline is not None)
+        if args.plan and (item := args.plan.item_of(path)):
+            item.wall_s = wall_s
         failures += record.get("status") == "failed"
         print(
             f"{cr}{prefix} {outcome(record)}  ({clock(time.monotonic() - t0)}, "
@@ -410,10 +416,15 @@ def run_stages(jobs: list[Job], args, profile: str, device: str, out: Path, prog
 
 
 def not_run_reason(args, record: Path) -> str | None:
-    """Why a quick run does not run a stage: its plan left it out, or its limit came first; None: it runs."""
+    """Why a quick run does not run a stage: no room in its plan or in the time left, or its limit came; None: it runs.
+
+    A stage the plan left out runs after all where the stages before it took less than planned (Plan.fits_now)."""
     deadline, plan = args.deadline, args.plan
     if plan and (item := plan.dropped_item(record)):
-        return quick_run.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+        if not plan.fits_now(item, deadline.left()):
+            return quick_run.NOT_PLANNED.format(limit=deadline.label, command=item.command)
+        item.reflowed = True
+        print(f"   time left: running {item.name}, which the plan left out", flush=True)
     if deadline and deadline.passed():
         return quick_run.NOT_RUN.format(limit=deadline.label)
     return None
@@ -650,7 +661,7 @@ def run(args, device: str, profile: str, out: Path) -> int:
         machine_cache.forget(name)
     with quick_run.one_compile_cache(out) if args.quick else contextlib.nullcontext():
         if args.plan and args.plan.runs(quick_run.GPU_TESTS):
-            quick_run.run_gpu_tests(out, args.deadline)
+            args.plan.item_of(None).wall_s = quick_run.run_gpu_tests(out, args.deadline)["seconds"]
         failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
@@ -661,31 +672,36 @@ def run(args, device: str, profile: str, out: Path) -> int:
         run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
     write_results(args, out, profile, device, interrupted)
+    if args.quick:
+        print(f"   its plan and wall clocks: {quick_run.write_summary(out, args.deadline, args.plan, args.resume)}")
     return 130 if interrupted else 1 if failures else 0
 
 
 def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     """A quick run's plan, printed: its GPU tests and stage runs in order, each with its expected seconds.
 
-    On a GPU the committed records of its kind (--gpu: the one named), elsewhere those of its profile and device. The
-    GPU tests come only in a run of every quick section. With --resume the stage runs it keeps cost nothing."""
+    On a GPU the committed records of its kind (--gpu: the one named), newest first, then the other kinds'; elsewhere
+    those of its profile and device. The GPU tests come only in a run of every quick section. With --resume the stage
+    runs it keeps cost nothing."""
     kind = args.gpu or (quick_run.gpu_kind(torch.cuda.get_device_name()) if device == "cuda" else None)
-    gpus = 1 if args.gpu else torch.cuda.device_count()
-    folders = quick_run.committed_folders(profile, device, kind)
-    figures = quick_run.Figures(out, folders, profile, device, gpus)
+    committed, others = quick_run.committed_folders(profile, device, kind)
+    figures = quick_run.Figures(out, committed, profile, device, others, planned_gpus=1 if args.gpu else None)
     items = []
     if device == "cuda" and not args.only:
         command = quick_run.gpu_tests_command()
         name, command = shlex.join(["pytest", *command[3:]]), shlex.join(command)  # [python, -m, pytest, ...]
-        items.append(quick_run.Item(quick_run.GPU_TESTS, name, quick_run.GPU_TESTS_CAP_S, "its cap", command))
+        items.append(quick_run.Item(quick_run.GPU_TESTS, name, *figures.gpu_tests(), command))
     for section, job in planned_jobs(args, profile, out):
         if args.resume and not needs_run(read_record(job.record), profile, device, job):
             continue
-        seconds, why = figures.seconds(job.stage, job.record.relative_to(out), job.to_a_loss)
-        items.append(quick_run.Item(section, job.name, seconds, why, rerun_command(args, section), job.record))
+        rel, command = job.record.relative_to(out), rerun_command(args, section)
+        seconds, why = figures.seconds(job.stage, rel, job.to_a_loss)
+        cannot_run = figures.cannot_run(job.stage, rel, job.to_a_loss)
+        items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
     plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
-    source = f"{kind or device}'s records (records/{folders[0].name})"
+    folders = ", ".join(f"records/{folder.name}" for folder in committed) or "none"
+    source = f"{kind or device}'s records ({folders})" + (", then other GPUs'" if others else "")
     quick_run.print_plan(plan, quick_run.minutes(60 * limit_min), source)
     return plan
 

@@ -18,6 +18,7 @@ from record_schema import record_problems
 
 from gpt import run_all
 from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
+from gpt.quick_run import NOT_PLANNED
 from gpt.records import record_path, write_record
 from gpt.report.document import write_report
 
@@ -606,6 +607,21 @@ def test_resume_reruns_a_skipped_stage_whose_reason_no_longer_holds(tmp_path, mo
     assert not run_all.needs_run(fake_record("fast_6_chunked_loss", status="oom"), "smoke", "cpu", job)
 
 
+def test_resume_runs_a_stage_a_quick_run_had_no_time_for_even_where_it_cannot_run():
+    """A quick run's "not run" of a stage that cannot run here is no answer: --resume runs it, and it says why.
+
+    Its own "skipped" record is kept while the reason holds (on one GPU, records/h100-2026-11-27 kept speed_6_ddp's "no
+    room in the plan" instead)."""
+    job = run_all.ladder_jobs(["speed_6_ddp"], Path("/tmp"))[0]
+    why = "needs 2 GPUs, found 1"
+    command = "./run_all.sh --quick --only speed --resume"
+    not_run = fake_record("speed_6_ddp", "skipped", reason=NOT_PLANNED.format(limit="7 min 0 s", command=command))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(run_all.optimizations, "why_cannot_run", lambda cfg, device_type: why)
+        assert run_all.needs_run(not_run, "smoke", "cpu", job)
+        assert not run_all.needs_run(fake_record("speed_6_ddp", "skipped", reason=why), "smoke", "cpu", job)
+
+
 STUB = textwrap.dedent("""
     # a stand-in for a stage script: copy the prepared record, or fail the way the test asks
     import os, signal, sys
@@ -823,15 +839,42 @@ def test_a_quick_run_keeps_its_limit_marks_its_records_and_publishes_nothing(
     assert (quick_out / "calls.txt").read_text().split() == speed[:2] + speed[1:]
 
 
+def advancing_clock(monkeypatch, seconds_a_stage: float) -> None:
+    """A quick run's clock that moves only as its stages run, `seconds_a_stage` each (a stub stage takes none)."""
+    spent = [0.0]
+    real = run_all.run_stage
+
+    def run_stage(cmd, log, show, deadline=None):
+        spent[0] += seconds_a_stage
+        return real(cmd, log, show)
+
+    monkeypatch.setattr(run_all, "run_stage", run_stage)
+    monkeypatch.setattr(run_all.quick_run.Deadline, "left", lambda self: self.limit_s * (1 - self.reserve) - spent[0])
+
+
+def quick_speed_ladder(stub_stages, monkeypatch, seconds_a_stage: float) -> list[str]:
+    """The arguments of a quick run of the speed ladder's stub stages in 2 minutes (114 s for the stages).
+
+    Each stage is planned at a minute (a stage that cannot run here at its start-up) and takes `seconds_a_stage`."""
+    out, behave, _ = stub_stages
+    for stage in stages_of("speed"):
+        behave(stage, "ok", fake_record(stage))
+    monkeypatch.setattr(
+        run_all.quick_run.Figures,
+        "seconds",
+        lambda self, stage, rel, to_a_loss: self.start_up_only(stage, rel, to_a_loss) or (60.0, "a minute"),
+    )
+    advancing_clock(monkeypatch, seconds_a_stage)
+    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]
+    return args + ["--out", str(out), "--wandb", "disabled"]
+
+
 def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs_it(stub_stages, monkeypatch):
     """The stage runs a quick run's plan has no room for are never started, and their records say how to run them."""
-    out, behave, calls = stub_stages
+    out, _, calls = stub_stages
     speed = stages_of("speed")
-    for stage in speed:
-        behave(stage, "ok", fake_record(stage))
-    monkeypatch.setattr(run_all.quick_run.Figures, "seconds", lambda self, stage, rel, to_a_loss: (60.0, "a minute"))
-    args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]
-    assert run_all.main(args + ["--out", str(out), "--wandb", "disabled"]) == 0  # 114 s for the stages: one fits
+    args = quick_speed_ladder(stub_stages, monkeypatch, 60.0)  # as planned: no time left for what the plan left out
+    assert run_all.main(args) == 0  # 114 s for the stages: one fits
     assert calls() == speed[:1]
     command = f"./run_all.sh --quick --only speed --profile smoke --device cpu --out {out} --wandb disabled --resume"
     for stage in speed[1:]:
@@ -840,6 +883,71 @@ def test_a_quick_run_records_what_its_plan_leaves_out_with_the_command_that_runs
         assert (
             record["reason"] == f"not run: the quick run's plan for 2 min 0 s had no room for it (`{command}` runs it)"
         )
+
+
+def test_a_quick_run_runs_what_its_plan_left_out_where_time_is_left_and_records_its_timing(
+    stub_stages, monkeypatch, capsys
+):
+    """Reflow: a stage the plan left out runs where the time left covers it; <out>/quick_run.json says how it went.
+
+    At a minute a stage, 2 minutes (114 s for the stages) plan speed_0 alone; the stages take 30 s, so speed_1 runs
+    too (84 s left), and speed_2 (54 s left) is recorded as not run. quick_run.json holds the limit, the plan, the wall
+    clock and each item, planned and measured; a --resume into the folder adds its run, a fresh run starts the list."""
+    out, behave, calls = stub_stages
+    speed = stages_of("speed")
+    args = quick_speed_ladder(stub_stages, monkeypatch, 30.0)
+    assert run_all.main(args) == 0
+    assert calls() == speed[:2]
+    assert "   time left: running speed_1_batch_size, which the plan left out" in capsys.readouterr().out.splitlines()
+    reason = json.loads((out / "speed_2_num_workers.json").read_text())["reason"]
+    assert reason.startswith("not run: the quick run's plan for 2 min 0 s had no room for it")
+    (run,) = json.loads((out / "quick_run.json").read_text())["runs"]
+    assert run["limit_s"] == 120 and run["planned_s"] == 60 and 0 <= run["wall_s"] < 60
+    assert run["started"] <= run["ended"] and run["ended"].endswith("+00:00")
+    ran = [(item["name"], item["ran"], item["reflowed"], "wall_s" in item) for item in run["items"]]
+    assert ran == [(speed[0], True, False, True), (speed[1], True, True, True)] + [
+        (s, False, False, False) for s in speed[2:]
+    ]
+    assert run["items"][0] | {"wall_s": 0} == {
+        "section": "speed",
+        "name": speed[0],
+        "planned_s": 60,
+        "why": "a minute",
+        "ran": True,
+        "reflowed": False,
+        "wall_s": 0,
+    }
+
+    assert run_all.main(args + ["--resume"]) == 0  # the clock at 60 s: speed_2, planned, runs
+    first, second = json.loads((out / "quick_run.json").read_text())["runs"]
+    assert first == run and [(item["name"], item["ran"]) for item in second["items"][:2]] == [
+        (speed[2], True),
+        (speed[3], False),
+    ]
+    for stage in speed:
+        behave(stage, "ok", fake_record(stage))
+    assert run_all.main(args) == 0  # not resumed: a new list
+    assert len(json.loads((out / "quick_run.json").read_text())["runs"]) == 1
+
+
+def test_a_quick_run_starts_a_stage_that_cannot_run_here_whatever_its_room_so_its_record_says_why(
+    stub_stages, monkeypatch, capsys
+):
+    """A stage that cannot run here is in a quick run's plan wherever it stands, at its start-up: its record says why.
+
+    On one GPU speed_6_ddp (two processes) was recorded "not run: no room in the plan" (records/h100-2026-11-27)."""
+    out, behave, calls = stub_stages
+    speed, why = stages_of("speed"), "needs 2 GPUs, found 1"
+    args = quick_speed_ladder(stub_stages, monkeypatch, 60.0)
+    behave("speed_6_ddp", "ok", fake_record("speed_6_ddp", "skipped", reason=why))
+    monkeypatch.setattr(
+        run_all.optimizations, "why_cannot_run", lambda cfg, device: why if cfg.world_size > 1 else None
+    )
+    assert run_all.main(args) == 0
+    assert calls() == [speed[0], "speed_6_ddp"]  # 114 s: speed_0 and speed_6's start-up; 54 s left then
+    assert json.loads((out / "speed_6_ddp.json").read_text())["reason"] == why
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "speed: speed_6_ddp" in line]
+    assert line.split()[:2] == ["10", "s"] and line.endswith(f"records itself skipped: {why})")
 
 
 @pytest.mark.slow
