@@ -1,40 +1,8 @@
 """The memory planner's estimator: a stage's peak memory, predicted by running its training code on fake tensors.
 
-The stage's own code runs: gpt.train.build_model builds the model with the stage's optimizations and
-gpt.train.train_step trains it, twice, under FakeTensorMode. Fake tensors have shapes, dtypes and devices but
-no storage, so a 774M-parameter model "trains" in seconds without allocating its memory. During the second
-step a MemTracker (gpt/peak_memory.py) adds up the bytes every tensor would hold while it is alive, by category
-(parameters, gradients, optimizer state, activations, temporaries), and keeps the peak. The second step is
-every later step: AdamW's state exists from the first step's end on, as do the gradients if the training
-loop keeps them across steps; the first step, without them, peaks lower.
-
-Two targets:
-- cpu: the quantity a CPU run measures (gpt/protocol.py: MemTracker over one step after the warm-up), so the
-  estimate can be checked against real runs on this machine (`python -m gpt.memory compare`).
-- cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
-  CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
-  allocator rounds every allocation up to a multiple of 512 bytes, CUDA's dropout kernel keeps a 1-byte
-  mask for backward where the CPU's keeps its 4-byte float noise, SDPA with dropout runs CUDA's flash or
-  memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights, and
-  autocast casts by CUDA's op lists (softmax in float32: the explicit attention's probabilities take 4 bytes an
-  element, where CPU autocast keeps bf16). The other ops of this model (matmuls, layer norm, GELU,
-  cross-entropy, AdamW) keep the same tensors on both devices. cuBLAS's workspaces are added
-  (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
-  blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
-  the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
-
-Distributed stages are estimated for one rank. FSDP runs with a fake process group of the given world size
-(collectives move no data; every shape is right). DDP's C++ reducer reads parameter data, which fake tensors
-lack, so a DDP stage runs as its single-process rank, and on CUDA DDP's gradient buckets (one more copy of
-the gradients, allocated when DDP wraps the model) are added; the CPU measurement does not see them either.
-torch.compile is not simulated: a compiled stage is estimated eager (its CPU measurement runs eager under the
-tracker too). On CUDA the compiled graphs replay in a pool of their own that holds what the eager step holds
-at its peak, less what Inductor's fusions never write; compare holds a CUDA-graph stage's estimate against the
-peak that includes the pool (planner.compared_peak), and on the H100 records the eager estimate lands within
-a few percent of it: Inductor's memory plan is left unmodelled.
-
-Real CUDA allocator snapshots (torch.cuda.memory._dump_snapshot) are read by gpt/allocator_snapshot.py, and the
-simulated step is written in their format by gpt/memory/recorder.py.
+It runs the stage's own build_model and train_step, twice, under FakeTensorMode, with a MemTracker over the
+second step; for a CUDA target with CUDA's rules applied. How, and what it leaves out:
+docs/memory-planner.md#how-an-estimate-is-made.
 
 Usage: `python -m gpt.memory estimate|reference|fit|compare|snapshot --help` (gpt/memory/__main__.py).
 """
@@ -62,9 +30,7 @@ from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt.train import build_model, train_step
 
 TARGET_DEVICES = ("cuda", "cpu")  # whose memory an estimate predicts
-# cuBLAS takes a workspace from the caching allocator for each thread that runs matmuls, the forward's and the
-# autograd engine's, and keeps it: 32 MiB each on Hopper. Seen as two 32 MiB blocks in the reference's H100
-# snapshots, and as the 'other' (65 MiB) of every CUDA record of shared/reference/h100-2026-11-24.
+# cuBLAS keeps a workspace per thread that runs matmuls (the forward's, the autograd engine's): 32 MiB on Hopper.
 CUBLAS_WORKSPACES_MIB = 2 * 32.0
 SIM_DEVICE = torch.device("cpu")  # where the fake tensors live, whatever the target
 

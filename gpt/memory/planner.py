@@ -1,27 +1,8 @@
 """The planner's three checks: the documented reference ladder, the largest model that fits a budget, measured runs.
 
-The last compares the estimates with this machine's measured runs.
-
-The documented peaks were measured with the reference's code, a modified minGPT. Where that code differs
-from this project's in a way that changes memory, the difference is emulated here, on top of this project's
-model and training step (gpt/model.py and gpt/train.py stay as they are):
-- NewGELU: minGPT writes the tanh GELU as Python ops, 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))). Autograd
-  then keeps what each op needs for its own backward: besides the input and the output, which F.gelu's
-  caller keeps too, the tanh output, 0.5*x and 1+tanh(..), three more tensors 4*n_embd wide per layer.
-  The MLP's activation is swapped for it.
-- Gradient lifetime: minGPT's trainer calls zero_grad(set_to_none=True) after the forward pass, right before
-  backward, where this project's calls it after the optimizer step. So in the reference the previous step's
-  gradients stay allocated through the next forward pass, whose end is the peak without checkpointing. (Its
-  gradient accumulation zeroes inside the micro-batch loop: the same pattern per micro-batch.)
-- Embedding lookups: minGPT's GPT.forward keeps its token and position embeddings (tok_emb, pos_emb) as local
-  variables until it returns, where this project adds them inline and frees them at once: one batch x block x
-  n_embd tensor more at the peak. Its H100 snapshots show them alive there.
-The snapshots (read by gpt/allocator_snapshot.py) check all three: what was alive at their peaks, by category, is
-compared with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an
-untied lm_head (65 x 1280 more parameters, gradients and moments), float causal masks (bool here), the allocator's
-blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/estimator.py).
-What the figures of `reference_figures` mean, and what they rule in and out about the documented peaks, is
-gpt/memory/README.md.
+The reference's code (a modified minGPT) differs from this project's in three ways that change memory: its NewGELU,
+its gradient lifetime and its embedding locals. Each is emulated here, on top of this project's model and training
+step (`as_reference`); what they are, and what `reference_figures` mean: gpt/memory/README.md.
 """
 
 import math
