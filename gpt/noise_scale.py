@@ -5,28 +5,8 @@ ladder's batch and learning rate.
 
     python -m gpt.noise_scale --profile cpu --out noise_scale_cpu.json --batches 12,24,48,96,192
 
-The estimator: a batch of B samples has gradient G_B = G + noise of covariance Sigma/B, so E|G_B|^2 = |G|^2 +
-tr(Sigma)/B. From the squared norms of a small and a big batch (B_small, B_big), unbiased estimates of both terms:
-
-    |G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
-    S = tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
-
-Each is too noisy for one step (the |G|^2 estimate is often negative), so both are averaged over steps *apart*, and
-only then divided: B_simple = S / |G|^2 (a mean of per-step ratios is dominated by the steps whose |G|^2 estimate is
-near zero). The practical trick: every step trains its batch as two micro-batches (the halves; gradient accumulation
-x2, the same AdamW update up to float rounding), and a hook on each parameter reads the gradient after the first
-half and after both: |G_small|^2 is the mean of the halves' squared norms, |G_big|^2 the whole batch's. Nothing is
-read back during training: the squared norms stay on the device until the run ends.
-
-The choice: the steps to a loss follow S(B) = S_min (1 + B_noise/B) (the paper's eq. 2.11), so the time to the
-target is proportional to (1 + B_noise/B) t(B), with t(B) the step time measured on this device; the batch that
-minimises it is the recommendation, with the learning rate scaled by the square-root rule for Adam (Malladi et al.
-2022, Hoffer et al. 2017) as the starting point of a sweep, and beta2 keeping its half-life in tokens.
-B_noise is read over the last quarter of the baseline's run (READ_FROM): the noise scale grows as the loss falls,
-and the speedrun's target is the baseline's final loss, which the run spends its last, slowest stretch reaching;
-the plain means over that window (the averages still kept apart) are steadier than the moving average's last value.
-B_simple equals B_noise = tr(H Sigma) / G^T H G when the Hessian H is a multiple of the identity; for Adam it is a
-guide, not a law: the speedrun stage checks the choice by its time to the target.
+The estimator (the halves' and the whole batch's squared gradient norms, averaged over steps apart, then divided),
+the window it is read over and the batch it chooses: docs/speedrun.md#choosing-the-batch-from-a-measurement.
 """
 
 import argparse
