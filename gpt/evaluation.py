@@ -1,25 +1,10 @@
 """The validation loss a stage is judged by when it trains to a loss (gpt/time_to_loss.py).
 
-A fixed set of held-out windows: `eval_windows` windows of block_size + 1 tokens of the prepared `val` split, their
-starts drawn by a generator of their own seeded with EVAL_SEED, so every stage, every seed and every run of a
-profile is evaluated on the same text, and drawing them touches no random state of training. The loss is the full
-cross-entropy in fp32 from the model's logits, whatever loss the stage trains with (a chunked bf16 loss is off by
-up to ~1%, README), computed in `model.eval()` under `torch.no_grad()` with the stage's autocast, on the training
-device. Under DDP/FSDP every rank evaluates its share (the same number of batches on each, as FSDP's collectives
-need) and the sums are all-reduced.
-
-A run that stops at its target (the speedrun's stages, cfg.stop_at_target) need not read every window while its
-loss is clearly above the target: `TowardTarget` first reads an estimate on the first ESTIMATE_SHARE-th of each
-process's windows, and reads the rest too (the full windows: the full evaluation's batches and sums) whenever the
-estimate's prediction of the full windows' loss, less MARGIN_SE of its standard errors and less its fall since the
-previous evaluation, is at or below the target. The prediction pairs the estimate with the last full evaluation, on
-the same windows: the full windows' loss then, moved by the estimate's windows' mean change since (a window's loss
-changes far less from window to window than it differs, so the standard error is that of the changes; before any full
-evaluation, the estimate's own mean and spread). The target is only ever declared reached on the full windows, and
-at the evaluation that reading every window every time would declare it, unless the estimate's windows fell by less
-than all the windows did by more than MARGIN_SE standard errors (plus that fall): for a normal spread, a chance of
-about 3e-5 per evaluation (tests/test_time_to_loss.py: constructed cases). The same loop (`train_and_evaluate`)
-serves training to a loss and the noise scale (gpt/noise_scale.py).
+A fixed set of held-out windows (their own seed, EVAL_SEED), the full fp32 cross-entropy whatever loss the stage
+trains with, in `model.eval()` under `torch.no_grad()` with the stage's autocast; under DDP/FSDP every rank evaluates
+an equal share and the sums are all-reduced. A run that stops at its target reads an estimate on a quarter of the
+windows while it is clearly above it (`TowardTarget`). How, and why the target is still declared where reading every
+window would: docs/time-to-loss.md. The same loop (`train_and_evaluate`) serves the noise scale (gpt/noise_scale.py).
 """
 
 import math

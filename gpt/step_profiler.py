@@ -3,22 +3,9 @@
 The phases are labelled in the training loop; the steps are profiled after the timed repeats; the trace opens in
 Perfetto; the time breakdown is computed from the trace's events.
 
-Phases. `step_phase(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
-"ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
-profiler runs: entering and leaving a record_function costs a dispatcher call and an object even with no
-profiler, the check far less (docs/design.md, "The figures behind the rules"), so the timed repeats pay nothing
-measurable for the labels.
-
-Breakdown. Every instant of the profiled steps' wall time goes to exactly one category, so the shares add up
-to 100% (`attribute`, pure interval arithmetic):
-- CPU: the phase the training thread was in; "communication" when that thread was inside a collective call
-  (c10d ops, FSDP's all-gather and reduce ranges) or ran no operator at all while a collective was in
-  flight on gloo's threads (DDP waiting for its all-reduce); "other" outside every phase (the loop itself).
-- CUDA: what the GPU was doing. A running kernel (or copy) goes to the phase that launched it (the launch's
-  correlation id), NCCL kernels to "communication" only when no other kernel runs beside them (exposed
-  communication). With nothing running on the GPU: "data" or "copy" if the host was waiting for the next
-  batch or in the copy, "communication" if it was inside a collective call, else "gpu_idle": the queue ran
-  dry (kernel launches and Python too slow to keep the GPU busy).
+`step_phase` labels a phase only while a profiler runs (the labels' cost: docs/design.md#the-figures-behind-the-rules).
+Every instant of the profiled steps goes to exactly one category (`attribute`), so the shares add up to 100%; the
+rules, on a CPU and on CUDA: docs/measurement.md#where-the-time-goes.
 """
 
 import bisect

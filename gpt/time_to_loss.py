@@ -6,24 +6,8 @@ first step and at the end), and the time to a target validation loss read from t
 
 The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
 evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
-evaluation only: no `.item()` and no synchronisation between two of them.
-
-    record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
-        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr (AdamW's), and
-        muon_lr (Muon's) where Muon updates the blocks' matrices
-        windows, estimate: how many validation windows the point read, and whether that is fewer than all of them:
-        a run that stops at its target reads an estimate on a quarter of them while its loss is clearly above
-        the target, never at or near it, and records its prediction of every window's loss (gpt/evaluation.py:
-        TowardTarget); `estimates` counts those
-        points, `windows_evaluated` the windows read in all
-    startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
-        the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the next two (the
-        graphs' recording, their first replay), each timed on its own (gpt/optimizations/compilation.py:startup_steps)
-    target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
-    the process's wall clock, split (each None where the OS does not give the process's start, gpt/clocks.py):
-        import_setup_s (the process's start to the training's set-up: imports, arguments, the process group),
-        setup_s (the set-up: data, model with its run-time measurements, optimizer, validation windows), then
-        startup_s (compilation), train_seconds, eval_seconds, and process_s (the process's start to the record)
+evaluation only: no `.item()` and no synchronisation between two of them. The record's keys:
+docs/records.md#the-json-record.
 """
 
 import time

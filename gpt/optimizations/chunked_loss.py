@@ -9,28 +9,9 @@ Three maintained implementations compute it; which ones a machine has depends on
     cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
 
 The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first of IMPLEMENTATIONS available
-on the device; the model's config and the record (choices.loss_impl) name the one that ran.
-
-All three give the loss and gradients of the full loss up to float summation order
-(tests/optimizations/test_chunked_loss.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
-- the padded vocabulary's rows get probability 0: a -inf logit bias (torch, liger), or, for Cut
-  Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
-  with the bias);
-- Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
-- the head's weight gradient: liger accumulates it in fp32 (accum_dtype); Cut Cross-Entropy adds its blocks'
-  input and weight gradients into buffers of the input's dtype (cut-cross-entropy 25.1.1, cce_backward.py: no
-  fp32 option), so in bf16 its gradients are further from fp32's than the bf16 full loss's (measured on an H100:
-  tests/test_gpu.py); torch adds each chunk's weight
-  gradient into a buffer of the input's dtype, bf16 under bf16 autocast, with its default policy on CUDA
-  ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
-  gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks, measured at
-  fast_6's reference shape (128 chunks) by
-  tests/optimizations/test_chunked_loss.py:test_bf16_chunked_weight_gradient_at_the_stages_shape.
-Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
-
-Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS
-keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
-available at a stage's shape; its figures decide the order.
+on the device (PyTorch's own first: which is fastest on a GPU is `python -m gpt.bench_loss`'s to say). All three give
+the full loss's loss and gradients up to float summation order; how each gets there, and its bf16 weight gradient:
+docs/design.md#beyond-the-book-the-fast-and-lean-ladders.
 """
 
 import dataclasses
@@ -159,7 +140,8 @@ def chunked_cross_entropy(
 ) -> torch.Tensor:
     """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`) against `targets`, without the full logits.
 
-    `padding_bias` is -inf on the rows past `vocab_size`. Computed by implementation `impl` (resolved if "auto")."""
+    `padding_bias` is -inf on the rows past `vocab_size`. Computed by implementation `impl` (resolved if "auto");
+    autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly."""
     device_type = x.device.type
     impl = resolve(impl, device_type) if impl == "auto" else impl
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype

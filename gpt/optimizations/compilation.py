@@ -43,14 +43,7 @@ class CompileCost:
         return round(self.cold_s / self.saving_per_step_s)
 
 
-# Committed per kind of device, where compile_if_it_pays weighs them (docs/design.md, "The figures behind the rules").
-# cpu: measured at the speedrun's shape on a 2-core EPYC: 40.5 s of compiling and timing compiled kernels, 13.5 ms
-# saved a step: 3,000 steps. cuda: nothing measured at the speedrun's shape; a rule from speed_4_compile's records
-# (GPT-mini, 32,768 tokens a step, cold caches, CUDA graphs): compile_s 17.8 s on an H200 (23.1 s on an H100), and its
-# median step 9.1 ms shorter than speed_3's on the H100 (8.1 ms on the H200). The cheaper compilation and the larger
-# saving, taken as an upper bound for the speedrun's smaller model (4 layers of 128 against 6 of 192: fewer kernels to
-# fuse and fewer launches for a graph to replay), both err towards compiling: a CUDA run of fewer than 17.8 / 0.0091
-# = 1,956 steps stays eager.
+# Committed per kind of device; the measurements behind both: docs/design.md#the-figures-behind-the-rules.
 COMPILE_COSTS = {
     "cpu": CompileCost(40.5, 0.0135, "measured: speedrun_11 on a 2-core EPYC, docs/design.md"),
     "cuda": CompileCost(
