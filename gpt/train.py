@@ -27,7 +27,7 @@ from gpt.optimizations.host_memory import keep_freed_host_memory
 from gpt.optimizations.muon import make_muon
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision
-from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
+from gpt.optimizations.schedule import set_learning_rates
 from gpt.run_choices import RunChoices
 from gpt.run_choices import resolve as resolve_choices
 from gpt.step_profiler import step_phase
