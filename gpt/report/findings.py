@@ -1,7 +1,7 @@
 """The report's findings under each ladder's table, all read from the records.
 
-The largest gain, the overall change, why a stage did not help (its optimization's own measured reason:
-gpt/optimizations), noisy timings, compilation's cost, and how the figures were measured."""
+Why a stage did not help (its optimization's own measured reason: gpt/optimizations), noisy timings, compilation's
+cost, and how the figures were measured."""
 
 import math
 from pathlib import Path
@@ -66,20 +66,11 @@ def changes(rungs: list[Rung], key: str) -> list[tuple[Rung, float]]:
 
 
 def speed_findings(rungs: list[Rung]) -> list[str]:
-    """What the speed table does not show: the highest MFU, stages that did not help and why, compilation's cost.
+    """What the speed tables do not show: stages that did not help and why, compilation's cost.
 
-    The largest gain is the summary's, the change from the baseline the table's 'vs baseline' column."""
+    The largest gain is the summary's, the change from the baseline and the MFU the tables' columns."""
     steps = changes(rungs, "seconds_mean")
     lines = []
-    best_mfu = max(
-        (r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"), default=None
-    )
-    if best_mfu:
-        lines.append(
-            f"Highest MFU: `{best_mfu.stage}`, {best_mfu.m('mfu_pct'):.1f}% of the peak of the dtype it "
-            f"computes in ({best_mfu.m('peak_flops_source')}), {best_mfu.m('mfu_fastest_pct'):.1f}% of "
-            f"the device's fastest ({best_mfu.m('peak_flops_fastest_source')})."
-        )
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect") and not time_line(r, time_goal=True):
             lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")

@@ -333,24 +333,14 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     """The whole section; [] when the run has no speedrun record."""
     if not sr.ran:
         return []
-    target = (
-        f"{sr.target:.3f}, the highest final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"
-        if sr.target is not None
-        else "none: a seed of the baseline did not finish"
-    )
     lines = [
         "",
         "## Speedrun",
         "",
-        f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings, "
-        "each with one change more than its parent, and is judged by its training seconds to the target, "
-        f"{target} (a loss each of them reaches: the mean would fail a stage that keeps the model on about half "
-        f"its seeds, as it fails half of `{BASELINE}`'s). `{BASELINE}`'s seeds are timed to it the same way, "
-        "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
-        "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
-        "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
-        "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried "
-        "and dropped, with their figures, are in docs/speedrun.md's log.",
+        f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings "
+        "with one change more than its parent, holds only if every seed it trained with reaches the target, and "
+        "stops at its first evaluation at or below it (its curve ends there). Why the target is the worst seed's "
+        "final loss, and the changes tried and dropped: docs/speedrun.md.",
         "",
     ]
     lines += speedrun_table(sr) + ["", columns_line("speedrun")]
