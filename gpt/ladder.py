@@ -73,23 +73,11 @@ LADDERS: dict[str, Ladder] = {
     ladder.name: ladder
     for ladder in (
         Ladder("speed", goal="time", to_a_loss="also"),
-        # Beyond the book: today's standard optimizations, one at a time. The order, and why:
-        # 1. remove the host-side work first (data), so every later stage is measured with the device fed;
-        # 2. then the precision practitioners train in (bf16, no loss scaling; TF32), so the kernel-level stages
-        #    after it are measured in that precision;
-        # 3. then the kernels, in build-nanogpt's order: fused attention, padded vocabulary, fused AdamW;
-        # 4. last the chunked loss, which changes how the output layer computes rather than what it computes.
+        # beyond the book, in an order with its reasons: docs/design.md#beyond-the-book-the-fast-and-lean-ladders
         Ladder("fast", goal="time", to_a_loss="also", starts_from="speed_5_amp"),
         Ladder("memory", goal="memory", to_a_loss="never"),
-        # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
-        # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
-        # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
         Ladder("lean", goal="memory", to_a_loss="never", starts_from="memory_4_fsdp"),
-        # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to
-        # speed_0's final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep
-        # the model (their gain per sample should carry over whole at the baseline's batch), then the training
-        # changes, each kept only where it reached the target sooner than its parent on every seed; what was tried is
-        # logged there.
+        # The speedrun: speed_0's model, sooner; its order and what was tried: docs/speedrun.md
         Ladder("speedrun", goal="time", to_a_loss="only", starts_from="speed_0_baseline"),
     )
 }

@@ -91,15 +91,8 @@ MEMORY_METHODS = {
 def memory_method(device: torch.device, compile_mode: str | None) -> str:
     """How a run's peak memory is measured: a key of MEMORY_METHODS.
 
-    CUDA graphs (compile mode "reduce-overhead") are recorded during warm-up into a private memory pool. A
-    replay runs the recorded kernels on that pool's memory without asking the allocator, so what the graphs
-    keep (activations, gradients, their scratch) is not counted by max_memory_allocated once warm-up is over,
-    and a CUDA-graph stage would report a drop in memory that is not real. max_memory_reserved counts every
-    segment the allocator holds from the device, the graph pool whole: what the stage takes from the GPU, and
-    what decides an out-of-memory error. (The pool's size plus the eager peak would be tighter, but the blocks
-    the pool hands out are also counted as allocated, and the sum is not a state the GPU was ever in.) Eager
-    CUDA stages keep max_memory_allocated, as the reference measured; every CUDA record carries both figures,
-    so the report can compare a CUDA-graph stage with its eager parent on the same one."""
+    CUDA graphs replay in a private pool that max_memory_allocated does not see, so a CUDA-graph stage gives the
+    reservation; eager CUDA stages the allocated peak, as the reference measured (docs/measurement.md, peak memory)."""
     if device.type != "cuda":
         return "memtracker"
     return "cuda_max_reserved" if compile_mode == "reduce-overhead" else "cuda_max_allocated"
@@ -159,12 +152,7 @@ def downsample(xs: list[float], n: int) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# one step recorded by the CUDA caching allocator
-#
-# torch.cuda.memory._record_memory_history makes the allocator log every allocation and free; _snapshot()
-# returns that log ('device_traces') and the blocks alive at the end ('segments'): the pickle that
-# pytorch.org/memory_viz opens. gpt/allocator_snapshot.py reads it (the planner reads the reference's snapshots
-# with the same code): the timeline and the breakdown at the peak, with each block placed by the step's marks.
+# one step recorded by the CUDA caching allocator, read by gpt/allocator_snapshot.py with the step's own marks
 
 MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 (3,726 allocations)
 
