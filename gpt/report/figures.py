@@ -11,7 +11,7 @@ from pathlib import Path
 from gpt.committed_records import NOTE, PUBLISHED
 from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.records import read_record
-from gpt.report.plots import pyplot, short
+from gpt.report.plots import pyplot, save_figure, short
 from gpt.report.rows import MACHINE_FILE, Rung, display, ladders_of, load_records, ok
 from gpt.report.speedrun import BASELINE as SPEEDRUN_BASELINE
 from gpt.report.speedrun import Speedrun
@@ -98,9 +98,7 @@ def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
     ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)", labelpad=30)
     ax.set_title("Per-sample speedup against speedup to the target, stage by stage")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -192,9 +190,7 @@ def plot_machines(series: list[tuple[str, dict[str, float]]], stages: list[str],
     ax.set_title("One change across machines: each stage's time against the stage above")
     ax.grid(axis="y", color="0.9")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:

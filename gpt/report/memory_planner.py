@@ -10,7 +10,7 @@ from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
 from gpt.record_reuse import reused_note
 from gpt.records import read_record
-from gpt.report.plots import pyplot, short, stacked_memory_bars
+from gpt.report.plots import pyplot, save_figure, short, stacked_memory_bars
 
 
 def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
@@ -115,9 +115,7 @@ def plot_reference(ref: dict, path: Path) -> bool:
         if marks:
             ax.plot(*zip(*marks), style, markersize=30, mew=2, label=legend)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

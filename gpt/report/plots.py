@@ -34,6 +34,13 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path) -> None:
+    """Write a figure to `path` (110 dpi) and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, color="tab:blue"):
     """One bar per stage; a stage without a value shows its status instead of a bar."""
     x = range(len(rungs))
@@ -104,9 +111,7 @@ def plot_speed(rungs: list[Rung], path: Path, title: str = "Speed ladder") -> No
     axes[1].set_title("tokens / s")
     _relative(axes[2], rungs, "seconds_mean", "seconds", "time")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], title: str):
@@ -147,9 +152,7 @@ def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> 
     )
     _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
@@ -184,9 +187,7 @@ def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
         ax.set_xlabel(f"seconds per {samples_label(rungs)} samples")
         ax.set_title(f"{name.capitalize()} ladder: where the time goes", fontsize=10)
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -206,7 +207,5 @@ def plot_timelines(rungs: list[Rung], path: Path) -> bool:
     ax.set_title("Memory over one training step (rank 0 for distributed stages)")
     ax.set_ylim(0)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True

@@ -13,7 +13,7 @@ from gpt.formatting import fmt_num, table
 from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, speedrun_baseline_dir, time_to_loss_dir
-from gpt.report.plots import pyplot
+from gpt.report.plots import pyplot, save_figure
 from gpt.report.rows import display, ok
 from gpt.report.tables import columns_line
 
@@ -238,9 +238,7 @@ def plot_speedrun(sr: Speedrun, path: Path) -> bool:
     ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
     ax.set_title("Speedrun: validation loss against training seconds")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -290,9 +288,7 @@ def plot_waterfall(sr: Speedrun, path: Path) -> bool:
         f"Speedrun waterfall: {BASELINE}'s training seconds to its model, change by change "
         f"({top / sr.mean_seconds(held[-1]):.2f}x to {held[-1]})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -408,6 +404,4 @@ def plot_noise_scale(record: dict, path) -> None:
     more = loss_ax.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
     ax.set_title("Gradient noise scale along speed_0's run to a loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

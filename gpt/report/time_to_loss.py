@@ -18,7 +18,7 @@ from gpt.loss_curve import (
     val_loss_at,
 )
 from gpt.records import read_record, record_path, time_to_loss_dir
-from gpt.report.plots import pyplot
+from gpt.report.plots import pyplot, save_figure
 from gpt.report.rows import ok
 from gpt.report.tables import columns_line
 from gpt.report.where_time_goes import NO_GAIN_PCT
@@ -323,9 +323,7 @@ def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bo
     axes[0].set_ylabel("validation loss")
     axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
