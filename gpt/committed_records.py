@@ -35,10 +35,7 @@ def committed_speedrun_target(profile: str, device: str) -> tuple[Path, str]:
 
 
 def json_files(runs: Path) -> list[Path]:
-    """A run's JSON files: the stage records, machine.json, the memory planner's reports and the runs to a loss.
-
-    The runs to a loss are the records of the stages trained to a loss and of the speedrun (with its
-    noise-scale measurement)."""
+    """A run's JSON files: the stage records, machine.json, the planner's reports, the runs to a loss."""
     return sorted(runs.glob("*.json")) + [
         f for ladder in (None, *ladder_names("only")) for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))
     ]

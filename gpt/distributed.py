@@ -1,13 +1,7 @@
 """Process groups for the DDP and FSDP stages: launching, joining, leaving cleanly, and what happens when a rank fails.
 
-Launching is through torchrun.
-
-A failed rank must not hang the others. The rank that fails reports its error in the group's store (the
-first report wins), leaves without waiting for anyone, and exits; the ranks still in a collective then end:
-- one machine: torchrun sees the rank exit and stops the others (SIGTERM) within a second; on the CPU, gloo
-  also fails their pending collective as soon as the dead rank's sockets close;
-- several machines, NCCL: a rank on another machine notices only when its collective times out, after
-  PROCESS_GROUP_TIMEOUT, and the NCCL watchdog then ends the process.
+Launching is through torchrun. A failed rank must not hang the others: it reports its error in the group's store
+(the first report wins) and leaves without waiting; how the others then end: docs/distributed.md#when-something-fails.
 """
 
 import json
@@ -23,9 +17,8 @@ import torch.distributed as dist
 from gpt.errors import UserError
 from gpt.records import failure_of
 
-# How long a rank waits in one collective (or for the others to join) before it gives up. NCCL's default;
-# gloo's is 30 minutes. Far longer than any legitimate wait here: the ranks step in lockstep and compile at
-# the same time. It bounds a stage only when a peer dies where no one sees it (another machine).
+# How long a rank waits in one collective before it gives up (NCCL's default; gloo's is 30 minutes): far longer than
+# any legitimate wait here, it bounds a stage only when a peer dies where no one sees it (another machine).
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 FIRST_FAILURE_KEY = "gpt_ladder/first_failure"
 

@@ -1,6 +1,7 @@
 """JSON run records: one file per stage run, written atomically so an interrupted ladder loses nothing that finished.
 
-The schema is documented in README.md ("The JSON record")."""
+The schema: docs/records.md#the-json-record.
+"""
 
 import json
 import os
@@ -147,9 +148,7 @@ def other_seed(seed: int | None, profile: str) -> int | None:
 
 
 def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
-    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss.
-
-    gpt/ladder.py: a ladder whose to_a_loss is "only", the speedrun."""
+    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss."""
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 
@@ -162,10 +161,7 @@ def speedrun_baseline_dir(out: Path, profile: str) -> Path:
 
 
 def speedrun_target(out: Path, profile: str) -> float | None:
-    """The speedrun's target in a run directory of `profile`: the highest final validation loss of speed_0's seeds.
-
-    Its seeds on the speedrun's task (speedrun_baseline_dir); from loss_curve.baseline_model_loss; None without a
-    finished one."""
+    """The speedrun's target in a run directory of `profile` (loss_curve.baseline_model_loss); None before all seeds."""
     folder = speedrun_baseline_dir(out, profile)
     paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
     return baseline_model_loss([read_record(p) for p in paths if p.exists()])

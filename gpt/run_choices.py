@@ -1,12 +1,9 @@
 """The decisions a run makes on its device, resolved once when it is prepared (gpt/train.py:prepare).
 
-They are carried by its Trainer and written by its record as `choices`.
-
-A stage's config says what it asks for; the device decides what runs: a CPU keeps fp32 where its bf16 matmuls are
-slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
-stage's shape (or is missing on this torch), CUDA graphs only on CUDA, no compilation where it would not pay within
-the run (if the stage asks so), a process group's backend from the device. Each answer comes from its optimization's
-module; this object asks each once, so the protocol, the training to a loss and the record read the same answer."""
+A stage's config says what it asks for; the device decides what runs (precision, attention, loss, compile mode,
+backend). Each answer comes from its optimization's module, asked once, so the protocol, the training to a loss and
+the record (`choices`) read the same answer.
+"""
 
 from dataclasses import dataclass
 

@@ -142,9 +142,8 @@ def default_speedrun_target(
 ) -> float | None:
     """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
 
-    The stage races to that model, found in the run's folder, else in the committed records that set the task's
-    target (gpt/committed_records.py:committed_speedrun_target), whatever the device; one line says which. With none, a
-    one-line error, or with --full-budget a line saying it trains its whole budget with no target to stop at."""
+    In the run's folder, else in the committed records (committed_records.committed_speedrun_target); one line says
+    which. With none, a one-line error, or with --full-budget a line saying it trains its whole budget."""
     places = [(out, profile), committed_speedrun_target(profile, device)]
     for folder, folder_profile in places:
         target = speedrun_target(folder, folder_profile)
@@ -271,10 +270,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
 
 
 def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
-    """Why the stage has no effect on the device it ran on, as 'no effect on <device>: <why>', else None.
-
-    That is when every optimization this stage changes is inert on that device (their no_effect, gpt/optimizations).
-    The stage still runs: its time shows the noise."""
+    """'no effect on <device>: <why>' when every optimization this stage changes is inert on that device, else None."""
     parent = parent_of(stage)
     if parent is None:
         return None

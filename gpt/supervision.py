@@ -18,11 +18,9 @@ LOCK_FILE = ".run_all.lock"
 
 
 def lock_output(out: Path):
-    """Make this run the only ladder writing to `out`, so that two runs never interleave their records.
+    """Make this run the only ladder writing to `out`: the open lock file, held until this process exits.
 
-    The lock file holds the holder's pid; the lock itself is the kernel's (flock), released when the
-    holder exits however it ends, so a lock file left by a dead run is simply taken over. Returns the
-    open file, which holds the lock until this process exits."""
+    The lock is the kernel's (flock), released however its holder ends: a lock file left by a dead run is taken over."""
     path = out / LOCK_FILE
     while True:
         f = open(path, "a+")
