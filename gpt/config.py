@@ -1,9 +1,8 @@
 """TrainConfig: one object holds every setting of a run; each optimization of every ladder is one field (or two).
 
-A stage script changes exactly one group of these fields. Each field belongs to one optimization, declared with
-everything the project knows about it in its module in gpt/optimizations/ (`optimizations.owner(field)`),
-which also checks its values. This module knows none of them: their modules read TrainConfig, so the arrows run one way,
-and `optimizations.validate(cfg)` checks a whole config (the run's settings here, then each optimization's).
+Each field belongs to one optimization, declared in its home in gpt/optimizations/ (`optimizations.owner(field)`),
+which checks its values. This module knows none of them (they import it); `optimizations.validate(cfg)` checks a
+whole config.
 """
 
 import math

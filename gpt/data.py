@@ -262,11 +262,8 @@ def make_dataset(kind: str, data_dir, block_size: int, split: str = "train") -> 
 class WindowSampler(Sampler[int]):
     """Random window indices, with replacement, from a private generator seeded with `seed`.
 
-    One global stream is drawn, world_size*batch_size indices per step; rank r takes the r-th
-    batch_size slice of each step. So at every step the ranks' batches together are exactly the
-    batch a single process with batch_size*world_size gets, which is what makes data-parallel
-    runs comparable to (and testable against) single-process runs.
-    """
+    One global stream of world_size*batch_size indices per step, rank r taking the r-th slice: the ranks' batches
+    together are exactly a single process's batch of batch_size*world_size."""
 
     def __init__(
         self, num_windows: int, batch_size: int, num_batches: int, seed: int, rank: int = 0, world_size: int = 1
@@ -301,13 +298,9 @@ class WindowSampler(Sampler[int]):
 class GatheredBatches:
     """Batches of a TokenWindowDataset made the way nanoGPT makes them, without a DataLoader.
 
-    The whole token array lives on the training device (int32: 18 MB for the 4.5M characters of the Shakespeare corpus),
-    and a batch is one indexing op, tokens[starts + arange(block_size + 1)], run where the model runs.
-
-    A DataLoader builds a batch of 256 windows with 256 calls of __getitem__ and a collate in the training
-    process (num_workers=0), then copies it to the GPU: on an H100 that host work was a third of fast_1's
-    step. Here the host only draws the step's start indices (the sampler's, so the batches are the
-    DataLoader's exactly) and copies those 256 numbers from pinned memory, without waiting for the GPU."""
+    The whole token array lives on the training device (int32), and a batch is one indexing op there,
+    tokens[starts + arange(block_size + 1)]: the host only draws the step's start indices (the sampler's, so the batches
+    are the DataLoader's exactly) and copies them from pinned memory."""
 
     def __init__(self, dataset: TokenWindowDataset, sampler: WindowSampler, device: torch.device):
         self.sampler, self.device = sampler, device

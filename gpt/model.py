@@ -1,13 +1,8 @@
 """GPT-2 in one file: config, model, and loading of Hugging Face GPT-2 checkpoints.
 
-The architecture is GPT-2's (Radford et al. 2019): learned position embeddings, pre-LayerNorm
-blocks, a 4x GELU MLP and an output head that shares its weight with the token embedding.
-Module names follow Hugging Face's GPT-2, so a HF checkpoint loads by name (see GPT.from_hf).
-Five GPTConfig fields switch to today's small-GPT blocks instead (mlp, norm, qk_norm, zero_init_proj,
-positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's. bigram_rows adds a
-learned embedding of each (previous token, token) pair, trigram_rows one of each hashed triple
-(gpt/optimizations/ngram_embedding.py); GPT-2 has neither.
-Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
+The architecture is GPT-2's (Radford et al. 2019), with module names as Hugging Face's, so a checkpoint loads by
+name (GPT.from_hf). GPTConfig fields switch to today's small-GPT blocks and add n-gram embeddings (what each is:
+docs/speedrun.md#the-models-changes-and-their-sources); their defaults are GPT-2's. Nothing here knows about training.
 """
 
 import json
@@ -146,10 +141,8 @@ def make_norm(config, size):
 def rotary(x, base: float = 10000.0):
     """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, head_size), position t = 0 .. T-1.
 
-    Each pair of dimensions is rotated by the angle t * base^(-i / (head_size / 2)), i the pair's index. Pairs are
-    half-split (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved (2i with 2i+1). A rotation
-    keeps norms, and rotating q by angle m and k by n makes q . k a function of m - n: the scores see relative
-    positions only, and no position table is learned."""
+    Each pair of dimensions is rotated by t * base^(-i / (head_size / 2)), i the pair's index; pairs are half-split
+    (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved."""
     T, half = x.size(-2), x.size(-1) // 2
     inv_freq = base ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
     angle = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv_freq  # (T, half)
@@ -358,14 +351,7 @@ class GPT(nn.Module):
         return sum(t.weight.numel() for t in tables if t is not None)
 
     def flops_per_token(self):
-        """Training FLOPs per token, forward plus backward (PaLM paper appendix B; nanoGPT's MFU).
-
-        6 * N: each weight does one multiply-add (2 FLOPs) per token in the forward pass and twice that
-        in the backward pass. N leaves out the position and n-gram tables (lookups, no matmul) but keeps wte,
-        which is counted once as the lm_head matmul. 12 * n_layer * n_embd * block_size: the attention
-        matmuls q @ k^T and att @ v, 2 * 2 * T * n_embd FLOPs per token and layer in the forward pass,
-        times 3 for forward plus backward; counted over the full block, causal mask or not, as PaLM does.
-        """
+        """Training FLOPs per token, forward and backward: 6 N + 12 n_layer n_embd T (docs/measurement.md, MFU)."""
         c = self.config
         padding = (c.padded_vocab_size - c.vocab_size) * c.n_embd  # padded rows are not model work
         n = self.num_params() - self._lookup_params() - padding

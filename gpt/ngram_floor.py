@@ -1,13 +1,11 @@
 """The speedrun's n-gram floor: the validation loss of an interpolated Kneser-Ney character model.
 
-The model is counted on growing prefixes of the speedrun's training data and scored on its validation windows, the
-reference line a GPT's tokens are read against.
+Counted on growing prefixes of the speedrun's training data and scored on its validation windows (docs/speedrun.md,
+"The n-gram floor"), each target predicted from the up-to-(order - 1) characters before it inside its window.
 
     python -m gpt.ngram_floor                       # the cpu profile's data, windows and target
     python -m gpt.ngram_floor --order 5 --records records/cpu-cpu
 
-The windows are gpt/evaluation.py's: each target is predicted from the up-to-(order - 1) characters before it inside
-its window, in nats per character; the target is speed_0's model (docs/speedrun.md, "The n-gram floor").
 Interpolated Kneser-Ney (Chen and Goodman, 1998), one absolute discount per order, D = n1 / (n1 + 2 n2): the longest
 context uses the n-grams' counts, each shorter one the continuation counts, and the unigram is interpolated with the
 uniform distribution, so every context gives every character a probability and they sum to 1.

@@ -1,12 +1,9 @@
-"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018).
-
-The estimate is that of "An Empirical Model of Large-Batch Training", appendix A.1: the measurement behind the speedrun
-ladder's batch and learning rate.
+"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018, appendix A.1).
 
     python -m gpt.noise_scale --profile cpu --out noise_scale_cpu.json --batches 12,24,48,96,192
 
-The estimator (the halves' and the whole batch's squared gradient norms, averaged over steps apart, then divided),
-the window it is read over and the batch it chooses: docs/speedrun.md#choosing-the-batch-from-a-measurement.
+The estimator, the window it is read over and the batch it chooses:
+docs/speedrun.md#choosing-the-batch-from-a-measurement.
 """
 
 import argparse
@@ -74,10 +71,8 @@ def ema(values: list[float], steps: float) -> list[float]:
 class HalvesNorms:
     """Gradient hooks that record each step's squared norms in a run whose batch is two halves of `half` micro-batches.
 
-    During each step, a hook on every parameter reads its gradient after the first half (gA) and after both
-    (G = (gA + gB) / 2) and adds, on the device, the step's |G_small|^2 = (|gA|^2 + |gB|^2) / 2 and |G_big|^2 = |G|^2
-    into row `step()` of `norms`. It reads the gradient before clipping (clip_grad_norm_ follows the backward passes)
-    and changes nothing."""
+    A hook on every parameter reads its gradient after the first half and after both, before clipping, and adds the
+    step's |G_small|^2 and |G_big|^2 into row `step()` of `norms`, on the device; it changes nothing."""
 
     def __init__(self, params: list[torch.nn.Parameter], half: int, steps: int, step, device: torch.device):
         self.half, self.step = half, step
@@ -198,10 +193,8 @@ def noise_record(
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
     """Seconds of one training step of `cfg` at each batch size on its device.
 
-    Each is the mean of `repeats` steps after `warmup` untimed ones, timed as training to a loss times its steps
-    (gpt/time_to_loss.py: TrainingClock): the device synchronised before the first and after the last, none between them
-    (data feed included, as training has it). A compiled `cfg` compiles afresh at each batch, with static shapes, as the
-    stage at that batch does."""
+    The mean of `repeats` steps after `warmup` untimed ones, timed as training to a loss times them (data feed
+    included). A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:

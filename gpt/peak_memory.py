@@ -1,9 +1,6 @@
 """How a run measures memory: its peak, and one instrumented step's memory-over-time curve and breakdown.
 
-The peak comes from CUDA's allocator statistics, or MemTracker on the CPU. The instrumented step gives
-the memory-over-time curve and the breakdown at the peak (parameters, gradients, optimizer state,
-activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on a GPU
-(README: "How the figures are measured", peak memory).
+MemTracker on the CPU, the CUDA caching allocator's statistics and history on a GPU (docs/measurement.md, peak memory).
 """
 
 import math

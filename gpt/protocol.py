@@ -1,19 +1,8 @@
 """The measurement protocol: how one stage's training run becomes its record.
 
-See README: "How the figures are measured". `measure` is the protocol, phase by phase:
-
-    prepare         the data, the model with the stage's optimizations, its optimizer and precision, and the step
-    warm_up         `warmup_iters` steps; the start-up ones (compilation, CUDA graphs' recording) timed on their own; on
-                    the CPU the last one is the memory step
-    timed_repeats   `repeats` x "train on N samples" between two device synchronisations: the timed figures
-    profile_steps   a few more steps under torch.profiler: where the time goes (gpt/step_profiler.py)
-    memory_step     one instrumented step, unless a warm-up step was it (gpt/peak_memory.py)
-    across_ranks    DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks' mean
-    record          the JSON record (gpt/records.py checks it)
-
-The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak
-memory and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown).
-Under DDP/FSDP every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
+`measure` is the protocol, phase by phase (prepare, warm_up, timed_repeats, profile_steps, memory_step, across_ranks,
+record); what each does and measures: docs/measurement.md. Under DDP/FSDP every rank runs the protocol; no `.item()`
+and no synchronisation happen inside a timed repeat.
 """
 
 import statistics

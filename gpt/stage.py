@@ -1,8 +1,4 @@
-"""What `python stages/<stage>.py` runs: the shared command line, the run, its record and the summary it prints.
-
-The command line is the one every stage script shares; the run launches the processes of a DDP/FSDP stage; its record
-is written whatever happens.
-"""
+"""What `python stages/<stage>.py` runs: the shared command line, the run, its record (written whatever happens)."""
 
 import argparse
 import math

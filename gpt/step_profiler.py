@@ -1,11 +1,8 @@
-"""Where a step's time goes: labelled phases, a few profiled steps, their trace, and the time breakdown.
-
-The phases are labelled in the training loop; the steps are profiled after the timed repeats; the trace opens in
-Perfetto; the time breakdown is computed from the trace's events.
+"""Where a step's time goes: labelled phases, a few profiled steps after the timed repeats, their trace, the breakdown.
 
 `step_phase` labels a phase only while a profiler runs (the labels' cost: docs/design.md#the-figures-behind-the-rules).
-Every instant of the profiled steps goes to exactly one category (`attribute`), so the shares add up to 100%; the
-rules, on a CPU and on CUDA: docs/measurement.md#where-the-time-goes.
+Every instant of the profiled steps goes to exactly one category (`attribute`); the rules:
+docs/measurement.md#where-the-time-goes.
 """
 
 import bisect
@@ -60,12 +57,10 @@ def extra_steps(cfg, device: torch.device) -> int:
 
 
 def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict:
-    """Run `cfg.profile_steps` more steps under torch.profiler, for the record's time breakdown and trace.
+    """Run `cfg.profile_steps` more steps under torch.profiler (CPU, plus CUDA on a GPU; no shapes, stacks or memory).
 
-    CPU activities, plus CUDA on a GPU; no shapes, stacks or memory, which cost time and trace size. Returns the
-    record's metrics `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they
-    stay in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome trace
-    JSON) when given."""
+    Returns the record's `time_breakdown_pct` and `profiler`, rank 0's (the others profile too, to stay in step), None
+    when profiling is off; the trace (gzipped Chrome JSON) goes to `trace_path` when given."""
     none = {"time_breakdown_pct": None, "profiler": None}
     if not cfg.profile_steps:
         return none

@@ -1,13 +1,8 @@
 """Training to a loss: a stage trained from scratch to a token budget, its validation loss curve, its time to a target.
 
-The run has the learning-rate schedule, its validation loss evaluated every `eval_every_tokens` tokens (and before the
-first step and at the end), and the time to a target validation loss read from that curve (gpt/loss_curve.py; README:
-"Time to loss").
-
 The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
-evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
-evaluation only: no `.item()` and no synchronisation between two of them. The record's keys:
-docs/records.md#the-json-record.
+evaluation (gpt/evaluation.py), outside the training clock, and the curve (its keys: docs/records.md#the-json-record).
+The clock is synchronised at every evaluation only: no `.item()` and no synchronisation between two of them.
 """
 
 import time

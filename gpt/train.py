@@ -1,11 +1,7 @@
 """Training, as every stage of every ladder does it: the model, one training step, and the `Trainer`.
 
-The model comes with the stage's optimizations; one training step is micro-batches, backward, clipping, the
-optimizer; the `Trainer` steps through the stage's batches.
-
-The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py: warm-up, timed repeats,
-profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
-build_model and train_step on fake tensors.
+The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py) and training to a loss
+(gpt/time_to_loss.py); the memory planner (gpt/memory) runs build_model and train_step on fake tensors.
 """
 
 from collections.abc import Iterator

@@ -87,16 +87,14 @@ VARIANTS = {
 def reference_config(stage: str, processes: int | None = None, **overrides) -> TrainConfig:
     """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention, dropout 0.1).
 
-    On `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only matters for timing, and must
-    divide by the batch."""
+    On `processes` processes if it is a DDP/FSDP stage; samples is one step (it only matters for timing)."""
     return stage_config(stage, "reference", processes=processes, one_step=True, **overrides)
 
 
 class Runner:
-    """Runs estimates, in `jobs` worker processes when jobs > 1.
+    """Runs estimates, in `jobs` worker processes when jobs > 1 (an estimate is one single-threaded Python loop).
 
-    An estimate is one single-threaded Python loop, so each core can run one. Specs are (config, vocab size, target,
-    variant name)."""
+    Specs are (config, vocab size, target, variant name)."""
 
     def __init__(self, jobs: int = 1):
         self.pool = None
@@ -354,10 +352,9 @@ SHAPE_RULE = (
 
 
 def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, str, int, int | None]]:
-    """The fit report's rows: (label, stage, processes, documented parameters).
+    """The fit report's rows: (label, stage, processes, documented parameters for an 80 GB GPU).
 
-    Before the ladder, after it with FSDP, and with the lean ladder's last stage (its GPU memory; its host memory is
-    reported beside). The documented counts are for an 80 GB GPU."""
+    Before the ladder, after it with FSDP, and with the lean ladder's last stage (its host memory reported beside)."""
     documented = DOCUMENTED_FIT if budget_gib == 80 else {}
     rows = [("before: memory_0 settings (1 GPU)", "memory_0_baseline", 1, documented.get("before"))]
     for w in world_sizes:
@@ -391,12 +388,9 @@ def largest_fit(
 ) -> dict:
     """The most layers (at the shape rule's width) whose estimated peak fits `budget_mib`.
 
-    For a fixed width the peak is affine in n_layer: every layer adds the same parameters, gradients,
-    optimizer state and saved activations. Two cheap estimates at small depths give the slope; the answer
-    is then checked with real estimates at full depth, n fits and n + 1 does not, re-solving along the same
-    slope from the deepest estimate until both hold. Beyond `verify_max_layers` a full-depth estimate takes
-    minutes (hundreds of sharded layers); there a third estimate at 16 layers checks that the peak is
-    affine, and the answer is extrapolated along it (marked `extrapolated`, with the check's residual)."""
+    The peak is affine in n_layer: two cheap estimates give the slope, and the answer is checked at full depth (n fits,
+    n + 1 does not); beyond `verify_max_layers` a third estimate at 16 layers checks the line, and the answer is
+    extrapolated along it (marked `extrapolated`, with the check's residual)."""
     if budget_mib <= 0:
         raise UserError(f"the budget must be positive, got {budget_mib / 1024:g} GiB")
     runner = runner or Runner()

@@ -1,10 +1,7 @@
-"""The planner's simulated step as a CUDA allocator snapshot (the format gpt/allocator_snapshot.py reads and writes).
+"""The planner's simulated step as a CUDA allocator snapshot, to open beside a real run's (pytorch.org/memory_viz).
 
-An estimate so opens beside a real run's snapshot at https://pytorch.org/memory_viz.
-
-The planner's tracker (gpt/memory/estimator.py) reports every storage that appears, grows, shrinks or goes;
-`StepRecorder` places each in a simulated segment as the caching allocator would and logs it with the Python stack
-of the code that made it.
+`StepRecorder` places each storage the planner's tracker reports in a simulated segment as the caching allocator
+would, and logs it with the Python stack of the code that made it.
 """
 
 import bisect

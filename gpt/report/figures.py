@@ -1,8 +1,4 @@
-"""Two figures that read across sections: the project's thesis and one change across machines.
-
-The thesis: each stage's speedup per sample against its speedup to the target, from the runs to a loss
-and the speedrun. One change across machines: each speed and fast stage's change against the stage above
-on every committed records folder, beside the documented figures."""
+"""Two figures that read across sections: the project's thesis and one change across machines."""
 
 import statistics
 import textwrap

@@ -1,7 +1,4 @@
-"""The memory planner's section of results.md: its three reports as tables and a figure.
-
-The reports, written by `python -m gpt.memory ... --json` in the run directory, are
-memory_reference.json, memory_fit.json and memory_compare.json."""
+"""The memory planner's section of results.md: its three reports (memory_*.json, `python -m gpt.memory --json`)."""
 
 import math
 from pathlib import Path
@@ -38,10 +35,7 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
 
 
 def reference_part(ref: dict, plots: Path, rel: str) -> list[str]:
-    """The reference's memory ladder: estimates beside the documented peaks and the traced steps.
-
-    Then the breakdown at the traced peaks, a line linking to gpt/memory/README.md for the figures about
-    the documented peaks (the planner's forensics), and the estimated breakdown's plot."""
+    """The reference's memory ladder: estimates beside the documented and traced peaks, their breakdown, a plot."""
     lines = [
         "",
         f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})",

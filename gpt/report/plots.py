@@ -1,6 +1,4 @@
-"""Every figure of the report (matplotlib, Agg: no display needed).
-
-Each ladder's bars, its memory breakdown and memory over one step, and where the time goes."""
+"""The ladders' figures (matplotlib, Agg: no display): bars, memory breakdown and over a step, where time goes."""
 
 from pathlib import Path
 
@@ -12,9 +10,7 @@ from gpt.step_profiler import TIME_CATEGORIES, label
 
 
 def short(stage: str, ladder: bool = False) -> str:
-    """'speed_3_non_blocking' -> '3 non blocking' for axis labels.
-
-    With `ladder`, 'speed 3 non blocking', where stages of two ladders share a figure."""
+    """'speed_3_non_blocking' -> '3 non blocking' for axis labels ('speed 3 non blocking' with `ladder`)."""
     prefix, i, name = stage.split("_", 2)
     return f"{prefix + ' ' if ladder else ''}{i} {name.replace('_', ' ')}"
 

@@ -1,6 +1,4 @@
-"""The report's rows: the records of a run directory, each stage as a `Rung` of its ladder.
-
-Each Rung holds the stage beside its parent, its baseline and what its stage script documents."""
+"""The report's rows: each stage of a run directory as a `Rung`, beside its parent, its baseline and its declaration."""
 
 from pathlib import Path
 
@@ -75,10 +73,7 @@ class Rung:
         return pct(self.m(key), other["metrics"].get(key))
 
     def memory_basis(self, other: dict | None) -> str | None:
-        """How this stage's peak memory compares with `other`'s: None when both were measured by the same method.
-
-        Else 'reserved' (the change compares both stages' max_memory_reserved) or 'none' (no figure in
-        common: no change)."""
+        """How this peak memory compares with `other`'s: None (the same method), 'reserved' or 'none' (no change)."""
         if not comparable(self.record, other):
             return None
         basis = peak_memory_pair(self.record, other)[2]
