@@ -1,11 +1,7 @@
 """torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
 
-`compile_model` compiles; the rule that chooses its mode (compile_mode, compile_choice, compile_skipped) follows it, and
-is asked where the run is built (gpt/train.py:build_model) and where its choices are resolved (gpt/run_choices.py).
-
-With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
-"reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a run to a
-loss too short for a cold compilation to pay stays eager, on a CPU or a GPU.
+`compile_model` compiles in the mode the rule chooses (compile_mode, compile_choice, compile_skipped): on CUDA
+"reduce-overhead", which also records CUDA graphs; eager for a run to a loss too short for a cold compilation to pay.
 """
 
 from dataclasses import dataclass
@@ -19,10 +15,7 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan, check_f
 
 
 def compile_model(model: nn.Module, mode: str | None) -> nn.Module:
-    """The model compiled in `mode`, or the model itself where the run is eager (mode None).
-
-    torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax, layer norm) into fewer
-    kernels that read and write memory once. The mode is the rule's, below (compile_mode)."""
+    """The model compiled in `mode` (element-wise ops fused into fewer kernels), or itself where `mode` is None."""
     return torch.compile(model, mode=mode) if mode else model
 
 
@@ -56,11 +49,9 @@ COMPILE_COSTS = {
 
 
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
-    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here.
+    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here (else None).
 
-    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/run_choices.py). On CUDA
-    'reduce-overhead', as the reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on
-    the CPU, which gets the default mode."""
+    On CUDA 'reduce-overhead', as the reference (CUDA graphs: one launch replays a step's kernels); else the default."""
     why = compile_skipped(cfg, device)
     if not cfg.compile or why:
         return None, why

@@ -1,9 +1,7 @@
 """The learning-rate schedule of training to a loss, in tokens: nanoGPT's cosine, or warm-up, stable, decay (wsd).
 
-Cosine is every ladder's schedule, wsd the speedrun ladder's. wsd keeps the peak learning rate until the
-last lr_cooldown share of the schedule and then decays linearly to the floor: most of the run learns at the
-peak, and the decay at the end brings the loss down (Hu et al. 2024, MiniCPM; the modded-nanogpt
-speedruns). The timed protocol (lr_decay_tokens 0) keeps the learning rate constant.
+Cosine is every ladder's, wsd the speedrun's: the peak rate until the last lr_cooldown share, then a linear decay to
+the floor (Hu et al. 2024, MiniCPM; the modded-nanogpt speedruns). The timed protocol keeps the rate constant.
 """
 
 import math
