@@ -114,9 +114,7 @@ class TrainConfig:
         return self.batch_size // self.grad_accum_steps
 
     def check_run_settings(self) -> None:
-        """A UserError for the first bad setting of the run (not of an optimization).
-
-        optimizations.validate runs this, then each optimization's own checks."""
+        """A UserError for the run's first bad setting (optimizations.validate then runs each optimization's checks)."""
         if self.batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {self.batch_size}")
         if not 1 <= self.block_size <= MAX_CONTEXT:

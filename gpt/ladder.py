@@ -1,16 +1,8 @@
 """The ladders, each stage's place in them, what a stage script declares, and how a stage's config is built.
 
-Each ladder is one record (`Ladder`, in LADDERS).
-
-A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n: adding a stage adds its file and
-touches nothing here. What a stage declares (its docstring, CHANGE, REFERENCE, KIND) is read from its file without
-running it (`declaration`); only building a config runs a stage's `change()` (`load_stage`), and loading a stage
-script for that imports nothing from gpt (a script imports gpt.stage only when it is run).
-
-A stage's config is its profile's baseline settings with the `change()` of every stage up to and including it applied
-in ladder order, so each stage keeps every earlier change of its ladder. The ladders beyond the book start from a stage
-of a documented ladder (`Ladder.starts_from`) and keep every change up to it. What a stage script runs when it is
-called is gpt/stage.py.
+A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n. What a stage declares is read
+from its file without running it (`declaration`); a config is the profile's baseline settings with the `change()` of
+every stage up to and including it applied in ladder order (`stage_config`). What a stage script runs: gpt/stage.py.
 """
 
 import ast
@@ -233,12 +225,10 @@ def stage_config(
     speedrun_task: bool = False,
     **overrides,
 ) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated.
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated: the one place.
 
-    The one place a stage's config is built. to_a_loss: the profile's settings for training to a loss (a stage of a
-    ladder that also trains to one) instead of the timed ones. speedrun_task: trained to a loss on the speedrun's
-    task instead (`settings_section`). processes: a DDP/FSDP stage on that many processes (a launcher's, the
-    planner's). one_step: samples set to one step of every process (the planner's)."""
+    to_a_loss: the profile's settings for training to a loss; speedrun_task: the speedrun's task (`settings_section`);
+    processes: a DDP/FSDP stage on that many processes; one_step: samples set to one step of every process."""
     ladder = LADDERS[ladder_of(stage)]
     to_a_loss = to_a_loss or speedrun_task or ladder.to_a_loss == "only"
     settings = profile_settings(profile, settings_section(stage, to_a_loss, speedrun_task))

@@ -1,10 +1,8 @@
-"""The report's "Speedrun" section: speed_0's model, sooner.
+"""The report's "Speedrun" section: speed_0's model, sooner (docs/speedrun.md).
 
-Records are in <runs>/speedrun/, the baseline's seeds on the speedrun's task in <runs>/time_to_loss/ where the profile's
-time to loss is that task, else beside them (gpt/records.py:speedrun_baseline_dir). Each stage is judged by its training
-seconds to the target, speed_0's model (the highest final validation loss of its seeds: loss_curve.baseline_model_loss);
-the baseline's seeds are timed to it the same way, the worst seed at the end of its budget.
-A stage's claim holds only where every seed it trained with reached the target."""
+Records are in <runs>/speedrun/, the baseline's seeds where gpt/records.py:speedrun_baseline_dir says. A stage's claim
+holds only where every seed it trained with reached the target.
+"""
 
 import statistics
 from pathlib import Path
@@ -46,10 +44,7 @@ class Speedrun:
         return any(self.stages.values())
 
     def seconds(self, stage: str) -> list[float | None]:
-        """Each seed's training seconds to the target (None: not reached, or the run failed).
-
-        The baseline's seeds are included: the target is the worst of their final losses, so each reaches
-        it, the worst at its budget's end."""
+        """Each seed's training seconds to the target (None: not reached, or failed), the baseline's seeds included."""
         return [(c or {}).get("seconds") for c in self._crossings(stage)]
 
     def tokens(self, stage: str) -> list[float | None]:
@@ -70,11 +65,9 @@ class Speedrun:
         return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
 
     def walls(self, stage: str) -> tuple[list[float], str | None]:
-        """Each seed's whole wall clock and the clock that measured it.
+        """Each seed's whole wall clock and the clock that measured it: "run.wall_s" (run_all's) or "process_s".
 
-        "run.wall_s" (run_all's, launch to exit) where every seed's record has it, else "process_s" (the
-        process's own, its start to its record) where every one has that; ([], None) otherwise, where one
-        is not positive, or where a seed failed."""
+        The first that every seed's record has, positive; ([], None) otherwise, or where a seed failed."""
         records = self.baseline if stage == BASELINE else self.stages[stage]
         if not records or not all(ok(r) for r in records):
             return [], None
@@ -246,11 +239,9 @@ WATERFALL = "speedrun_waterfall.png"
 
 
 def plot_waterfall(sr: Speedrun, path: Path) -> bool:
-    """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's.
+    """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's change from its parent's.
 
-    Each stage is a floating bar from its parent's seconds to its own (green: sooner, red: later), labelled
-    with its factor against its parent and its tokens to the target with the margin left in its budget; the
-    first and the last stage that holds are whole bars. False: no baseline or no stage that holds."""
+    Labelled with its factor against its parent, its tokens and its margin; False: no baseline or no stage holds."""
     held = [s for s in sr.stages if sr.holds(s)]
     if not sr.holds(BASELINE) or not held:
         return False

@@ -1,7 +1,4 @@
-"""The report's Markdown tables: the header, and one table per ladder.
-
-The header says where and when; a ladder's table (speed or memory) puts the documented or anchor figures beside this
-run's."""
+"""The report's Markdown tables: the header (where and when), and one table per ladder beside its reference figures."""
 
 import re
 from datetime import datetime
@@ -125,10 +122,7 @@ def header_warnings(machine: dict, profiles: list[str]) -> list[str]:
 
 
 def reference_kind(rungs: list[Rung]) -> str | None:
-    """What a ladder's figures are compared with: 'documented', 'anchor' or None.
-
-    'documented': the book's H100 figures; 'anchor': build-nanogpt's ms per step for some stages of a ladder beyond
-    the book; None: nothing to compare with."""
+    """What a ladder's figures are compared with: 'documented' (the book's H100), 'anchor' (build-nanogpt's) or None."""
     if any("seconds" in r.reference for r in rungs):
         return "documented"
     return "anchor" if any("ms_per_step" in r.reference for r in rungs) else None
@@ -261,10 +255,7 @@ def details_block(rungs: list[Rung], extra: list[tuple[str, callable]]) -> list[
 
 
 def speed_table(rungs: list[Rung]) -> list[str]:
-    """A speed ladder's table: the core columns, then the rest in a folded second table.
-
-    The core columns (time, its changes, the documented figure, peak memory) are defined in MEASUREMENT (one line
-    links there)."""
+    """A speed ladder's table: the core columns (defined in MEASUREMENT), then the rest in a folded second table."""
     n, kind = samples_label(rungs), reference_kind(rungs)
     refs = {
         "documented": [("documented H100 s (vs prev.)", lambda r: reference_cell(r, "seconds"))],
