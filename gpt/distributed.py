@@ -67,10 +67,8 @@ def init(device: torch.device, backend: str) -> None:
 def shutdown(ok: bool = True) -> None:
     """Leave the group: together on success, alone after a failure.
 
-    On success, together: without the barrier a rank that finishes first can tear down the group while the other is
-    still in a collective, and one run in a few then aborts at exit. After a failure, alone: the others may be waiting
-    in a collective this rank will never join, so a barrier would hang until the timeout; NCCL is aborted rather than
-    drained for the same reason."""
+    Together: without the barrier a rank that finishes first can tear the group down while another is still in a
+    collective. Alone: the others may wait in a collective this rank will never join, so NCCL is aborted."""
     if not dist.is_initialized():
         return
     if ok:
@@ -106,9 +104,8 @@ def first_failure(mine: dict) -> dict:
 def process_group(device: torch.device, backend: str | None):
     """Run the body as one rank of a group on `backend` (backend_for's; None: one process, no group).
 
-    An exception leaves the group at once, after reporting it:
-    RankFailed then carries the group's first failure, which may be another rank's (the error here is
-    often only the consequence, e.g. "Connection closed by peer")."""
+    An exception leaves the group at once, after reporting it: RankFailed carries the group's first failure, which may
+    be another rank's (the error here is often only the consequence, e.g. "Connection closed by peer")."""
     if backend is None:
         yield
         return
@@ -135,9 +132,8 @@ def process_group(device: torch.device, backend: str | None):
 def launch(nproc: int, argv: list[str]) -> dict[int, int]:
     """Re-run this very command as `nproc` processes under torchrun (single node, rendezvous on a free local port).
 
-    A distributed stage is so started with the same command as any other stage. torchrun's agent runs in this process,
-    which so learns how each rank ended. Returns {rank: exit code} of the ranks that failed (a negative code is the
-    signal that killed it); empty if all succeeded."""
+    torchrun's agent runs in this process, which so learns how each rank ended: {rank: exit code} of those that failed
+    (a negative code: the signal that killed it)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 

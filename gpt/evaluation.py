@@ -52,10 +52,8 @@ class ValidationSet:
 class WindowSums:
     """Sums over some evaluated windows (all processes together), and their changes against a reference.
 
-    Their cross-entropy and targets, their count, the sum of the squares of their mean losses (every window has
-    block_size targets: the loss is the windows' mean loss), and, read against a reference (the same windows' losses at
-    an earlier evaluation), the sums of each window's change and of its square. `losses` holds this process's windows'
-    own mean losses, to be a later reference."""
+    Cross-entropy, targets, count, the sum of squared window means, and against a reference (the same windows at an
+    earlier evaluation) the sums of each window's change and its square; `losses`: this process's, a later reference."""
 
     loss: float
     tokens: float
@@ -109,9 +107,8 @@ def window_sums(
 ) -> WindowSums:
     """The sums over `part` of every process's share of the windows, and their changes since `reference`.
 
-    `reference`: this process's losses of the same windows at an earlier evaluation (WindowSums.losses). `raw` is the
-    GPT itself (not its compiled or DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is
-    restored."""
+    `raw` is the GPT itself (not its compiled or DDP wrapper: evaluation must not recompile or record graphs); its
+    train/eval mode is restored."""
     was_training = raw.training
     raw.eval()
     # loss, targets, windows, squared window losses, changes from the reference and their squares: one all-reduce
@@ -160,11 +157,9 @@ def near_target(
 ) -> bool:
     """Whether an estimate's prediction of the full windows' loss may reach the target by the next evaluation.
 
-    At or below it now, or falling to it by then: within MARGIN_SE standard errors of the target plus the fall since the
-    previous evaluation on the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the
-    last fall bounds the next one in practice). `offset`: the full windows' loss less the estimate's windows' at the
-    last full evaluation, against which `estimate` read its changes; the prediction is the estimate's loss plus it,
-    within the standard error of the changes (None: no full evaluation yet, the estimate's own loss and spread)."""
+    Within MARGIN_SE standard errors of the target plus the fall since the previous evaluation (`previous`). `offset`:
+    the full windows' loss less the estimate's windows' at the last full evaluation (None: none yet, the estimate's own
+    loss and spread)."""
     fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
     if offset is None:
         predicted, error = estimate.mean, estimate.standard_error(population)
@@ -176,10 +171,8 @@ def near_target(
 class TowardTarget:
     """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window).
 
-    Each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and the
-    rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked. The sums
-    over every window are the full evaluation's, batch for batch (up to float64 rounding); an estimate's loss is its
-    prediction of them (never at or below the target: gpt/loss_curve.py:crossing relies on it)."""
+    Each reads the estimate's windows first, and the rest unless that estimate is clearly above the target or `full` is
+    asked; an estimate's loss is its prediction of every window's (never at or below the target: crossing needs it)."""
 
     def __init__(self, per_rank: int, batch_size: int, world: int, target: float | None):
         self.population, self.target = per_rank * world, target
@@ -207,12 +200,10 @@ class TowardTarget:
 def train_and_evaluate(
     steps: int, interval: int, steps_done: Callable[[], int], train: Callable[[int], None], evaluate: Callable[[], bool]
 ) -> None:
-    """The loop of a run evaluated every `interval` optimizer steps.
+    """The loop of a run evaluated every `interval` optimizer steps, before the first and after the last (`steps`).
 
-    `evaluate()` before the first step, at every multiple of `interval` and after the last step (`steps`); `train(n)`
-    between two evaluations, with the n steps to the next one (it may run fewer: a start-up step on its own, the loop
-    then asks again). It ends after the last step's evaluation, or at the first evaluation that returns True (a run that
-    stops at its target)."""
+    `train(n)` runs the n steps to the next evaluation (it may run fewer; the loop then asks again); the loop ends after
+    the last step's evaluation, or at the first evaluation that returns True."""
     while True:
         done = steps_done()
         if (done % interval == 0 or done == steps) and evaluate():

@@ -24,9 +24,8 @@ TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many p
 class TimelineMemTracker(MemTracker):
     """PyTorch's MemTracker that also records the total after every op, for a memory-over-time curve.
 
-    MemTracker counts live tensor storage bytes by category: parameters, gradients, optimizer state,
-    activations, temporaries. It sees what goes through the dispatcher: on CPU this matches the allocator
-    within ~0.1 MiB for eager code. Under FakeTensorMode it works without allocating."""
+    It counts live tensor storage by category, as the dispatcher sees it (on the CPU within ~0.1 MiB of the allocator
+    for eager code), and under FakeTensorMode without allocating."""
 
     def __init__(self):
         super().__init__()
@@ -126,9 +125,8 @@ def cuda_peaks_mib(device: torch.device) -> dict | None:
 def cpu_step_memory(step, model, optimizer) -> dict:
     """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
 
-    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's, and a
-    frame it meets under one is marked "skip" for good: every later step would run eager too, with no
-    recompilation to show for it. The "force_eager" stance keeps dynamo away from the step altogether."""
+    A compiled model runs this step eager, with dynamo kept away ("force_eager"): a frame it met under the tracker's
+    dispatch mode would be marked "skip" for good, and every later step would run eager too."""
     tracker = TimelineMemTracker()
     tracker.track_external(model, optimizer)
     with torch.compiler.set_stance("force_eager"), tracker:
@@ -155,12 +153,10 @@ MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 
 
 
 class StepMarks:
-    """Where a traced step stands, counted in allocations since recording started.
+    """Where a traced step stands, counted in allocations since recording started (`count()`, the allocator's).
 
-    `count()` is the allocator's running number of allocations, which moves by one with every 'alloc'
-    entry of the trace. The marks hold the span of each forward pass, and which blocks hold parameters,
-    buffers, optimizer state and, as the optimizer is about to step, the gradients. The hooks sit on the
-    module train_step calls, outside any compiled region."""
+    The marks hold each forward pass's span, and which blocks hold parameters, buffers, optimizer state and, as the
+    optimizer is about to step, gradients; the hooks sit on the module train_step calls, outside any compiled region."""
 
     def __init__(self, model, optimizer, count):
         self.count, self.start = count, count()
@@ -201,9 +197,8 @@ class StepMarks:
 def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Path | None = None) -> dict:
     """Run `step()` with the allocator recording its history; write the snapshot to `path` if given.
 
-    Returns {'breakdown_mib': at the peak, 'timeline_mib': allocated MiB through the step, 'snapshot':
-    path's name}. Not MemTracker, as on the CPU: dynamo does not compile under its dispatch mode (it
-    would describe an eager step), and it costs minutes at 36 layers."""
+    Returns breakdown_mib, timeline_mib and the snapshot's name. Not MemTracker, as on the CPU: dynamo does not compile
+    under its dispatch mode, and it costs minutes at 36 layers."""
     count = lambda: torch.cuda.memory_stats(device)["allocation.all.allocated"]  # noqa: E731
     # Python stacks only: C++ frames make the snapshot slow to symbolise and large, and this code is Python.
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_TRACE_ENTRIES, clear_history=True)

@@ -218,10 +218,8 @@ _cpu_sdpa = F.scaled_dot_product_attention
 def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
     """F.scaled_dot_product_attention as an H100 runs it for this model (no mask, head size <= 256).
 
-    The flash kernel for 16-bit inputs, the memory-efficient one for fp32. Both keep for backward only the output and a
-    float logsumexp per query row (dropout is regenerated from a saved RNG seed), where the CPU, which has no fused
-    kernel with dropout, takes the math path and keeps the T x T attention weights and their dropout mask. Both kernels
-    have fake-tensor rules, so they run here on fake CPU tensors."""
+    The flash kernel for 16-bit inputs, the memory-efficient one for fp32: both keep only the output and a logsumexp
+    per row, where the CPU's math path keeps the T x T weights; both have fake-tensor rules, so they run here."""
     if attn_mask is not None or kwargs.get("enable_gqa") or query.size(-1) > 256:
         return _cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
     if query.dtype in (torch.float16, torch.bfloat16):

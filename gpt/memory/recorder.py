@@ -30,10 +30,9 @@ def python_stack(depth: int = 2) -> list[dict]:
 class StepRecorder:
     """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear.
 
-    Storages seen before start() are what the allocator held when recording began: blocks without a trace event, as in a
-    real snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when the
-    remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays every block at
-    the size recorded here. time_us counts the simulated operators, not microseconds."""
+    Storages seen before start() are blocks without a trace event, as in a real snapshot. Addresses come from a best-fit
+    allocator over one segment that splits a free range only when the remainder is over 1 MiB (as the caching allocator
+    does), so analyse() replays every block at its size here. time_us counts the simulated operators."""
 
     def __init__(self):
         self.held = {}  # key -> (address, bytes requested, frames)

@@ -55,12 +55,10 @@ def installed(name: str) -> bool:
 
 
 def torch_op_takes_our_call() -> bool:
-    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes.
+    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes (linear_bias=, options=).
 
-    The call needs the keywords linear_bias= and options=, and torch.nn.LinearCrossEntropyOptions with the fields
-    loss_chunking sets. The function's name came into torch's history before these: asking for the name alone would let
-    a torch with the older function fail the stage with a TypeError instead of falling back to liger / cce or skipping
-    it."""
+    The name came into torch's history before these: asking for it alone would let an older torch fail the stage with a
+    TypeError instead of falling back to liger / cce or skipping it."""
     op, options = getattr(F, "linear_cross_entropy", None), getattr(torch.nn, "LinearCrossEntropyOptions", None)
     if op is None or not dataclasses.is_dataclass(options):
         return False
@@ -175,10 +173,8 @@ def triton_library_loss(
 def loss_chunking(device_type: str):
     """How F.linear_cross_entropy chunks and accumulates, as a torch.nn.LinearCrossEntropyOptions.
 
-    CUDA: the library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
-    inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the shape's
-    aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype (the measurements that
-    chose both: docs/design.md, "The figures behind the rules")."""
+    CUDA: the library's own per-device defaults (bf16/fp16: "compact"); CPU: fixed chunks of LOSS_CHUNK_ROWS rows,
+    accumulated in the input's dtype (the measurements: docs/design.md#the-figures-behind-the-rules)."""
     if device_type == "cuda":
         return torch.nn.LinearCrossEntropyOptions()
     return torch.nn.LinearCrossEntropyOptions(
@@ -251,11 +247,10 @@ def time_head_and_loss(
 def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
     """The loss a stage computes, and why it is not the one its config asks for (None when it is).
 
-    It is cfg.loss, except in a run for time (cfg.goal) with the implementation left to "auto", where the full loss
-    computes the same mathematics: there the full loss where no chunked implementation runs on this device, or where the
-    chunked one was measured slower at the stage's shape (under CUDA graphs the chunked loss by rule: loss_how). A run
-    for memory, or one that names its implementation, keeps the chunked loss: its point there is the logits it never
-    holds, or the library the user asked for."""
+    A run for time with loss_impl "auto" computes the full loss, the same mathematics, where no chunked implementation
+    runs here or the chunked one was measured slower (under CUDA graphs: chunked, by rule). A run for memory, or one
+    that names its implementation, keeps the chunked loss: its point is the logits it never holds, or the library asked
+    for."""
     if not _falls_back(cfg):
         return cfg.loss, None
     if missing := why_unavailable(cfg.loss_impl, device_type):
