@@ -74,11 +74,9 @@ class FeedClock:
 
 
 def process_age_s(proc: Path = Path("/proc")) -> float | None:
-    """Seconds since this process started, as the OS counts them.
+    """Seconds since this process started, as the OS counts them (imports before any Python line of ours included).
 
-    Its start time in /proc/self/stat (clock ticks after boot) against the boot-time clock now, so the imports before
-    any Python line of ours are counted too. None where the OS does not say (no /proc: not Linux) or the two clocks
-    disagree (a negative age)."""
+    Its start in /proc/self/stat against the boot-time clock now; None without /proc (not Linux) or a negative age."""
     try:
         stat = (proc / "self" / "stat").read_text()
         started = int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime

@@ -1,9 +1,7 @@
 """Training data: prepared data sets on disk, the two window datasets, and a rank-aware sampler.
 
-Two datasets yield the same kind of (x, y) pairs (y is x shifted by one token):
-- TokenWindowDataset slices a memory-mapped file of pre-tokenised ids: almost free per sample.
-- RawTextDataset cleans and tokenises raw text inside __getitem__ on every sample, which is what the
-  baseline did; the speed ladder measures what moving that work offline (data/prepare.py) buys.
+TokenWindowDataset slices a memory-mapped file of pre-tokenised ids; RawTextDataset cleans and tokenises raw text in
+__getitem__ on every sample, as the baseline did (what moving that offline buys is the speed ladder's to measure).
 """
 
 import fcntl
@@ -200,9 +198,7 @@ class TokenWindowDataset(Dataset):
 class RawTextDataset(Dataset):
     """Sample i: clean and tokenise the raw text from character i on, keep block_size+1 tokens.
 
-    All the work happens per sample on the CPU (in the DataLoader workers) and depends only on i,
-    so any number of workers yields the same batches.
-    """
+    The work depends only on i, so any number of DataLoader workers yields the same batches."""
 
     def __init__(self, text_path, tokenizer, block_size: int):
         if block_size < 1:

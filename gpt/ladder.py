@@ -37,14 +37,9 @@ def stages_on_disk(ladder: str) -> tuple[str, ...]:
 class Ladder:
     """One ladder: its stages (its scripts, in order), what it lowers, where it starts and whether it trains to a loss.
 
-    goal: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones, and their stages run
-    with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run keeps a memory saving).
-    starts_from: a ladder beyond the book continues from this stage of a documented ladder (its settings, profile).
-    to_a_loss: "also": its stages are timed and also train to a loss (gpt/time_to_loss.py); "never": they keep their
-    parent's trajectory (their equivalence tests), so their time to loss is their time per token; "only": they only
-    train to a loss (no timed protocol), on the time-to-loss settings always, with records in <out>/<ladder>/, and
-    run_all runs them in a section of their own.
-    """
+    goal: "time" or "memory", the report's tables and each stage's TrainConfig.goal. starts_from: the stage of a
+    documented ladder a ladder beyond the book continues from. to_a_loss: "also" (timed, and trained to a loss), "never"
+    (their time to loss is their time per token) or "only" (trained to a loss only, a run_all section of their own)."""
 
     name: str
     goal: Literal["time", "memory"]

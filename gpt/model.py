@@ -103,9 +103,8 @@ def _check_field_names(overrides):
 def bigram_index(idx, vocab_size: int, rows: int):
     """The bigram table's row of each position of idx (B, T): the row of its (previous token, token) pair.
 
-    The row is exact where the table has a row for every pair, (vocab_size + 1) * vocab_size, else the pair is hashed
-    into `rows`. Position 0 of a window has no previous token: its pair takes the dedicated previous index vocab_size
-    (never a token), so nothing leaks from outside the window and the first token's row is one of its own."""
+    Exact where the table has a row for every pair, else hashed into `rows`. Position 0's previous index is vocab_size
+    (never a token), so nothing leaks from outside the window."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     if rows >= (vocab_size + 1) * vocab_size:
         return prev * vocab_size + idx

@@ -58,9 +58,7 @@ def b_simple(g2: list[float], s: list[float]) -> float:
 
 
 def ema(values: list[float], steps: float) -> list[float]:
-    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments are.
-
-    The bias correction keeps the first values from being pulled towards 0."""
+    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments are."""
     beta, avg, out = 1 - 1 / steps, 0.0, []
     for t, v in enumerate(values, 1):
         avg = beta * avg + (1 - beta) * v
@@ -218,10 +216,7 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
 
 
 def choose_batch(b_noise: float, times: dict[int, float], baseline: int) -> dict:
-    """The batch that minimises the predicted time to a loss, (1 + B_noise/B) t(B), and its predicted speedup.
-
-    The time is the steps to the loss times the step's seconds, up to the common factor S_min; the speedup is over the
-    baseline's batch."""
+    """The batch minimising the predicted time to a loss, (1 + B_noise/B) t(B), and its speedup on the baseline."""
     if baseline not in times:
         raise ValueError(f"the baseline's batch {baseline} has no step time")
     if not b_noise > 0:
@@ -261,8 +256,7 @@ def parse_batches(text: str) -> list[int]:
 def timed_batches(baseline: int, stage: int, text: str | None) -> list[int]:
     """The batches t(B) is timed at: `text`'s (--batches), else BATCH_MULTIPLES of the baseline's.
 
-    The baseline's batch and the one the batch stage trains at are always among them, so the choice is always weighed
-    against what the stage runs."""
+    The baseline's batch and the batch stage's are always among them, so the choice is weighed against what it runs."""
     chosen = parse_batches(text) if text else [m * baseline for m in BATCH_MULTIPLES]
     return sorted({*chosen, baseline, stage})
 

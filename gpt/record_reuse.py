@@ -1,12 +1,9 @@
 """Results that cannot depend on the machine, computed once and reused while the code behind them is unchanged.
 
-The memory planner's H100 estimates and the gradient noise scale's curve (docs/running.md#one-command). Each record
-carries its provenance: a hash of the repository's source files its process imported, the torch version, the data
-and its arguments (`key`); run_all reuses the committed record while they match. What is hashed is what runs: a
-Python file's syntax tree without its docstrings (`HASH_RULE`), so prose leaves a record reusable and any code change
-makes it stale. Docstrings may be left out because none of these records holds one (a stage's docstring is read only
-as its description). A provenance hashed by another rule is recomputed, never mistaken: the tree is written without
-the empty fields a newer Python adds.
+The planner's H100 estimates and the noise scale's curve (docs/running.md#one-command). A record carries a hash of
+the source files its process imported, the torch version, the data and its arguments (`key`). The hash is of each
+file's syntax tree without its docstrings (`HASH_RULE`): none of these records holds one, so prose leaves a record
+reusable and any code change makes it stale; a provenance hashed by another rule is recomputed, never mistaken.
 """
 
 import ast

@@ -65,8 +65,8 @@ def resolve(
 ) -> RunChoices:
     """Every per-device decision of a run, each asked of its module once.
 
-    The precision (precision.mixed_precision: the bf16 rule) is chosen here. `fp32_matmuls` and `host_allocator` as the
-    run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""
+    `fp32_matmuls` and `host_allocator` as the run set them up; `model_config` the model's GPTConfig (its attention and
+    loss already decided)."""
     amp = mixed_precision(cfg, device)
     mode, compile_why = compile_choice(cfg, device)
     return RunChoices(

@@ -1,15 +1,9 @@
 """Profiles: the base settings of each ladder's baseline stage, declared here and nowhere else.
 
-- reference: the documented setup (../shared/reference/README.md). Default with CUDA.
-- cpu: sized so the four ladders finish in under half an hour on 2 CPU cores. Default without CUDA.
-- smoke: tiny shapes, seconds per stage; for tests.
-What each holds, and why the cpu profile's shapes: docs/running.md#profiles-gptsettings_profilespy.
-
-Each profile also has "time_to_loss": the speed ladder's baseline settings when the speed and fast stages train from
-scratch to a token budget (gpt/time_to_loss.py); `_to_a_loss` says how they are derived. And "speedrun": the
-speedrun's task (SPEEDRUN_TASK), one on every profile and device but smoke's tiny one (docs/speedrun.md).
-
-Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
+reference (the documented setup, ../shared/reference/README.md; default with CUDA), cpu (the four ladders in under
+half an hour on 2 cores; default without CUDA), smoke (the tests'): what each holds, and why the cpu profile's
+shapes: docs/running.md#profiles-gptsettings_profilespy. Each also has "time_to_loss" (`_to_a_loss` derives it) and
+"speedrun", the speedrun's task. Stage scripts change these settings, so every profile runs every stage.
 """
 
 from gpt.errors import UserError

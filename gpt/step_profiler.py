@@ -154,11 +154,10 @@ def length(a: list) -> float:
 
 
 def attribute(windows: list, layers: list[tuple[str, list]], rest: str) -> dict[str, float]:
-    """Split the time of `windows` among categories, layer by layer in priority order.
+    """Split the time of `windows` among categories: each (category, intervals) layer, in order, takes what it covers.
 
-    Each (category, intervals) layer, in priority order, takes what it covers of the time the earlier layers left;
-    what no layer covers goes to `rest`. A category may appear in several layers. The parts add up to the windows'
-    length exactly."""
+    What no layer covers goes to `rest`; a category may appear in several layers; the parts add up to the windows
+    exactly."""
     left = union(windows)
     out = {}
     for category, intervals in layers:

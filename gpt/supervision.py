@@ -77,10 +77,10 @@ class TimeLimitReached(Exception):
 
 
 def run_stage(cmd: list[str], log: Path, show, deadline=None) -> int:
-    """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
+    """Run one stage script with its output in `log`, `show(seconds)` once a second; returns its exit code.
 
-    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
-    `deadline` (a gpt/quick_run.py Deadline, or anything with its passed()) passed first."""
+    KeyboardInterrupt after stopping the stage if interrupted; TimeLimitReached if `deadline` (quick_run's) passed
+    first."""
     with open(log, "w") as f:
         # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
         proc = subprocess.Popen(

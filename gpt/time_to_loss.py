@@ -25,10 +25,7 @@ from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
 def run(cfg: TrainConfig, label: str = "train") -> dict:
-    """Train `cfg` to its token budget and return the run's record.
-
-    `cfg` is validated where it was built (gpt/ladder.py:stage_config). Every process of a DDP/FSDP run trains; rank
-    0's record is the one written."""
+    """Train `cfg` (validated where it was built) to its token budget and return the run's record (rank 0's)."""
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)
@@ -123,10 +120,9 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
-    """Whether a run that stops at its target (cfg.stop_at_target) has reached it.
+    """Whether a run that stops at its target has reached it: its last evaluation, on every window, at or below it.
 
-    It has when its last evaluation, on the full windows (never an estimate on fewer), is at or below it. The crossing
-    is read from the curve up to there, so stopping changes no figure but the final loss."""
+    The crossing is read from the curve up to there, so stopping changes no figure but the final loss."""
     last = curve[-1]
     return (
         cfg.stop_at_target
@@ -137,11 +133,7 @@ def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
 
 
 def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) -> Callable[[bool], WindowSums]:
-    """The run's evaluation, `evaluate(full)` -> the window sums now.
-
-    A run that stops at its target reads an estimate on fewer windows while its loss is clearly above the target
-    (gpt/evaluation.py: TowardTarget); the first and last evaluations (`full`), and every evaluation of a run that
-    trains its whole budget, read every window."""
+    """The run's evaluation, `evaluate(full)` -> the window sums now (an estimate on fewer windows: TowardTarget)."""
     batch, world = trainer.cfg.micro_batch_size, cfg.world_size
     toward = TowardTarget(
         len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
@@ -190,8 +182,7 @@ def budget_metrics(
 ) -> dict:
     """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target.
 
-    `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
-    mean of the others; with no other, the fastest of them) is start-up."""
+    Start-up: what each of `startup_steps` took beyond a steady step (the others' mean; with none, their fastest)."""
     n = len(startup_steps)
     steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps, default=0.0)
     extra = beyond_steady(startup_steps, steady_s)

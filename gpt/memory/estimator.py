@@ -52,9 +52,8 @@ class Estimate:
 def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None, record: bool = False) -> Estimate:
     """Peak memory of one process training with `cfg` on `target`.
 
-    adapt(raw, model, optimizer), if given, may modify what build_model returned before training starts
-    (gpt/memory/planner.py uses it to emulate the reference's code). record: also keep every allocation and
-    free of the simulated step, with its Python stack, as a CUDA memory snapshot (Estimate.snapshot)."""
+    adapt(raw, model, optimizer), if given, may modify what build_model returned (the planner emulates the reference's
+    code so). record: also keep the simulated step as a CUDA memory snapshot (Estimate.snapshot)."""
     if target not in TARGET_DEVICES:
         raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGET_DEVICES)})")
     plan = simulation_plan(cfg, target, vocab_size)
@@ -202,11 +201,9 @@ _cpu_dropout = F.dropout
 
 
 def _cuda_dropout(input, p=0.5, training=True, inplace=False):
-    """F.dropout as CUDA runs it.
+    """F.dropout as CUDA runs it: the fused native_dropout, which keeps a 1-byte mask (the CPU's path: 4-byte noise).
 
-    On CUDA it calls the fused native_dropout, which keeps a bool mask (1 byte per element) for backward; on the CPU it
-    multiplies by a float noise tensor and keeps that (4 bytes). native_dropout has a CPU kernel too, so calling it
-    reproduces CUDA's tensors."""
+    native_dropout has a CPU kernel too, so calling it reproduces CUDA's tensors."""
     if training and 0 < p < 1 and not inplace and input.numel() > 0:  # CUDA's condition for the fused kernel
         return torch.native_dropout(input, p, True)[0]
     return _cpu_dropout(input, p, training, inplace)

@@ -1,17 +1,13 @@
 """The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss by chunks of rows.
 
-The head and the loss are computed chunk by chunk of rows, so the (rows x vocabulary) logits never exist at once.
-
-Three maintained implementations compute it; which ones a machine has depends on its PyTorch and packages:
+The (rows x vocabulary) logits never exist at once. Three implementations, as this machine's torch and packages allow:
 
     torch   F.linear_cross_entropy (PyTorch 2.12 and newer), every device
     liger   liger-kernel's fused linear cross-entropy (Triton kernels; CUDA), `pip install liger-kernel`
     cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
 
-The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first of IMPLEMENTATIONS available
-on the device (PyTorch's own first: which is fastest on a GPU is `python -m gpt.bench_loss`'s to say). All three give
-the full loss's loss and gradients up to float summation order; how each gets there, and its bf16 weight gradient:
-docs/design.md#beyond-the-book-the-fast-and-lean-ladders.
+`loss_impl` "auto" takes the first of IMPLEMENTATIONS available on the device. All three give the full loss's loss
+and gradients up to summation order: docs/design.md#beyond-the-book-the-fast-and-lean-ladders.
 """
 
 import dataclasses
@@ -204,11 +200,10 @@ def time_head_and_loss(
     warmup: int = 3,
     repeats: int = 20,
 ) -> dict:
-    """Milliseconds of one forward and backward of the output head and the loss at a shape.
+    """Milliseconds of one forward and backward of the output head and `loss_fn(x, weight, targets, vocab, bias)`.
 
-    The loss is `loss_fn(x, weight, targets, vocab, bias)`; the figures are the median, min and max over `repeats` calls
-    after `warmup` (CUDA: the peak MiB too), on real tensors with the random state put back as it was (a stage measures
-    this while it builds its model)."""
+    The median, min and max of `repeats` calls after `warmup` (CUDA: the peak MiB too), on real tensors, with the random
+    state put back as it was (a stage measures this while it builds its model)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

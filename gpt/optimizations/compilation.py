@@ -92,9 +92,8 @@ def uses_cuda_graphs(mode: str | None) -> bool:
 def cuda_graphs_rule(cfg: TrainConfig, device: torch.device, kept: str) -> str | None:
     """The rule that keeps a kernel a run for time asks for under CUDA graphs, or None where it is measured instead.
 
-    A kernel's time is measured call by call, compiled in the default mode: under CUDA graphs the step replays its
-    kernels in one launch, which such a call does not, so the measurement would not say how the run runs. There the
-    stage's own choice (`kept`) runs as asked, and the record says so (choices' attention_how, loss_how)."""
+    A kernel timed call by call does not run as a step's graphs replay it, so there the stage's own choice (`kept`) runs
+    as asked, and the record says so (choices' attention_how, loss_how)."""
     if not uses_cuda_graphs(compile_mode(cfg, device)):
         return None
     return f"rule: {kept} as asked under CUDA graphs (a call timed on its own does not run as the graphs replay it)"
@@ -103,9 +102,8 @@ def cuda_graphs_rule(cfg: TrainConfig, device: torch.device, kept: str) -> str |
 def startup_steps(cuda_graphs: bool) -> int:
     """The steps at a run's start whose time beyond a steady step is start-up (compile_s, startup_s), not training.
 
-    The first: compilation, the DataLoader's workers. Under CUDA graphs the next two as well: cudagraph trees run each
-    compiled graph once unrecorded (the first step), record it at its next call (the second), then replay it; the
-    first replay (the third) is counted too, so whatever it adds is start-up, and a steady one adds nothing."""
+    The first (compilation, DataLoader workers); under CUDA graphs also the next two: cudagraph trees record a graph at
+    its second call and first replay it at the third."""
     return 3 if cuda_graphs else 1
 
 

@@ -104,9 +104,8 @@ def time_attentions(
 ) -> list[float]:
     """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`.
 
-    Each is the median of ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under
-    FakeTensorMode), with the random state put back as it was (a stage measures this while it builds its model, after
-    seeding it)."""
+    Each the median of ~0.3 s of calls after warm-up, on real tensors (also under the planner's FakeTensorMode), with
+    the random state put back as it was."""
     device = device or torch.device("cpu")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

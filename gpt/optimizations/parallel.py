@@ -202,9 +202,8 @@ def _offload_simulated(plan: SimulationPlan) -> None:
 def _shards_in_transit(cfg: TrainConfig, raw, target: str):
     """The GPU memory of the shards CPU offload has in transit, which the simulation does not see, or None.
 
-    Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient shard
-    waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation, where nothing
-    moves between devices, does not see them)."""
+    A unit's fp32 shard copied in before its all-gather, and its gradient shard waiting to go back: one of each for the
+    largest unit, wherever the peak is."""
     if not cfg.fsdp_cpu_offload:
         return None
     unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)

@@ -55,22 +55,17 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
 
 
 def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
-    """What the memory planner computes in.
-
-    The CPU's autocast dtype depends on this CPU's measured matmul rates; a CUDA estimate takes 16 bits (fp16 on
-    CUDA, the same sizes as the bf16 simulated) whenever the stage autocasts, and casts by CUDA autocast's op lists
-    where they differ from the CPU's (gpt/memory/estimator.py: _CudaAutocastLists; softmax runs in float32)."""
+    """What the memory planner computes in: the CPU's measured rule, or 16 bits for a CUDA estimate that autocasts."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
     return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type)
 
 
 def bf16_is_fast(device_type: str) -> tuple[bool, str]:
-    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz).
+    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz): (fast, why).
 
-    A GPU: only with bf16 units (Ampere and newer); torch.cuda.is_bf16_supported()'s default answer also counts
-    emulated bf16, true on a T4 or V100, which run it several times slower than fp16. A CPU:
-    cpu_bf16_is_faster. Returns (fast, why)."""
+    A GPU: only with bf16 units (Ampere and newer; the default is_bf16_supported() counts a T4's or V100's emulated
+    bf16, several times slower than fp16). A CPU: cpu_bf16_is_faster."""
     if device_type == "cuda":
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return True, "this GPU has bf16 units"

@@ -19,11 +19,9 @@ MACHINES = "machines.png"
 
 
 def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, float | None]]:
-    """(stage, group, speedup per sample, speedup to the target or None: not reached) against speed_0.
+    """(stage, group, speedup per sample, speedup to the target or None) against speed_0, a point per stage.
 
-    The speed and fast stages from their runs to a loss (tokens/s, and seconds to the time-to-loss
-    target), the speedrun's stages that hold from theirs (mean tokens/s over their seeds, and mean
-    seconds to the speedrun's target)."""
+    The speed and fast stages from their runs to a loss, the speedrun's stages that hold from theirs (seeds' means)."""
     base, base_target = runs.records.get(BASELINE), runs.to_target(BASELINE)
     points = []
     if ok(base) and base_target:

@@ -66,9 +66,7 @@ def changes(rungs: list[Rung], key: str) -> list[tuple[Rung, float]]:
 
 
 def speed_findings(rungs: list[Rung]) -> list[str]:
-    """What the speed tables do not show: stages that did not help and why, compilation's cost.
-
-    The largest gain is the summary's, the change from the baseline and the MFU the tables' columns."""
+    """What the speed tables do not show: the stages that did not help and why, and compilation's cost."""
     steps = changes(rungs, "seconds_mean")
     lines = []
     for r, d in steps:
@@ -95,9 +93,7 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:
-    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise.
-
-    Also why that variation can exceed the spread of the stage's own repeats."""
+    """Stages whose change does nothing here: the reason, and why the time change can exceed the repeats' spread."""
     lines = []
     for r in (r for r in rungs if r.ok and r.record.get("no_effect")):
         d = r.vs(r.parent, "seconds_mean")
@@ -167,9 +163,8 @@ def noise_line(rungs: list[Rung]) -> list[str]:
 def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None = None) -> list[str]:
     """How peak memory and MFU were measured, once per distinct method, and where the allocator snapshots are.
 
-    Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`)
-    compare stages measured differently. The snapshots named are those in `runs`; a committed records
-    folder has none (gpt/committed_records.py)."""
+    Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`) compare stages
+    measured differently; the snapshots named are those in `runs`."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []

@@ -52,11 +52,10 @@ def within_noise(r: Rung, d: float) -> str:
 
 
 def stayed_small(r: Rung, category: str) -> bool:
-    """Whether `category` held little of the step in the parent and still does in the stage, by every measurement.
+    """Whether `category` held under SMALL_SHARE_PCT of the parent's step and still does here, by every measurement.
 
-    The measurements of it: the profiled step's shares; for data wait and copy also the timed repeats', the table's.
-    Little: under SMALL_SHARE_PCT in both, and its seconds not grown by NO_GAIN_PCT of the parent's time or more (the
-    stage did not add it)."""
+    The profiled step's shares, and for data wait and copy the timed repeats' too; its seconds must not have grown by
+    NO_GAIN_PCT of the parent's time (the stage did not add it)."""
     seconds, parent_seconds = r.m("seconds_mean"), r.parent["metrics"]["seconds_mean"]
     for mine, parents in ((shares(r.record), shares(r.parent)), (timed_shares(r.record), timed_shares(r.parent))):
         if category not in mine and category not in parents:
