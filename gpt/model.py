@@ -114,8 +114,8 @@ def bigram_index(idx, vocab_size: int, rows: int):
 def trigram_index(idx, vocab_size: int, rows: int):
     """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`.
 
-    Always hashed: the exact table would have (vocab_size + 1)^2 * vocab_size rows. Positions before a window's start
-    read the dedicated index vocab_size, as in bigram_index, so nothing leaks from outside the window."""
+    Always hashed (an exact table would have (vocab_size + 1)^2 * vocab_size rows); before the window's start,
+    vocab_size."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     prev2 = F.pad(idx[:, :-2], (2, 0), value=vocab_size)
     return torch.bitwise_xor(torch.bitwise_xor(prev2 * 10007, prev * 36313), idx * 27191) % rows
@@ -209,10 +209,7 @@ class ReLUSquared(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer: forward(x) takes and returns one tensor.
-
-    That lets it be wrapped from outside (activation checkpointing, FSDP) without knowing anything else about the
-    model."""
+    """One transformer layer: forward(x) takes and returns one tensor, so it can be wrapped (checkpointing, FSDP)."""
 
     def __init__(self, config):
         super().__init__()
@@ -261,10 +258,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """GPT-2 initialisation.
-
-        Also call it after `to_empty()` on a model built on the meta device: it refills the parameters and the naive
-        attention mask."""
+        """GPT-2 initialisation (also after `to_empty()` from the meta device: it refills the naive mask)."""
         vocab = self.config.vocab_size
         for module in self.modules():
             if module is self.transformer.bigram or module is self.transformer.trigram:  # zero below, and off the
@@ -335,10 +329,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self, non_embedding=False):
-        """The number of unique parameters (the tied wte/lm_head matrix counts once).
-
-        non_embedding=True leaves out the embedding tables (token, position, bigram, trigram), the convention of the
-        scaling-law papers."""
+        """Unique parameters (the tied wte/lm_head once); non_embedding: without the embedding tables."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             n -= self._lookup_params() + self.transformer.wte.weight.numel()
@@ -358,11 +349,10 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path, **overrides):
-        """Load a local Hugging Face GPT-2 checkpoint directory (config.json plus its weights file).
+        """Load a local Hugging Face GPT-2 checkpoint (config.json and model.safetensors or pytorch_model.bin).
 
-        The weights are model.safetensors or pytorch_model.bin. overrides may set dropout, attention, loss,
-        vocab_multiple (padding rows are added) or a smaller block_size (the position table is cropped); the
-        architecture itself comes from the checkpoint."""
+        overrides may set dropout, attention, loss, vocab_multiple (padding rows added) or a smaller block_size (the
+        position table cropped); the architecture comes from the checkpoint."""
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"

@@ -109,9 +109,7 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
 
 
 def to_a_loss_overrides(args, profile: dict) -> dict:
-    """The settings a run to a loss takes from the command line (None: the profile's `time_to_loss` settings).
-
-    Bad input is one line."""
+    """The settings a run to a loss takes from the command line (None: the profile's); bad input is one line."""
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
@@ -165,10 +163,7 @@ def to_a_loss_settings(stage: str, profile: str, speedrun_task: bool) -> dict:
 
 
 def loss_records_dir(out: Path, stage: str, profile: str, speedrun_task: bool) -> Path:
-    """Where a run to a loss keeps its record in the run directory `out`.
-
-    <out>/speedrun/ for a speedrun stage, speedrun_baseline_dir for a run on the speedrun's task (speed_0's seeds that
-    set its target), <out>/time_to_loss/ otherwise."""
+    """Where a run to a loss keeps its record in `out`: speedrun/, speedrun_baseline_dir or time_to_loss/."""
     if trains_to_a_loss_only(stage):
         return time_to_loss_dir(out, ladder_of(stage))
     return speedrun_baseline_dir(out, profile) if speedrun_task else time_to_loss_dir(out)
@@ -275,9 +270,7 @@ def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
 
 
 def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict:
-    """Train and write the record, including for a run that failed (OOM, crash).
-
-    Rank 0 writes it, and so does the rank that failed first: torchrun may stop rank 0 before it can."""
+    """Train and write the record, also for a failed run: by rank 0 and the first rank to fail."""
     import torch
 
     from gpt import protocol, time_to_loss

@@ -37,9 +37,7 @@ def run_config(record: dict) -> dict:
 
 
 def summary(record: dict) -> dict:
-    """The record's scalar figures (lists are logged as curves), dicts flattened.
-
-    The flattened names: memory_breakdown_mib/<part>, time_breakdown_pct/<category>, profiler/<fact>."""
+    """The record's scalar figures, dicts flattened (memory_breakdown_mib/<part>, profiler/<fact>, ...)."""
     out = {"status": record["status"]}
     for key, value in record.get("metrics", {}).items():
         if isinstance(value, dict):
@@ -50,9 +48,7 @@ def summary(record: dict) -> dict:
 
 
 def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
-    """Log one stage (mode offline | online; disabled does nothing), attaching `files` to the run; never raises.
-
-    `files`: the profiler's trace."""
+    """Log one stage (mode offline | online; disabled does nothing) with `files` (the trace) attached; never raises."""
     if mode == "disabled":
         return
     if not wandb_installed():

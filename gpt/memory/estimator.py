@@ -162,11 +162,7 @@ class _PeakTracker(TimelineMemTracker):
         return self
 
     def _host_bytes(self, dev, snap: dict) -> dict:
-        """Under CPU offload, the bytes of each category that live in host memory.
-
-        The sharded parameters (a unit's gathered parameters, also labelled parameters, are on the GPU), the gradients
-        (MemTracker labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the
-        CPU)."""
+        """Under CPU offload, the bytes of each category in host memory: the sharded parameters, gradients and state."""
         if not self.offload:
             return {}
         return {

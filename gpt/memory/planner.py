@@ -55,9 +55,7 @@ def with_newgelu(raw, model, optimizer):
 
 
 def with_mingpt_gradient_lifetime(raw, model, optimizer):
-    """Gradients freed when the forward pass returns instead of after the optimizer step.
-
-    As minGPT does: zero_grad right before backward. train_step's own zero_grad becomes a no-op."""
+    """Gradients freed as the forward pass returns (minGPT's zero_grad before backward; train_step's: a no-op)."""
     optimizer.zero_grad = lambda set_to_none=True: None
     model.register_forward_hook(lambda *_: torch.optim.Optimizer.zero_grad(optimizer, set_to_none=True))
 
@@ -173,9 +171,9 @@ def snapshot_breakdown(est_breakdown: dict) -> dict:
 
 
 def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
-    """What the estimates and the reference's snapshots say about the documented peaks, as (figure, value) pairs.
+    """What the estimates and the reference's snapshots say about the documented peaks: (figure, value) pairs.
 
-    The figures are computed from them; gpt/memory/README.md explains each, under the same name."""
+    gpt/memory/README.md explains each, under the same name."""
     by = {r["stage"]: r for r in rows}
     s0, s2 = by["memory_0_baseline"], by["memory_2_checkpointing"]["reference"].breakdown_mib
     cfg = reference_config("memory_0_baseline")
@@ -328,9 +326,7 @@ def _cuda_mib(nbytes: int) -> float:
 
 
 def vocabulary_of(params: int) -> tuple[float, float]:
-    """The vocabulary that gives GPT-2-large's shape (block 128) `params` parameters, with a tied and an untied head.
-
-    The tied output head as here and in GPT-2, the untied one as in minGPT."""
+    """The vocabulary that gives GPT-2-large's shape (block 128) `params` parameters, with a tied and an untied head."""
     per_token = _params_at(vocab_size=2) - _params_at(vocab_size=1)  # n_embd: the tied head adds no parameters
     rest = params - (_params_at(vocab_size=1) - per_token)
     return rest / per_token, rest / (2 * per_token)
@@ -516,9 +512,7 @@ def compared_peak(record: dict) -> tuple[float, str]:
 
 
 def compare_records(records: list[dict], runner: Runner | None = None, progress=print) -> list[dict]:
-    """Estimate every measured stage record (status ok) with its own configuration and device type.
-
-    Each is compared with the figure of it that holds what the estimate predicts (compared_peak)."""
+    """Estimate every measured stage record (ok) with its own config and device type, against its compared_peak."""
     measured = [r for r in records if r.get("status") == "ok" and (r.get("metrics") or {}).get("peak_memory_mib")]
     specs = [
         (

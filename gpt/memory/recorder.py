@@ -15,10 +15,7 @@ _BASE = 0x7F0000000000  # where the simulated segment starts (any aligned addres
 
 
 def python_stack(depth: int = 2) -> list[dict]:
-    """The caller's Python stack in the snapshot's frame format (innermost first).
-
-    From the code that ran the operator outwards: the frames of the tracking machinery and everything inside them are
-    left out."""
+    """The caller's Python stack in the snapshot's frame format (innermost first), the tracking machinery left out."""
     frames, f = [], sys._getframe(depth)
     while f is not None:
         frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})

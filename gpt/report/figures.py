@@ -46,10 +46,7 @@ def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, f
 
 
 def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
-    """Speedup per sample (x) against speedup to the target (y), log-log, a point per stage.
-
-    The diagonal is where a per-sample gain carries over whole; a stage that does not reach the target
-    sits on a strip below. False: nothing to plot (no baseline that reaches its target)."""
+    """Speedup per sample (x) against speedup to the target (y), log-log, the diagonal drawn; False: no baseline."""
     points = thesis_points(runs, sr)
     if len(points) < 2:
         return False

@@ -22,16 +22,12 @@ def changed(r: Rung) -> list:
 
 
 def why_no_speedup(r: Rung) -> str:
-    """The measured reason a speed stage did not make the ladder faster here.
-
-    Its optimization's own reason (no_speedup, declared in its module), else how the steady step compares."""
+    """Why a speed stage did not help: its optimization's own reason (no_speedup), else how the steady step compares."""
     return optimizations.no_speedup(changed(r), r.record, r.parent) or steady_steps(r.record, r.parent)
 
 
 def why_no_memory_saving(r: Rung) -> str:
-    """The measured reason a memory stage did not lower the peak here.
-
-    What dominates the peak, what moved, and what the change acts on (its optimization's memory targets)."""
+    """Why a memory stage did not lower the peak: what dominates it, what moved, and what the change acts on."""
     b, pb = r.record["metrics"].get("memory_breakdown_mib"), r.parent["metrics"].get("memory_breakdown_mib")
     if not b or not pb:
         return "no breakdown recorded"

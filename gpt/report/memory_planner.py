@@ -120,10 +120,7 @@ HOST_ASSUMED = "256 GiB per GPU, as on an 8-GPU H100 server with 2 TiB of host m
 
 
 def fit_part(fit: dict) -> list[str]:
-    """The largest model that fits the budget, before and after the ladder and beyond it.
-
-    A row that fits the GPU only by needing more host memory than HOST_GIB_PER_GPU is left out of the
-    table and bounded in words."""
+    """The largest model that fits the budget; a row that needs more host memory than HOST_GIB_PER_GPU: in words."""
     rows = fit.get("rows", [])
     too_big = [r for r in rows if (r.get("host_mib") or 0) > HOST_GIB_PER_GPU * 1024]
     lines = ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB of GPU memory", ""]
@@ -160,10 +157,7 @@ def fit_part(fit: dict) -> list[str]:
 
 
 def host_bound(row: dict) -> str:
-    """Why a CPU-offload row is not in the table, and roughly how deep host memory lets it go.
-
-    Host memory is affine in depth with a small constant part, so scaling by host memory per layer errs
-    low, by under a layer."""
+    """Why a CPU-offload row is not in the table, and about how deep host memory (affine in depth) lets it go."""
     per_layer = row["host_mib"] / row["n_layer"]
     layers = math.floor(HOST_GIB_PER_GPU * 1024 / per_layer)
     return (
@@ -177,10 +171,7 @@ def host_bound(row: dict) -> str:
 
 
 def compare_part(compare: dict) -> list[str]:
-    """The estimates against the peaks this run measured.
-
-    On a CPU both come from MemTracker on the same training code, so agreement there checks only that the
-    planner runs the stages' code: the table then shows just the stages that differ, and says so."""
+    """The estimates against the measured peaks; on a CPU (the same tracker both sides) only the stages that differ."""
     stages = compare.get("stages", [])
     lines = ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]
     same_tracker = bool(stages) and all(s.get("target") == "cpu" for s in stages)

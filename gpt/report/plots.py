@@ -134,10 +134,7 @@ def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], ti
 
 
 def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
-    """Peak memory, its breakdown and the relative view.
-
-    `rungs` may run on into a ladder that continues from this one (the lean ladder after memory_4), drawn
-    in the same figure."""
+    """Peak memory, its breakdown and the relative view; `rungs` may run on into a ladder that continues from it."""
     plt = pyplot()
     rungs, title = finished(rungs, title)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -152,10 +149,7 @@ def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> 
 
 
 def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
-    """Stacked horizontal bars, one per stage and a panel per ladder: where the timed seconds go.
-
-    The timed seconds per N samples split by the profiled time breakdown. False (no plot) when no stage
-    has a breakdown."""
+    """Stacked bars, a panel per ladder: the timed seconds split by the profiled breakdown (False: no breakdown)."""
     shown = {name: rungs for name, rungs in ladders.items() if any(shares(r.record) for r in rungs)}
     if not shown:
         return False

@@ -40,10 +40,9 @@ def comparable(a: dict | None, b: dict | None) -> bool:
 
 
 class Rung:
-    """One stage of a ladder as the report sees it.
+    """One stage as the report sees it, beside its parent and its lineage's baseline.
 
-    The record (or None), its parent (for the first stage of a ladder beyond the book: the stage it continues from), the
-    baseline of its lineage (speed_0 or memory_0), and what the stage script declares (gpt/ladder.py:declaration)."""
+    Its record (or None), its parent's (or the stage it continues from), and what its script declares."""
 
     def __init__(self, stage: str, records: dict[str, dict]):
         parent, first = parent_of(stage), lineage(stage)[0]

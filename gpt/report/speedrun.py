@@ -95,10 +95,7 @@ def speedup_range(base: list[float], mine: list[float]) -> str:
 
 
 def wall_cell(sr: Speedrun, stage: str) -> str:
-    """The stage's whole wall clock over its seeds, and its ratio against speed_0's.
-
-    The ratio is given where both were measured by the same clock (Speedrun.walls); a wall clock of the
-    process's own, against one from outside, is said so."""
+    """The stage's whole wall clock over its seeds, and its ratio to speed_0's where the same clock measured both."""
     walls, clock = sr.walls(stage)
     if not walls:
         return ""
@@ -115,10 +112,7 @@ def budgets(sr: Speedrun, stage: str) -> list[int | None]:
 
 
 def margin(sr: Speedrun, stage: str) -> tuple[int, float] | None:
-    """(the token budget, the share of it the seed with the least left still had when it reached the target).
-
-    The share is 0 for speed_0's worst seed, whose end is the target. None where the seeds' budgets
-    differ or are not recorded."""
+    """(the token budget, the least share of it a seed still had at the target); None unless the budgets agree."""
     tokens, budget = sr.tokens(stage), budgets(sr, stage)
     if not tokens or None in budget or None in tokens or len(set(budget)) != 1:
         return None
@@ -154,9 +148,7 @@ def task_line(sr: Speedrun) -> str:
 
 
 def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
-    """One stage's row (not the baseline's).
-
-    A failed or missing run says so; a stage that does not hold gives its seeds' final losses."""
+    """One stage's row (not the baseline's): failed, missing, not held (its seeds' final losses) or its figures."""
     declared = declaration(stage)
     number, change = stage.split("_")[1], f"{declared.change} ({KINDS[declared.kind]})"
     records = sr.stages[stage]
@@ -206,9 +198,7 @@ def speedrun_table(sr: Speedrun) -> list[str]:
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
-    """Validation loss against training seconds: speed_0's seeds and every speedrun stage's.
-
-    Each seed is drawn and labelled, the target dashed. False: nothing to plot."""
+    """Validation loss against training seconds, every seed of speed_0 and each stage; False: nothing to plot."""
     lines = [(f"{BASELINE[:7]} seed {r.get('seed')}", r, "0.45") for r in sr.baseline if ok(r)]
     plt = pyplot()
     colors = plt.get_cmap("tab10").colors
@@ -354,9 +344,7 @@ def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
 
 
 def plot_noise_scale(record: dict, path) -> None:
-    """B_simple (moving average) against training tokens, with the validation loss on a twin axis.
-
-    The baseline's batch is a horizontal line, and the window B_noise is read over is shaded."""
+    """B_simple against training tokens, the validation loss on a twin axis, the window B_noise is read over shaded."""
     plt = pyplot()
     points = [p for p in record["curve"] if p["b_simple"] is not None]
     fig, ax = plt.subplots(figsize=(10, 4.8))

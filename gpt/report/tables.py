@@ -26,9 +26,7 @@ def title(runs: Path) -> list[str]:
 
 
 def header(runs: Path, records: dict[str, dict]) -> list[str]:
-    """Where and when the records were measured, from machine.json (run_all) and the records themselves.
-
-    A table folded into a details block (it follows the summary), and the warnings, which stay in view."""
+    """Where and when the records were measured (machine.json and the records), folded; the warnings stay in view."""
     machine = read_record(runs / MACHINE_FILE) or {}
     finished = [r for r in records.values() if ok(r)]
     envs = [r.get("env", {}) for r in records.values()]
@@ -93,9 +91,7 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
 
 
 def header_warnings(machine: dict, profiles: list[str]) -> list[str]:
-    """The warnings: what makes the records' times or comparisons less trustworthy.
-
-    A busy machine, a CPU that ran faster at the end than at the start, records of several profiles."""
+    """The warnings: a busy machine, a CPU faster at the end than at the start, records of several profiles."""
     lines, peaks, end = [], machine.get("cpu_peaks_gflops"), machine.get("cpu_peak_end_gflops") or {}
     if machine.get("load_average", 0) > 0.5 * (machine.get("cpu_count") or 1):
         lines += [
@@ -177,9 +173,7 @@ def change_cell(r: Rung) -> str:
 
 
 def run_caption(rungs: list[Rung]) -> str:
-    """The model, batch and device this ladder's records ran with, from its first finished record.
-
-    What a record does not hold is left out."""
+    """The model, batch and device this ladder's records ran with, from its first finished record."""
     first = next((r for r in rungs if r.ok), None)
     if first is None:
         return ""

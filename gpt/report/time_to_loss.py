@@ -57,10 +57,7 @@ class LossRuns:
         return self.vs(stage, parent_of(stage) or "")
 
     def vs(self, stage: str, other: str) -> tuple[float | None, float | None]:
-        """How soon the stage reaches the loss of `other`'s model, and `other` itself: a pair of seconds.
-
-        (seconds for `other` to reach its own loss at TARGET_AT of its budget, seconds for the stage to reach that
-        same loss)."""
+        """Seconds for `other` to reach its own loss (at TARGET_AT of its budget), and for the stage to reach it."""
         r, o = self.records.get(stage), self.records.get(other)
         if not (ok(r) and ok(o)):
             return None, None
@@ -268,10 +265,7 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
 
 
 def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bool:
-    """Validation loss against training seconds and against tokens for `stages`, saved to `path`.
-
-    `stages`: one ladder, with the baseline and the stage it continues from. The baseline's other seeds are thin and
-    grey, the target dashed, the loss of a model later stages keep dotted. False: nothing to plot."""
+    """Validation loss against training seconds and tokens for `stages` (one ladder, with the baseline); False: none."""
     finished = [(s, runs.records[s]) for s in stages if ok(runs.records.get(s))]
     if not finished:
         return False
@@ -316,9 +310,7 @@ def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bo
 
 
 def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
-    """One line for every stage marked (no effect) here but not in its ladder's timed table.
-
-    The line gives the reason, and the shapes that differ, so that the two sections do not read as a contradiction."""
+    """A line for every stage marked (no effect) here but not in its timed table: the reason, and the shapes."""
     lines = []
     for stage in runs.stages:
         r, t = runs.records.get(stage), timed.get(stage)
@@ -336,9 +328,7 @@ def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
 
 
 def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] | None = None) -> list[str]:
-    """The whole section; [] when the run has no stage trained to a loss.
-
-    `timed`: the ladders' records, to explain a stage whose effect differs between the two."""
+    """The whole section ([] without a stage trained to a loss); `timed`: the ladders' records, to compare effects."""
     if not runs.records:
         return []
     base = runs.records.get(BASELINE)
