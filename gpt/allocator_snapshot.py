@@ -1,47 +1,6 @@
 """CUDA allocator snapshots: the one reader and the one writer of the format, the block-size rule, a step's replay.
 
-The snapshots are `torch.cuda.memory._snapshot()`, the pickle https://pytorch.org/memory_viz opens. The reader, the
-writer and the caching allocator's block-size rule serve the measuring code (a stage's memory step on CUDA,
-gpt/peak_memory.py) and the memory planner (the reference's snapshots, its own simulated step: gpt/memory) alike.
-`analyse` replays a recorded step: its allocated bytes over time, its peak and what was alive then, by category.
-
-The format (PyTorch's) is a pickled dict of plain data. `segments`: what the caching allocator holds when the
-snapshot is taken, each with its `blocks` (address order, tiling the segment: `address`, `size`, `requested_size`,
-`state`, `frames` of the allocation). `device_traces[d]`: every allocator event on device d while history was
-recorded: `action` (alloc, free_requested, free_completed, segment_alloc, ...), `addr`, `size` (bytes requested),
-`stream`, `time_us` and `frames` (the C++ and Python stack, innermost first).
-
-Reading uses an unpickler that refuses every global: a file that would import or call anything is rejected before
-anything runs (`pickle.load` would run it).
-
-Allocated bytes, as torch.cuda.max_memory_allocated counts them, are allocator blocks: a request rounded up to a
-multiple of 512 bytes, or a whole cached block when what would remain is too small to split off (up to 1 MiB for
-large blocks, under 512 bytes for small ones). The trace records requests, so block sizes are replayed with those
-rules in the snapshot's segments. The replay checks itself: every allocation must start a free range and the
-replay must end with the snapshot's own blocks; if not (or if segments came and went during the trace), requests
-rounded to 512 bytes stand in for blocks (`blocks_replayed` False). At the start of the trace the allocator held
-the blocks active at the end, less those the trace allocated, plus those it freed that were allocated before.
-
-Categories. A stage's own memory step knows its tensors (`StepLabels`: which blocks held parameters, buffers,
-optimizer state and gradients, and the span of each forward pass): a block is what it held, else an activation if
-a forward pass made it, a temporary if the step made it elsewhere, 'other' if it was there before. A snapshot
-from elsewhere (the reference's) has only its stacks, and the categories are decided by them. The rule was read off
-the reference's H100 traces and is MemTracker's, which makes the planner's breakdown (gpt/memory/estimator.py):
-  allocated during the trace, by the frames of the allocation:
-    - a frame in torch/optim/ (inside optimizer.step): optimizer state; as in MemTracker, the step's own
-      temporaries count here too (AdamW's foreach square roots);
-    - a frame in torch/utils/checkpoint.py (a checkpointed block, run or recomputed): activations;
-    - the backward pass (C++ frames of the autograd engine, or torch's Python `backward`): gradients if still
-      alive when that backward pass ends (AccumulateGrad kept them as .grad), temporaries otherwise;
-    - anything else (the forward pass, the input batch, gradient clipping): activations.
-  allocated before the trace (no frames: recording began later):
-    - freed during the trace from a `zero_grad` frame: gradients (the previous step's);
-    - never freed: matched by size with the step's gradients: per gradient size, as many blocks as there are
-      gradients are parameters, the rest optimizer state (AdamW's two moments have their parameter's shape);
-      sizes no gradient has are other (buffers, cuBLAS workspaces);
-    - freed otherwise: other.
-  FSDP2 reduce-scatters each group's gradients into one flat buffer, which matches no parameter's size: in an
-  FSDP trace the blocks from before the step count as other.
+The format, the block-size rule the replay applies and the categories: docs/memory-planner.md#cuda-allocator-snapshots.
 """
 
 import bisect
@@ -126,9 +85,8 @@ class _Block:
 class StepLabels:
     """What a stage's own memory step knows about its blocks (gpt/peak_memory.py:StepMarks).
 
-    `tensors`: (position, storage address, category) of each tensor it saw, a position being the number of allocations
-    since recording began; `forward`: [start, end] positions of each forward pass; `categories`: every category, in
-    order."""
+    `tensors`: (position, address, category), a position counting allocations since recording began; `forward`: each
+    forward pass's [start, end]; `categories`: every category, in order."""
 
     tensors: list
     forward: list
@@ -171,7 +129,7 @@ class StepReport:
 def analyse(snapshot: dict, device: int | None = None, labels: StepLabels | None = None) -> StepReport:
     """The traced step's allocated bytes over time, its peak, when it happens and what is alive then, by category.
 
-    By `labels` when the step's own code gives them, else by the allocation stacks (the module docstring)."""
+    By `labels` when the step's own code gives them, else by the allocation stacks."""
     traces = snapshot["device_traces"]
     if device is None:
         device = max(range(len(traces)), key=lambda d: len(traces[d]), default=0)
@@ -295,7 +253,7 @@ def _blocks(trace: list, segments: list) -> tuple[list[_Block], list[tuple[int, 
 
 
 def _replay_block_sizes(blocks: list[_Block], changes: list, trace: list, segments: list) -> bool:
-    """Sets each block's allocator size by replaying the caching allocator's split rule (module docstring).
+    """Sets each block's allocator size by replaying the caching allocator's split rule.
 
     False, leaving the sizes as they are, if the replay disagrees with the snapshot."""
     if any(str(e.get("action", "")).startswith("segment") for e in trace) or not segments:
@@ -432,7 +390,7 @@ def _categorise_by_labels(blocks: list[_Block], changes: list, labels: StepLabel
 
 
 def _categorise(blocks: list[_Block], trace: list) -> tuple[list[int], list[_Block]]:
-    """Sets every block's category from the stacks (module docstring).
+    """Sets every block's category from the stacks (docs/memory-planner.md#cuda-allocator-snapshots).
 
     Returns the event index where each backward pass ends and the gradients of one step: the first backward pass's, or
     else the previous step's that zero_grad freed."""

@@ -1,8 +1,8 @@
 """Clocks of the timed loop: per-step durations without a host sync inside it, and what feeding the device costs.
 
-Feeding the device costs the data wait and the host-to-device copy. The repeats' own clock is time.perf_counter between
-two device synchronisations (gpt/protocol.py:timed_repeats). And the process's own age, read from the OS, which a run to
-a loss splits its wall clock with (gpt/time_to_loss.py)."""
+The repeats' own clock is time.perf_counter between two synchronisations (gpt/protocol.py:timed_repeats); the process's
+own age, read from the OS, splits a run to a loss's wall clock (gpt/time_to_loss.py).
+"""
 
 import os
 import time
@@ -47,12 +47,8 @@ def beyond_steady(startup_steps_s: list[float], steady_s: float) -> list[float]:
 class FeedClock:
     """What feeding the device costs per step: the wait for the DataLoader's next batch and the host-to-device copy.
 
-    Host seconds waiting for the next batch, and seconds of the copy. Both are also profiler phases ("data", "copy").
-
-    Kept apart because a blocking copy from pageable memory first waits for all GPU work already queued: a
-    host clock around it would count compute as copying. On CUDA the copy is timed with CUDA events around it
-    (the copy on the GPU's stream, read after the repeat's synchronize); on the CPU the host clock is the
-    device clock."""
+    Kept apart because a blocking copy from pageable memory first waits for the GPU work already queued: on CUDA the
+    copy is timed with CUDA events (docs/measurement.md), on the CPU with the host clock."""
 
     def __init__(self, device: torch.device):
         self.data_s: list[float] = []
@@ -78,11 +74,9 @@ class FeedClock:
 
 
 def process_age_s(proc: Path = Path("/proc")) -> float | None:
-    """Seconds since this process started, as the OS counts them.
+    """Seconds since this process started, as the OS counts them (imports before any Python line of ours included).
 
-    Its start time in /proc/self/stat (clock ticks after boot) against the boot-time clock now, so the imports before
-    any Python line of ours are counted too. None where the OS does not say (no /proc: not Linux) or the two clocks
-    disagree (a negative age)."""
+    Its start in /proc/self/stat against the boot-time clock now; None without /proc (not Linux) or a negative age."""
     try:
         stat = (proc / "self" / "stat").read_text()
         started = int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
@@ -93,10 +87,7 @@ def process_age_s(proc: Path = Path("/proc")) -> float | None:
 
 
 def minor_page_faults() -> int | None:
-    """Minor page faults of this process so far, or None where the OS does not count them.
-
-    Minor: pages the kernel had to map in, e.g. fresh memory on first touch. The OS does not count them where there is
-    no `resource` module (Windows)."""
+    """Minor page faults of this process so far (pages the kernel mapped in); None where the OS does not count them."""
     try:
         import resource
     except ImportError:

@@ -24,10 +24,7 @@ def published_dir(profile: str, device: str) -> Path:
 
 
 def committed_speedrun_target(profile: str, device: str) -> tuple[Path, str]:
-    """The committed run folder whose speed_0 seeds set the speedrun's target for a run of `profile`, and its profile.
-
-    One target for the speedrun's task, whatever the device (records/cpu-cpu); a profile with a task of its own
-    (smoke's tiny one) has its own default run's."""
+    """The committed folder whose speed_0 seeds set the speedrun's target for `profile`, and its profile."""
     home = SPEEDRUN_TARGET_SET_BY[0]
     if profile_settings(profile, SPEEDRUN) == profile_settings(home, SPEEDRUN):
         return published_dir(*SPEEDRUN_TARGET_SET_BY), home
@@ -35,10 +32,7 @@ def committed_speedrun_target(profile: str, device: str) -> tuple[Path, str]:
 
 
 def json_files(runs: Path) -> list[Path]:
-    """A run's JSON files: the stage records, machine.json, the memory planner's reports and the runs to a loss.
-
-    The runs to a loss are the records of the stages trained to a loss and of the speedrun (with its
-    noise-scale measurement)."""
+    """A run's JSON files: the stage records, machine.json, the planner's reports, the runs to a loss."""
     return sorted(runs.glob("*.json")) + [
         f for ladder in (None, *ladder_names("only")) for f in sorted(time_to_loss_dir(runs, ladder).glob("*.json"))
     ]

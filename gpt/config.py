@@ -1,9 +1,8 @@
 """TrainConfig: one object holds every setting of a run; each optimization of every ladder is one field (or two).
 
-A stage script changes exactly one group of these fields. Each field belongs to one optimization, declared with
-everything the project knows about it in its module in gpt/optimizations/ (`optimizations.owner(field)`),
-which also checks its values. This module knows none of them: their modules read TrainConfig, so the arrows run one way,
-and `optimizations.validate(cfg)` checks a whole config (the run's settings here, then each optimization's).
+Each field belongs to one optimization, declared in its home in gpt/optimizations/ (`optimizations.owner(field)`),
+which checks its values. This module knows none of them (they import it); `optimizations.validate(cfg)` checks a
+whole config.
 """
 
 import math
@@ -115,9 +114,7 @@ class TrainConfig:
         return self.batch_size // self.grad_accum_steps
 
     def check_run_settings(self) -> None:
-        """A UserError for the first bad setting of the run (not of an optimization).
-
-        optimizations.validate runs this, then each optimization's own checks."""
+        """A UserError for the run's first bad setting (optimizations.validate then runs each optimization's checks)."""
         if self.batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {self.batch_size}")
         if not 1 <= self.block_size <= MAX_CONTEXT:

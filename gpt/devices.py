@@ -44,9 +44,7 @@ def cpu_model() -> str:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work before reading a clock.
-
-    CPU ops are synchronous (and torch.cuda.synchronize raises on a CPU-only build), so there is nothing to wait for."""
+    """Wait for queued GPU work before reading a clock (CPU ops are synchronous: nothing to wait for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -1,13 +1,7 @@
 """Process groups for the DDP and FSDP stages: launching, joining, leaving cleanly, and what happens when a rank fails.
 
-Launching is through torchrun.
-
-A failed rank must not hang the others. The rank that fails reports its error in the group's store (the
-first report wins), leaves without waiting for anyone, and exits; the ranks still in a collective then end:
-- one machine: torchrun sees the rank exit and stops the others (SIGTERM) within a second; on the CPU, gloo
-  also fails their pending collective as soon as the dead rank's sockets close;
-- several machines, NCCL: a rank on another machine notices only when its collective times out, after
-  PROCESS_GROUP_TIMEOUT, and the NCCL watchdog then ends the process.
+Launching is through torchrun. A failed rank must not hang the others: it reports its error in the group's store
+(the first report wins) and leaves without waiting; how the others then end: docs/distributed.md#when-something-fails.
 """
 
 import json
@@ -23,9 +17,8 @@ import torch.distributed as dist
 from gpt.errors import UserError
 from gpt.records import failure_of
 
-# How long a rank waits in one collective (or for the others to join) before it gives up. NCCL's default;
-# gloo's is 30 minutes. Far longer than any legitimate wait here: the ranks step in lockstep and compile at
-# the same time. It bounds a stage only when a peer dies where no one sees it (another machine).
+# How long a rank waits in one collective before it gives up (NCCL's default; gloo's is 30 minutes): far longer than
+# any legitimate wait here, it bounds a stage only when a peer dies where no one sees it (another machine).
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 FIRST_FAILURE_KEY = "gpt_ladder/first_failure"
 
@@ -55,9 +48,7 @@ def why_cannot_run(nproc: int, device_type: str) -> str | None:
 def backend_for(device: torch.device, host_collectives: bool = False) -> str:
     """The process group's backend for `device`: NCCL talks GPU to GPU; gloo is the CPU backend.
 
-    A GPU run whose collectives also see host tensors (`host_collectives`: FSDP's CPU offload, where clip_grad_norm_
-    all-reduces the norm of gradient shards in host memory) needs gloo beside NCCL: a group made with "nccl" alone has
-    no backend for the CPU."""
+    `host_collectives` (FSDP's CPU offload, whose clip_grad_norm_ all-reduces host tensors) adds gloo beside NCCL."""
     if device.type != "cuda":
         return "gloo"
     return "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
@@ -74,10 +65,8 @@ def init(device: torch.device, backend: str) -> None:
 def shutdown(ok: bool = True) -> None:
     """Leave the group: together on success, alone after a failure.
 
-    On success, together: without the barrier a rank that finishes first can tear down the group while the other is
-    still in a collective, and one run in a few then aborts at exit. After a failure, alone: the others may be waiting
-    in a collective this rank will never join, so a barrier would hang until the timeout; NCCL is aborted rather than
-    drained for the same reason."""
+    Together: without the barrier a rank that finishes first can tear the group down while another is still in a
+    collective. Alone: the others may wait in a collective this rank will never join, so NCCL is aborted."""
     if not dist.is_initialized():
         return
     if ok:
@@ -113,9 +102,8 @@ def first_failure(mine: dict) -> dict:
 def process_group(device: torch.device, backend: str | None):
     """Run the body as one rank of a group on `backend` (backend_for's; None: one process, no group).
 
-    An exception leaves the group at once, after reporting it:
-    RankFailed then carries the group's first failure, which may be another rank's (the error here is
-    often only the consequence, e.g. "Connection closed by peer")."""
+    An exception leaves the group at once, after reporting it: RankFailed carries the group's first failure, which may
+    be another rank's (the error here is often only the consequence, e.g. "Connection closed by peer")."""
     if backend is None:
         yield
         return
@@ -142,9 +130,8 @@ def process_group(device: torch.device, backend: str | None):
 def launch(nproc: int, argv: list[str]) -> dict[int, int]:
     """Re-run this very command as `nproc` processes under torchrun (single node, rendezvous on a free local port).
 
-    A distributed stage is so started with the same command as any other stage. torchrun's agent runs in this process,
-    which so learns how each rank ended. Returns {rank: exit code} of the ranks that failed (a negative code is the
-    signal that killed it); empty if all succeeded."""
+    torchrun's agent runs in this process, which so learns how each rank ended: {rank: exit code} of those that failed
+    (a negative code: the signal that killed it)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 

@@ -9,9 +9,7 @@ class UserError(Exception):
 
 
 class CannotSimulate(UserError):
-    """The memory planner cannot simulate this stage with what this machine has.
-
-    For instance the chunked loss without PyTorch's op."""
+    """The memory planner cannot simulate this stage with what this machine has (the chunked loss without its op)."""
 
 
 def exit_on_user_error(main):

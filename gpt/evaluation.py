@@ -1,25 +1,10 @@
 """The validation loss a stage is judged by when it trains to a loss (gpt/time_to_loss.py).
 
-A fixed set of held-out windows: `eval_windows` windows of block_size + 1 tokens of the prepared `val` split, their
-starts drawn by a generator of their own seeded with EVAL_SEED, so every stage, every seed and every run of a
-profile is evaluated on the same text, and drawing them touches no random state of training. The loss is the full
-cross-entropy in fp32 from the model's logits, whatever loss the stage trains with (a chunked bf16 loss is off by
-up to ~1%, README), computed in `model.eval()` under `torch.no_grad()` with the stage's autocast, on the training
-device. Under DDP/FSDP every rank evaluates its share (the same number of batches on each, as FSDP's collectives
-need) and the sums are all-reduced.
-
-A run that stops at its target (the speedrun's stages, cfg.stop_at_target) need not read every window while its
-loss is clearly above the target: `TowardTarget` first reads an estimate on the first ESTIMATE_SHARE-th of each
-process's windows, and reads the rest too (the full windows: the full evaluation's batches and sums) whenever the
-estimate's prediction of the full windows' loss, less MARGIN_SE of its standard errors and less its fall since the
-previous evaluation, is at or below the target. The prediction pairs the estimate with the last full evaluation, on
-the same windows: the full windows' loss then, moved by the estimate's windows' mean change since (a window's loss
-changes far less from window to window than it differs, so the standard error is that of the changes; before any full
-evaluation, the estimate's own mean and spread). The target is only ever declared reached on the full windows, and
-at the evaluation that reading every window every time would declare it, unless the estimate's windows fell by less
-than all the windows did by more than MARGIN_SE standard errors (plus that fall): for a normal spread, a chance of
-about 3e-5 per evaluation (tests/test_time_to_loss.py: constructed cases). The same loop (`train_and_evaluate`)
-serves training to a loss and the noise scale (gpt/noise_scale.py).
+A fixed set of held-out windows (their own seed, EVAL_SEED), the full fp32 cross-entropy whatever loss the stage
+trains with, in `model.eval()` under `torch.no_grad()` with the stage's autocast; under DDP/FSDP every rank evaluates
+an equal share and the sums are all-reduced. A run that stops at its target reads an estimate on a quarter of the
+windows while it is clearly above it (`TowardTarget`). How, and why the target is still declared where reading every
+window would: docs/time-to-loss.md. The same loop (`train_and_evaluate`) serves the noise scale (gpt/noise_scale.py).
 """
 
 import math
@@ -67,10 +52,8 @@ class ValidationSet:
 class WindowSums:
     """Sums over some evaluated windows (all processes together), and their changes against a reference.
 
-    Their cross-entropy and targets, their count, the sum of the squares of their mean losses (every window has
-    block_size targets: the loss is the windows' mean loss), and, read against a reference (the same windows' losses at
-    an earlier evaluation), the sums of each window's change and of its square. `losses` holds this process's windows'
-    own mean losses, to be a later reference."""
+    Cross-entropy, targets, count, the sum of squared window means, and against a reference (the same windows at an
+    earlier evaluation) the sums of each window's change and its square; `losses`: this process's, a later reference."""
 
     loss: float
     tokens: float
@@ -124,9 +107,8 @@ def window_sums(
 ) -> WindowSums:
     """The sums over `part` of every process's share of the windows, and their changes since `reference`.
 
-    `reference`: this process's losses of the same windows at an earlier evaluation (WindowSums.losses). `raw` is the
-    GPT itself (not its compiled or DDP wrapper: evaluation must not recompile or record graphs); its train/eval mode is
-    restored."""
+    `raw` is the GPT itself (not its compiled or DDP wrapper: evaluation must not recompile or record graphs); its
+    train/eval mode is restored."""
     was_training = raw.training
     raw.eval()
     # loss, targets, windows, squared window losses, changes from the reference and their squares: one all-reduce
@@ -175,11 +157,9 @@ def near_target(
 ) -> bool:
     """Whether an estimate's prediction of the full windows' loss may reach the target by the next evaluation.
 
-    At or below it now, or falling to it by then: within MARGIN_SE standard errors of the target plus the fall since the
-    previous evaluation on the same windows (`previous`: its loss there; the curve falls more slowly as it goes, so the
-    last fall bounds the next one in practice). `offset`: the full windows' loss less the estimate's windows' at the
-    last full evaluation, against which `estimate` read its changes; the prediction is the estimate's loss plus it,
-    within the standard error of the changes (None: no full evaluation yet, the estimate's own loss and spread)."""
+    Within MARGIN_SE standard errors of the target plus the fall since the previous evaluation (`previous`). `offset`:
+    the full windows' loss less the estimate's windows' at the last full evaluation (None: none yet, the estimate's own
+    loss and spread)."""
     fall = max(0.0, previous - estimate.mean) if previous is not None else 0.0
     if offset is None:
         predicted, error = estimate.mean, estimate.standard_error(population)
@@ -191,10 +171,8 @@ def near_target(
 class TowardTarget:
     """The evaluations of a run that stops at `target` (None: it does not, every evaluation reads every window).
 
-    Each reads the estimate's windows first (estimate_windows: the first of each process's `per_rank` windows), and the
-    rest of them too unless that estimate is clearly above the target (near_target), or where `full` is asked. The sums
-    over every window are the full evaluation's, batch for batch (up to float64 rounding); an estimate's loss is its
-    prediction of them (never at or below the target: gpt/loss_curve.py:crossing relies on it)."""
+    Each reads the estimate's windows first, and the rest unless that estimate is clearly above the target or `full` is
+    asked; an estimate's loss is its prediction of every window's (never at or below the target: crossing needs it)."""
 
     def __init__(self, per_rank: int, batch_size: int, world: int, target: float | None):
         self.population, self.target = per_rank * world, target
@@ -222,12 +200,10 @@ class TowardTarget:
 def train_and_evaluate(
     steps: int, interval: int, steps_done: Callable[[], int], train: Callable[[int], None], evaluate: Callable[[], bool]
 ) -> None:
-    """The loop of a run evaluated every `interval` optimizer steps.
+    """The loop of a run evaluated every `interval` optimizer steps, before the first and after the last (`steps`).
 
-    `evaluate()` before the first step, at every multiple of `interval` and after the last step (`steps`); `train(n)`
-    between two evaluations, with the n steps to the next one (it may run fewer: a start-up step on its own, the loop
-    then asks again). It ends after the last step's evaluation, or at the first evaluation that returns True (a run that
-    stops at its target)."""
+    `train(n)` runs the n steps to the next evaluation (it may run fewer; the loop then asks again); the loop ends after
+    the last step's evaluation, or at the first evaluation that returns True."""
     while True:
         done = steps_done()
         if (done % interval == 0 or done == steps) and evaluate():

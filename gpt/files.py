@@ -1,8 +1,8 @@
 """Files written whole or not at all: write aside, then rename over the target.
 
-So a reader (or a crash, a Ctrl-C, a full disk) sees the old file or the new one, never half of one. Records, the
-report, allocator snapshots, prepared data, caches: everything this project writes for later goes through
-`write_atomically`."""
+A reader (or a crash, a Ctrl-C, a full disk) sees the old file or the new one; everything this project writes for later
+goes through `write_atomically`.
+"""
 
 import os
 from pathlib import Path

@@ -1,7 +1,7 @@
 """Peak FLOPS and MFU: GPUs' data-sheet peaks, a CPU's measured matmul rate, model FLOPs utilisation against either.
 
-The CPU's rate is benchmarked once per CPU model, thread count, dtype and torch version, and cached on disk (README:
-"How the figures are measured", MFU).
+The CPU's rate is benchmarked once per CPU model, thread count, dtype and torch version, and cached on disk
+(docs/measurement.md, MFU).
 """
 
 import re
@@ -89,10 +89,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
 
 
 def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """The device's highest peak over the dtypes training can compute in; the record also gives MFU against it.
-
-    MFU against the peak of the dtype a stage uses can mislead (a CPU whose bf16 matmuls are slower than fp32 shows a
-    high bf16 MFU while running slower), so the record also gives MFU against this one."""
+    """The device's highest peak over the dtypes training can compute in (MFU against it: docs/measurement.md)."""
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
     peaks = [(flops, source) for flops, source in (peak_flops(device, dt) for dt in dtypes) if flops]
     return max(peaks, key=lambda p: p[0]) if peaks else (None, "no known peak for this device")
@@ -101,15 +98,11 @@ def fastest_peak_flops(device: torch.device) -> tuple[float | None, str]:
 def measure_cpu_matmul_flops(
     dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1, fresh: bool = False
 ) -> float:
-    """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk.
+    """Best FLOP/s of an n x n matmul on this CPU with the current thread count, cached on disk (`fresh`: anew).
 
-    The cache is keyed by CPU model, threads, dtype and torch version, so every stage uses the same figure; `fresh`
-    measures again and replaces the cached figure (run_all does so once, before its first stage).
-    A VM's neighbours move the rate by 20% and more for seconds at a time, so `rounds` spreads the
-    `seconds` over that many rounds, a second apart, and keeps the best.
-    A dtype the CPU has no instructions for (bf16 on an AVX2-only CPU: ~1 GFLOP/s) would take a minute
-    per 2048 x 2048 matmul: the size doubles from 256 only while one (warm) matmul takes under a quarter of
-    a round, so such a dtype is measured on a smaller matrix (its rate is that low at every size)."""
+    `rounds` spreads the `seconds` over that many rounds, a second apart, and keeps the best (a VM's neighbours move the
+    rate for seconds at a time). A dtype the CPU has no instructions for (bf16 on AVX2: ~1 GFLOP/s) would take a minute
+    per 2048 x 2048 matmul: the size doubles from 256 only while one matmul takes under a quarter of a round."""
     return machine_cache.remembered(
         PEAKS_CACHE, f"{dtype}|n={n}", lambda: matmul_rate(dtype, n, seconds, rounds), fresh
     )
@@ -147,11 +140,9 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds:
 
 
 def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, float]:
-    """Measure afresh, on a quiet machine before any stage runs, every CPU peak the stages will read from the cache.
+    """Measure afresh, before any stage runs, every CPU peak the stages will read: {"float32 x2 threads": FLOP/s, ...}.
 
-    These are fp32 and bf16 at each thread count the stages use, so that no stage's MFU rests on one
-    2-second sample taken while the host was busy, nor on a figure cached on another day.
-    Returns {"float32 x2 threads": FLOP/s, ...}."""
+    Fp32 and bf16 at each thread count the stages use, so no stage's MFU rests on one sample taken on a busy host."""
     before, peaks = torch.get_num_threads(), {}
     try:
         for threads in thread_counts:

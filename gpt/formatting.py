@@ -1,7 +1,7 @@
-"""Numbers and tables for people: the report's formatting, also used by the optimizations, the planner and run_all.
+"""Numbers and tables for people: the report's, the optimizations' findings', the planner's and run_all's.
 
-Beyond the report: the optimizations' own findings (gpt/optimizations), the memory planner and run_all's progress lines.
-No imports from the project: it is ground that anything may stand on."""
+No imports from the project: it is ground that anything may stand on.
+"""
 
 import math
 

@@ -1,16 +1,8 @@
 """The ladders, each stage's place in them, what a stage script declares, and how a stage's config is built.
 
-Each ladder is one record (`Ladder`, in LADDERS).
-
-A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n: adding a stage adds its file and
-touches nothing here. What a stage declares (its docstring, CHANGE, REFERENCE, KIND) is read from its file without
-running it (`declaration`); only building a config runs a stage's `change()` (`load_stage`), and loading a stage
-script for that imports nothing from gpt (a script imports gpt.stage only when it is run).
-
-A stage's config is its profile's baseline settings with the `change()` of every stage up to and including it applied
-in ladder order, so each stage keeps every earlier change of its ladder. The ladders beyond the book start from a stage
-of a documented ladder (`Ladder.starts_from`) and keep every change up to it. What a stage script runs when it is
-called is gpt/stage.py.
+A ladder's stages are its scripts, stages/<ladder>_<n>_<name>.py, in the order of n. What a stage declares is read
+from its file without running it (`declaration`); a config is the profile's baseline settings with the `change()` of
+every stage up to and including it applied in ladder order (`stage_config`). What a stage script runs: gpt/stage.py.
 """
 
 import ast
@@ -45,14 +37,9 @@ def stages_on_disk(ladder: str) -> tuple[str, ...]:
 class Ladder:
     """One ladder: its stages (its scripts, in order), what it lowers, where it starts and whether it trains to a loss.
 
-    goal: "time" ladders get the report's speed table and plot, "memory" ladders the memory ones, and their stages run
-    with it as TrainConfig.goal (a time run drops a kernel measured slower here; a memory run keeps a memory saving).
-    starts_from: a ladder beyond the book continues from this stage of a documented ladder (its settings, profile).
-    to_a_loss: "also": its stages are timed and also train to a loss (gpt/time_to_loss.py); "never": they keep their
-    parent's trajectory (their equivalence tests), so their time to loss is their time per token; "only": they only
-    train to a loss (no timed protocol), on the time-to-loss settings always, with records in <out>/<ladder>/, and
-    run_all runs them in a section of their own.
-    """
+    goal: "time" or "memory", the report's tables and each stage's TrainConfig.goal. starts_from: the stage of a
+    documented ladder a ladder beyond the book continues from. to_a_loss: "also" (timed, and trained to a loss), "never"
+    (their time to loss is their time per token) or "only" (trained to a loss only, a run_all section of their own)."""
 
     name: str
     goal: Literal["time", "memory"]
@@ -73,23 +60,11 @@ LADDERS: dict[str, Ladder] = {
     ladder.name: ladder
     for ladder in (
         Ladder("speed", goal="time", to_a_loss="also"),
-        # Beyond the book: today's standard optimizations, one at a time. The order, and why:
-        # 1. remove the host-side work first (data), so every later stage is measured with the device fed;
-        # 2. then the precision practitioners train in (bf16, no loss scaling; TF32), so the kernel-level stages
-        #    after it are measured in that precision;
-        # 3. then the kernels, in build-nanogpt's order: fused attention, padded vocabulary, fused AdamW;
-        # 4. last the chunked loss, which changes how the output layer computes rather than what it computes.
+        # beyond the book, in an order with its reasons: docs/design.md#beyond-the-book-the-fast-and-lean-ladders
         Ladder("fast", goal="time", to_a_loss="also", starts_from="speed_5_amp"),
         Ladder("memory", goal="memory", to_a_loss="never"),
-        # Memory beyond the book, on top of FSDP. The order, and why: halve what FSDP gathers and what the blocks
-        # keep first (bf16 parameters for compute); then the largest single activation left (the logits); last
-        # CPU offload, which costs the most time, so the stages before it are not measured behind its copies.
         Ladder("lean", goal="memory", to_a_loss="never", starts_from="memory_4_fsdp"),
-        # The speedrun: speed_0's model, sooner. Every stage trains to a loss and is judged by its seconds to
-        # speed_0's final validation loss (docs/speedrun.md). The order, and why: first the systems changes that keep
-        # the model (their gain per sample should carry over whole at the baseline's batch), then the training
-        # changes, each kept only where it reached the target sooner than its parent on every seed; what was tried is
-        # logged there.
+        # The speedrun: speed_0's model, sooner; its order and what was tried: docs/speedrun.md
         Ladder("speedrun", goal="time", to_a_loss="only", starts_from="speed_0_baseline"),
     )
 }
@@ -245,12 +220,10 @@ def stage_config(
     speedrun_task: bool = False,
     **overrides,
 ) -> TrainConfig:
-    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated.
+    """Profile baseline + every change of the ladder up to `stage`, then explicit overrides, validated: the one place.
 
-    The one place a stage's config is built. to_a_loss: the profile's settings for training to a loss (a stage of a
-    ladder that also trains to one) instead of the timed ones. speedrun_task: trained to a loss on the speedrun's
-    task instead (`settings_section`). processes: a DDP/FSDP stage on that many processes (a launcher's, the
-    planner's). one_step: samples set to one step of every process (the planner's)."""
+    to_a_loss: the profile's settings for training to a loss; speedrun_task: the speedrun's task (`settings_section`);
+    processes: a DDP/FSDP stage on that many processes; one_step: samples set to one step of every process."""
     ladder = LADDERS[ladder_of(stage)]
     to_a_loss = to_a_loss or speedrun_task or ladder.to_a_loss == "only"
     settings = profile_settings(profile, settings_section(stage, to_a_loss, speedrun_task))

@@ -1,18 +1,15 @@
 """The arithmetic of a validation-loss curve: where it crosses a target, the targets, the seeds' spread.
 
-Where a curve first reaches a target (interpolated between two evaluations), the target a run's stages are timed
-to (speed_0's loss at TARGET_AT of its budget; the speedrun's, speed_0's model), the baseline's seeds' spread and
-whether a stage changes convergence: pure functions over the records' curves, which gpt/time_to_loss.py trains and
-writes. No imports from the project: the report, run_all and the runner all stand on it."""
+Pure functions over the records' curves (gpt/time_to_loss.py writes them), with no imports from the project: the
+report, run_all and the runner all stand on it.
+"""
 
 
 def crossing(curve: list[dict], target: float) -> dict | None:
     """Where the validation loss first reaches `target`, interpolated between two evaluations (None: never).
 
-    The first evaluation at or below it, and the tokens and training seconds there, interpolated linearly between that
-    evaluation and the one before. In a run that stops at its target the evaluation at the crossing reads every window,
-    and the one before may be an estimate on fewer: its loss is then its prediction of every window's
-    (gpt/evaluation.py: near_target), never at or below the target."""
+    The evaluation before the crossing may be an estimate on fewer windows: its loss is then its prediction of every
+    window's (gpt/evaluation.py: near_target), never at or below the target."""
     for i, point in enumerate(curve):
         if point["val_loss"] > target:
             continue
@@ -45,9 +42,7 @@ BASELINE_SEEDS = 3  # speed_0 is trained with this many seeds (the profile's and
 
 
 def target_from(baseline: dict) -> float:
-    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of the tokens it trained on.
-
-    Then the baseline reaches it before the end of its budget, and every faster stage has room to reach it sooner."""
+    """The target loss of a run's stages: speed_0's validation loss at TARGET_AT of its tokens (reached in time)."""
     curve = baseline["metrics"]["curve"]
     return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
 
@@ -58,10 +53,8 @@ SPEEDRUN_SEEDS = 3  # the speedrun's last stage is trained with this many seeds:
 def baseline_model_loss(baselines: list[dict | None]) -> float | None:
     """The speedrun's target, the baseline's model: the highest final validation loss among speed_0's seeds.
 
-    The loss that every one of its seeds reaches by the end of its budget (None unless every seed finished).
-
-    Not their mean: a stage that keeps the model exactly ends above the mean on about half of its seeds, as a
-    baseline seed does, so a mean target would fail a stage for its seed's luck rather than its training."""
+    The loss every seed reaches by the end of its budget (None unless every seed finished); not their mean
+    (docs/speedrun.md#what-it-is)."""
     if not baselines or any(r is None or r.get("status") != "ok" for r in baselines):
         return None
     return max(r["metrics"]["val_loss_final"] for r in baselines)

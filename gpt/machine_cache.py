@@ -1,12 +1,7 @@
-"""What this machine measured about itself, kept between runs.
+"""What this machine measured about itself, kept between runs: the CPU's matmul peaks, the faster attention and loss.
 
-The CPU's matmul peaks (gpt/flops.py) and which attention kernel is faster at a shape
-(gpt/optimizations/fused_attention.py). Every stage of a ladder then reads the same figure instead of timing its own on
-a machine whose neighbours come and go.
-
-The files live in $XDG_CACHE_HOME/gpt-ladder (~/.cache/gpt-ladder), one JSON object each, keyed by what the figure
-depends on: this machine (CPU model, threads, torch version, added here) and what the caller names (dtype,
-shape, ...); a read-only home only costs a measurement next time.
+Every stage of a ladder then reads the same figure. One JSON file each in $XDG_CACHE_HOME/gpt-ladder, keyed by this
+machine (CPU model, threads, torch version) and what the caller names; a read-only home only costs a measurement.
 """
 
 import json
@@ -32,9 +27,7 @@ def read(name: str) -> dict:
 
 
 def remembered(name: str, what: str, measure, fresh: bool = False):
-    """The figure `what` of file `name` on this machine, measured by `measure()` the first time, then kept.
-
-    It is measured again when `fresh`."""
+    """The figure `what` of file `name` here, measured by `measure()` the first time (or if `fresh`), then kept."""
     key = f"{cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{what}"
     if not fresh and key in (cached := read(name)):
         return cached[key]
@@ -49,8 +42,5 @@ def remembered(name: str, what: str, measure, fresh: bool = False):
 
 
 def forget(name: str) -> None:
-    """Drop every figure of file `name`: the next stage that needs one measures it.
-
-    run_all does so at its start, so the choices of a ladder run are measured on this machine as it is today, one stage
-    at a time."""
+    """Drop every figure of file `name`: the next stage that needs one measures it (run_all does so at its start)."""
     cache_file(name).unlink(missing_ok=True)

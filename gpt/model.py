@@ -1,13 +1,8 @@
 """GPT-2 in one file: config, model, and loading of Hugging Face GPT-2 checkpoints.
 
-The architecture is GPT-2's (Radford et al. 2019): learned position embeddings, pre-LayerNorm
-blocks, a 4x GELU MLP and an output head that shares its weight with the token embedding.
-Module names follow Hugging Face's GPT-2, so a HF checkpoint loads by name (see GPT.from_hf).
-Five GPTConfig fields switch to today's small-GPT blocks instead (mlp, norm, qk_norm, zero_init_proj,
-positions; why each helps: gpt/optimizations/architecture.py); their defaults are GPT-2's. bigram_rows adds a
-learned embedding of each (previous token, token) pair, trigram_rows one of each hashed triple
-(gpt/optimizations/ngram_embedding.py); GPT-2 has neither.
-Nothing here knows about training: optimizers, checkpointing and wrapping live in other modules.
+The architecture is GPT-2's (Radford et al. 2019), with module names as Hugging Face's, so a checkpoint loads by
+name (GPT.from_hf). GPTConfig fields switch to today's small-GPT blocks and add n-gram embeddings (what each is:
+docs/speedrun.md#the-models-changes-and-their-sources); their defaults are GPT-2's. Nothing here knows about training.
 """
 
 import json
@@ -108,9 +103,8 @@ def _check_field_names(overrides):
 def bigram_index(idx, vocab_size: int, rows: int):
     """The bigram table's row of each position of idx (B, T): the row of its (previous token, token) pair.
 
-    The row is exact where the table has a row for every pair, (vocab_size + 1) * vocab_size, else the pair is hashed
-    into `rows`. Position 0 of a window has no previous token: its pair takes the dedicated previous index vocab_size
-    (never a token), so nothing leaks from outside the window and the first token's row is one of its own."""
+    Exact where the table has a row for every pair, else hashed into `rows`. Position 0's previous index is vocab_size
+    (never a token), so nothing leaks from outside the window."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     if rows >= (vocab_size + 1) * vocab_size:
         return prev * vocab_size + idx
@@ -120,8 +114,8 @@ def bigram_index(idx, vocab_size: int, rows: int):
 def trigram_index(idx, vocab_size: int, rows: int):
     """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`.
 
-    Always hashed: the exact table would have (vocab_size + 1)^2 * vocab_size rows. Positions before a window's start
-    read the dedicated index vocab_size, as in bigram_index, so nothing leaks from outside the window."""
+    Always hashed (an exact table would have (vocab_size + 1)^2 * vocab_size rows); before the window's start,
+    vocab_size."""
     prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
     prev2 = F.pad(idx[:, :-2], (2, 0), value=vocab_size)
     return torch.bitwise_xor(torch.bitwise_xor(prev2 * 10007, prev * 36313), idx * 27191) % rows
@@ -146,10 +140,8 @@ def make_norm(config, size):
 def rotary(x, base: float = 10000.0):
     """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, head_size), position t = 0 .. T-1.
 
-    Each pair of dimensions is rotated by the angle t * base^(-i / (head_size / 2)), i the pair's index. Pairs are
-    half-split (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved (2i with 2i+1). A rotation
-    keeps norms, and rotating q by angle m and k by n makes q . k a function of m - n: the scores see relative
-    positions only, and no position table is learned."""
+    Each pair of dimensions is rotated by t * base^(-i / (head_size / 2)), i the pair's index; pairs are half-split
+    (dimension i with i + head_size/2, as GPT-NeoX and Llama), not interleaved."""
     T, half = x.size(-2), x.size(-1) // 2
     inv_freq = base ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
     angle = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv_freq  # (T, half)
@@ -217,10 +209,7 @@ class ReLUSquared(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer: forward(x) takes and returns one tensor.
-
-    That lets it be wrapped from outside (activation checkpointing, FSDP) without knowing anything else about the
-    model."""
+    """One transformer layer: forward(x) takes and returns one tensor, so it can be wrapped (checkpointing, FSDP)."""
 
     def __init__(self, config):
         super().__init__()
@@ -269,10 +258,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """GPT-2 initialisation.
-
-        Also call it after `to_empty()` on a model built on the meta device: it refills the parameters and the naive
-        attention mask."""
+        """GPT-2 initialisation (also after `to_empty()` from the meta device: it refills the naive mask)."""
         vocab = self.config.vocab_size
         for module in self.modules():
             if module is self.transformer.bigram or module is self.transformer.trigram:  # zero below, and off the
@@ -343,10 +329,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self, non_embedding=False):
-        """The number of unique parameters (the tied wte/lm_head matrix counts once).
-
-        non_embedding=True leaves out the embedding tables (token, position, bigram, trigram), the convention of the
-        scaling-law papers."""
+        """Unique parameters (the tied wte/lm_head once); non_embedding: without the embedding tables."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding:
             n -= self._lookup_params() + self.transformer.wte.weight.numel()
@@ -358,14 +341,7 @@ class GPT(nn.Module):
         return sum(t.weight.numel() for t in tables if t is not None)
 
     def flops_per_token(self):
-        """Training FLOPs per token, forward plus backward (PaLM paper appendix B; nanoGPT's MFU).
-
-        6 * N: each weight does one multiply-add (2 FLOPs) per token in the forward pass and twice that
-        in the backward pass. N leaves out the position and n-gram tables (lookups, no matmul) but keeps wte,
-        which is counted once as the lm_head matmul. 12 * n_layer * n_embd * block_size: the attention
-        matmuls q @ k^T and att @ v, 2 * 2 * T * n_embd FLOPs per token and layer in the forward pass,
-        times 3 for forward plus backward; counted over the full block, causal mask or not, as PaLM does.
-        """
+        """Training FLOPs per token, forward and backward: 6 N + 12 n_layer n_embd T (docs/measurement.md, MFU)."""
         c = self.config
         padding = (c.padded_vocab_size - c.vocab_size) * c.n_embd  # padded rows are not model work
         n = self.num_params() - self._lookup_params() - padding
@@ -373,11 +349,10 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path, **overrides):
-        """Load a local Hugging Face GPT-2 checkpoint directory (config.json plus its weights file).
+        """Load a local Hugging Face GPT-2 checkpoint (config.json and model.safetensors or pytorch_model.bin).
 
-        The weights are model.safetensors or pytorch_model.bin. overrides may set dropout, attention, loss,
-        vocab_multiple (padding rows are added) or a smaller block_size (the position table is cropped); the
-        architecture itself comes from the checkpoint."""
+        overrides may set dropout, attention, loss, vocab_multiple (padding rows added) or a smaller block_size (the
+        position table cropped); the architecture comes from the checkpoint."""
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"

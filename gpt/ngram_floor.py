@@ -1,21 +1,14 @@
 """The speedrun's n-gram floor: the validation loss of an interpolated Kneser-Ney character model.
 
-The model is counted on growing prefixes of the speedrun's training data and scored on its validation windows, the
-reference line a GPT's tokens are read against.
+Counted on growing prefixes of the speedrun's training data and scored on its validation windows (docs/speedrun.md,
+"The n-gram floor"), each target predicted from the up-to-(order - 1) characters before it inside its window.
 
     python -m gpt.ngram_floor                       # the cpu profile's data, windows and target
     python -m gpt.ngram_floor --order 5 --records records/cpu-cpu
 
-The windows are gpt/evaluation.py's (the same seed, block size and count as the profile's time-to-loss runs): each
-of a window's block_size targets is predicted from the up-to-(order - 1) characters before it inside the window, as
-the GPT predicts it from the characters before it inside the window. The loss is the mean cross-entropy in nats per
-character, the unit of the speedrun's validation loss. The target is the speedrun's: the highest final validation
-loss of speed_0's seeds (gpt/time_to_loss.py:baseline_model_loss). A deterministic count: no clock, no randomness.
-
 Interpolated Kneser-Ney (Chen and Goodman, 1998), one absolute discount per order, D = n1 / (n1 + 2 n2): the longest
-context uses the n-grams' counts, each shorter one the continuation counts (how many distinct characters precede
-the n-gram), and the unigram is interpolated with the uniform distribution over the vocabulary, so every context
-gives every character a probability and the probabilities over the vocabulary sum to 1.
+context uses the n-grams' counts, each shorter one the continuation counts, and the unigram is interpolated with the
+uniform distribution, so every context gives every character a probability and they sum to 1.
 """
 
 import argparse

@@ -1,32 +1,9 @@
-"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018).
-
-The estimate is that of "An Empirical Model of Large-Batch Training", appendix A.1: the measurement behind the speedrun
-ladder's batch and learning rate.
+"""The gradient noise scale along a training run, and the batch it recommends (McCandlish et al. 2018, appendix A.1).
 
     python -m gpt.noise_scale --profile cpu --out noise_scale_cpu.json --batches 12,24,48,96,192
 
-The estimator: a batch of B samples has gradient G_B = G + noise of covariance Sigma/B, so E|G_B|^2 = |G|^2 +
-tr(Sigma)/B. From the squared norms of a small and a big batch (B_small, B_big), unbiased estimates of both terms:
-
-    |G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
-    S = tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
-
-Each is too noisy for one step (the |G|^2 estimate is often negative), so both are averaged over steps *apart*, and
-only then divided: B_simple = S / |G|^2 (a mean of per-step ratios is dominated by the steps whose |G|^2 estimate is
-near zero). The practical trick: every step trains its batch as two micro-batches (the halves; gradient accumulation
-x2, the same AdamW update up to float rounding), and a hook on each parameter reads the gradient after the first
-half and after both: |G_small|^2 is the mean of the halves' squared norms, |G_big|^2 the whole batch's. Nothing is
-read back during training: the squared norms stay on the device until the run ends.
-
-The choice: the steps to a loss follow S(B) = S_min (1 + B_noise/B) (the paper's eq. 2.11), so the time to the
-target is proportional to (1 + B_noise/B) t(B), with t(B) the step time measured on this device; the batch that
-minimises it is the recommendation, with the learning rate scaled by the square-root rule for Adam (Malladi et al.
-2022, Hoffer et al. 2017) as the starting point of a sweep, and beta2 keeping its half-life in tokens.
-B_noise is read over the last quarter of the baseline's run (READ_FROM): the noise scale grows as the loss falls,
-and the speedrun's target is the baseline's final loss, which the run spends its last, slowest stretch reaching;
-the plain means over that window (the averages still kept apart) are steadier than the moving average's last value.
-B_simple equals B_noise = tr(H Sigma) / G^T H G when the Hessian H is a multiple of the identity; for Adam it is a
-guide, not a law: the speedrun stage checks the choice by its time to the target.
+The estimator, the window it is read over and the batch it chooses:
+docs/speedrun.md#choosing-the-batch-from-a-measurement.
 """
 
 import argparse
@@ -81,9 +58,7 @@ def b_simple(g2: list[float], s: list[float]) -> float:
 
 
 def ema(values: list[float], steps: float) -> list[float]:
-    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments are.
-
-    The bias correction keeps the first values from being pulled towards 0."""
+    """The exponential moving average after each value, time constant `steps`, bias-corrected as Adam's moments are."""
     beta, avg, out = 1 - 1 / steps, 0.0, []
     for t, v in enumerate(values, 1):
         avg = beta * avg + (1 - beta) * v
@@ -94,10 +69,8 @@ def ema(values: list[float], steps: float) -> list[float]:
 class HalvesNorms:
     """Gradient hooks that record each step's squared norms in a run whose batch is two halves of `half` micro-batches.
 
-    During each step, a hook on every parameter reads its gradient after the first half (gA) and after both
-    (G = (gA + gB) / 2) and adds, on the device, the step's |G_small|^2 = (|gA|^2 + |gB|^2) / 2 and |G_big|^2 = |G|^2
-    into row `step()` of `norms`. It reads the gradient before clipping (clip_grad_norm_ follows the backward passes)
-    and changes nothing."""
+    A hook on every parameter reads its gradient after the first half and after both, before clipping, and adds the
+    step's |G_small|^2 and |G_big|^2 into row `step()` of `norms`, on the device; it changes nothing."""
 
     def __init__(self, params: list[torch.nn.Parameter], half: int, steps: int, step, device: torch.device):
         self.half, self.step = half, step
@@ -218,10 +191,8 @@ def noise_record(
 def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, label: str = "t(B)") -> dict[int, float]:
     """Seconds of one training step of `cfg` at each batch size on its device.
 
-    Each is the mean of `repeats` steps after `warmup` untimed ones, timed as training to a loss times its steps
-    (gpt/time_to_loss.py: TrainingClock): the device synchronised before the first and after the last, none between them
-    (data feed included, as training has it). A compiled `cfg` compiles afresh at each batch, with static shapes, as the
-    stage at that batch does."""
+    The mean of `repeats` steps after `warmup` untimed ones, timed as training to a loss times them (data feed
+    included). A compiled `cfg` compiles afresh at each batch, with static shapes, as the stage at that batch does."""
     device = resolve_device(cfg.device)
     times = {}
     for batch in batches:
@@ -245,10 +216,7 @@ def step_times(cfg: TrainConfig, batches, warmup: int = 3, repeats: int = 7, lab
 
 
 def choose_batch(b_noise: float, times: dict[int, float], baseline: int) -> dict:
-    """The batch that minimises the predicted time to a loss, (1 + B_noise/B) t(B), and its predicted speedup.
-
-    The time is the steps to the loss times the step's seconds, up to the common factor S_min; the speedup is over the
-    baseline's batch."""
+    """The batch minimising the predicted time to a loss, (1 + B_noise/B) t(B), and its speedup on the baseline."""
     if baseline not in times:
         raise ValueError(f"the baseline's batch {baseline} has no step time")
     if not b_noise > 0:
@@ -288,8 +256,7 @@ def parse_batches(text: str) -> list[int]:
 def timed_batches(baseline: int, stage: int, text: str | None) -> list[int]:
     """The batches t(B) is timed at: `text`'s (--batches), else BATCH_MULTIPLES of the baseline's.
 
-    The baseline's batch and the one the batch stage trains at are always among them, so the choice is always weighed
-    against what the stage runs."""
+    The baseline's batch and the batch stage's are always among them, so the choice is weighed against what it runs."""
     chosen = parse_batches(text) if text else [m * baseline for m in BATCH_MULTIPLES]
     return sorted({*chosen, baseline, stage})
 

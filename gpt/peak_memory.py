@@ -1,9 +1,6 @@
 """How a run measures memory: its peak, and one instrumented step's memory-over-time curve and breakdown.
 
-The peak comes from CUDA's allocator statistics, or MemTracker on the CPU. The instrumented step gives
-the memory-over-time curve and the breakdown at the peak (parameters, gradients, optimizer state,
-activations, temporaries): MemTracker on the CPU, the CUDA caching allocator's own history on a GPU
-(README: "How the figures are measured", peak memory).
+MemTracker on the CPU, the CUDA caching allocator's statistics and history on a GPU (docs/measurement.md, peak memory).
 """
 
 import math
@@ -27,9 +24,8 @@ TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many p
 class TimelineMemTracker(MemTracker):
     """PyTorch's MemTracker that also records the total after every op, for a memory-over-time curve.
 
-    MemTracker counts live tensor storage bytes by category: parameters, gradients, optimizer state,
-    activations, temporaries. It sees what goes through the dispatcher: on CPU this matches the allocator
-    within ~0.1 MiB for eager code. Under FakeTensorMode it works without allocating."""
+    It counts live tensor storage by category, as the dispatcher sees it (on the CPU within ~0.1 MiB of the allocator
+    for eager code), and under FakeTensorMode without allocating."""
 
     def __init__(self):
         super().__init__()
@@ -91,15 +87,8 @@ MEMORY_METHODS = {
 def memory_method(device: torch.device, compile_mode: str | None) -> str:
     """How a run's peak memory is measured: a key of MEMORY_METHODS.
 
-    CUDA graphs (compile mode "reduce-overhead") are recorded during warm-up into a private memory pool. A
-    replay runs the recorded kernels on that pool's memory without asking the allocator, so what the graphs
-    keep (activations, gradients, their scratch) is not counted by max_memory_allocated once warm-up is over,
-    and a CUDA-graph stage would report a drop in memory that is not real. max_memory_reserved counts every
-    segment the allocator holds from the device, the graph pool whole: what the stage takes from the GPU, and
-    what decides an out-of-memory error. (The pool's size plus the eager peak would be tighter, but the blocks
-    the pool hands out are also counted as allocated, and the sum is not a state the GPU was ever in.) Eager
-    CUDA stages keep max_memory_allocated, as the reference measured; every CUDA record carries both figures,
-    so the report can compare a CUDA-graph stage with its eager parent on the same one."""
+    CUDA graphs replay in a private pool that max_memory_allocated does not see, so a CUDA-graph stage gives the
+    reservation; eager CUDA stages the allocated peak, as the reference measured (docs/measurement.md, peak memory)."""
     if device.type != "cuda":
         return "memtracker"
     return "cuda_max_reserved" if compile_mode == "reduce-overhead" else "cuda_max_allocated"
@@ -136,9 +125,8 @@ def cuda_peaks_mib(device: torch.device) -> dict | None:
 def cpu_step_memory(step, model, optimizer) -> dict:
     """One training step under MemTracker: the breakdown at its peak and the memory-over-time curve (CPU).
 
-    A compiled model runs this step eager. Dynamo cannot trace under a dispatch mode such as the tracker's, and a
-    frame it meets under one is marked "skip" for good: every later step would run eager too, with no
-    recompilation to show for it. The "force_eager" stance keeps dynamo away from the step altogether."""
+    A compiled model runs this step eager, with dynamo kept away ("force_eager"): a frame it met under the tracker's
+    dispatch mode would be marked "skip" for good, and every later step would run eager too."""
     tracker = TimelineMemTracker()
     tracker.track_external(model, optimizer)
     with torch.compiler.set_stance("force_eager"), tracker:
@@ -159,23 +147,16 @@ def downsample(xs: list[float], n: int) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# one step recorded by the CUDA caching allocator
-#
-# torch.cuda.memory._record_memory_history makes the allocator log every allocation and free; _snapshot()
-# returns that log ('device_traces') and the blocks alive at the end ('segments'): the pickle that
-# pytorch.org/memory_viz opens. gpt/allocator_snapshot.py reads it (the planner reads the reference's snapshots
-# with the same code): the timeline and the breakdown at the peak, with each block placed by the step's marks.
+# one step recorded by the CUDA caching allocator, read by gpt/allocator_snapshot.py with the step's own marks
 
 MAX_TRACE_ENTRIES = 1_000_000  # the reference's GPT-2-large step traced 11,178 (3,726 allocations)
 
 
 class StepMarks:
-    """Where a traced step stands, counted in allocations since recording started.
+    """Where a traced step stands, counted in allocations since recording started (`count()`, the allocator's).
 
-    `count()` is the allocator's running number of allocations, which moves by one with every 'alloc'
-    entry of the trace. The marks hold the span of each forward pass, and which blocks hold parameters,
-    buffers, optimizer state and, as the optimizer is about to step, the gradients. The hooks sit on the
-    module train_step calls, outside any compiled region."""
+    The marks hold each forward pass's span, and which blocks hold parameters, buffers, optimizer state and, as the
+    optimizer is about to step, gradients; the hooks sit on the module train_step calls, outside any compiled region."""
 
     def __init__(self, model, optimizer, count):
         self.count, self.start = count, count()
@@ -216,9 +197,8 @@ class StepMarks:
 def cuda_step_memory(step, model, raw, optimizer, device: torch.device, path: Path | None = None) -> dict:
     """Run `step()` with the allocator recording its history; write the snapshot to `path` if given.
 
-    Returns {'breakdown_mib': at the peak, 'timeline_mib': allocated MiB through the step, 'snapshot':
-    path's name}. Not MemTracker, as on the CPU: dynamo does not compile under its dispatch mode (it
-    would describe an eager step), and it costs minutes at 36 layers."""
+    Returns breakdown_mib, timeline_mib and the snapshot's name. Not MemTracker, as on the CPU: dynamo does not compile
+    under its dispatch mode, and it costs minutes at 36 layers."""
     count = lambda: torch.cuda.memory_stats(device)["allocation.all.allocated"]  # noqa: E731
     # Python stacks only: C++ frames make the snapshot slow to symbolise and large, and this code is Python.
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_TRACE_ENTRIES, clear_history=True)

@@ -1,19 +1,8 @@
 """The measurement protocol: how one stage's training run becomes its record.
 
-See README: "How the figures are measured". `measure` is the protocol, phase by phase:
-
-    prepare         the data, the model with the stage's optimizations, its optimizer and precision, and the step
-    warm_up         `warmup_iters` steps; the start-up ones (compilation, CUDA graphs' recording) timed on their own; on
-                    the CPU the last one is the memory step
-    timed_repeats   `repeats` x "train on N samples" between two device synchronisations: the timed figures
-    profile_steps   a few more steps under torch.profiler: where the time goes (gpt/step_profiler.py)
-    memory_step     one instrumented step, unless a warm-up step was it (gpt/peak_memory.py)
-    across_ranks    DDP/FSDP: a repeat lasts as long as its slowest rank; losses are the ranks' mean
-    record          the JSON record (gpt/records.py checks it)
-
-The other modules measure one thing each: gpt/clocks.py (step and feed clocks), gpt/peak_memory.py (peak
-memory and the memory step), gpt/flops.py (peak FLOPS and MFU), gpt/step_profiler.py (the time breakdown).
-Under DDP/FSDP every rank runs the protocol; no `.item()` and no synchronisation happen inside a timed repeat.
+`measure` is the protocol, phase by phase (prepare, warm_up, timed_repeats, profile_steps, memory_step, across_ranks,
+record); what each does and measures: docs/measurement.md. Under DDP/FSDP every rank runs the protocol; no `.item()`
+and no synchronisation happen inside a timed repeat.
 """
 
 import statistics
@@ -39,11 +28,10 @@ from gpt.step_profiler import extra_steps, profile_steps
 def run(
     cfg: TrainConfig, label: str = "train", memory_snapshot: Path | None = None, trace_path: Path | None = None
 ) -> dict:
-    """Train `cfg` under the measurement protocol and return the run's record (see README: The JSON record).
+    """Train `cfg` under the measurement protocol and return the run's record (docs/records.md#the-json-record).
 
-    `cfg` is validated where it was built (gpt/ladder.py:stage_config). On CUDA, rank 0 writes the
-    allocator's snapshot of the instrumented step to `memory_snapshot`, and with `cfg.profile_steps` the
-    profiler's trace to `trace_path` (each if given)."""
+    On CUDA, rank 0 writes the instrumented step's allocator snapshot to `memory_snapshot`, and with
+    `cfg.profile_steps` the profiler's trace to `trace_path` (each if given)."""
     device = resolve_device(cfg.device)
     with distributed.process_group(device, parallel.backend(cfg, device)):  # a failed rank leaves at once
         return measure(cfg, device, label, memory_snapshot, trace_path)
@@ -98,11 +86,9 @@ class WarmUp:
 def warm_up(trainer: train.Trainer, memory_in_warmup: bool) -> WarmUp:
     """`warmup_iters` steps: compilation, CUDA graphs' recording and DataLoader worker start-up happen here.
 
-    The start-up steps (gpt/optimizations/compilation.py:startup_steps: the first, and under CUDA graphs the next two)
-    are timed each on its own: compile_s is what they took beyond a steady step. After the first, the allocator's cache
-    is released, so that the reserved figure describes training, not what compilation and autotuning cached. On the
-    CPU the last warm-up step, when it is not the first (whose optimizer state is only born in its update), is the
-    memory step: one step fewer per stage than an extra one after timing."""
+    The start-up steps are timed each on its own (compile_s: what they took beyond a steady step). After the first, the
+    allocator's cache is released, so the reserved figure describes training. On the CPU the last warm-up step, when not
+    the first (whose optimizer state is only born in its update), is the memory step."""
     cfg, device = trainer.cfg, trainer.device
     trainer.model.train()
     forget_compilations()
@@ -140,10 +126,7 @@ _CACHE_COUNTERS = (
 
 
 def forget_compilations() -> None:
-    """Start compile_cache_state's count afresh, before the model's first step.
-
-    What compiled before it (a benchmark of the attention kernels, gpt/optimizations/fused_attention.py)
-    is not the model's compilation."""
+    """Start compile_cache_state's count afresh before the model's first step: what compiled before is not the model."""
     from torch._dynamo.utils import counters
 
     for group, name in _CACHE_COUNTERS:
@@ -151,12 +134,9 @@ def forget_compilations() -> None:
 
 
 def compile_cache_state() -> str | None:
-    """Whether this process's torch.compile compiled its graphs, loaded them from the on-disk caches, or some of each.
+    """Whether torch.compile compiled this process's graphs ("cold"), loaded them ("warm") or some of each (None: none).
 
-    "cold": it compiled them; "warm": it loaded them all from the on-disk caches an earlier process
-    filled (AOTAutograd's and Inductor's FX graph caches, on by default); "partly warm": some of each.
-    None before anything was compiled. A warm first step takes seconds where a cold one takes tens of
-    seconds, so a compile time means little without this."""
+    Loaded from the on-disk caches an earlier process filled (AOTAutograd's, Inductor's): docs/measurement.md."""
     from torch._dynamo.utils import counters
 
     hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
@@ -202,10 +182,8 @@ def timed_repeats(trainer: train.Trainer) -> Timed:
 def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
     """One extra, instrumented step after timing (gpt/peak_memory.py); {} when memory is not measured.
 
-    On a GPU the CUDA allocator's history of it (rank 0 writes its snapshot to `snapshot_path`), MemTracker on the
-    CPU. A CUDA-graph stage's step is a replay, which runs in the graphs' private pool without asking the
-    allocator: its history holds only the step's eager rest (speed_4 on an H100: 42 of 3,992 MiB, no activation),
-    so the stage records no breakdown and no curve, only the snapshot (whose segments show the pool)."""
+    A CUDA-graph stage's step is a replay in the graphs' private pool, which the allocator's history does not see
+    (docs/measurement.md, peak memory): it records no breakdown and no curve, only the snapshot."""
     if not trainer.cfg.measure_memory:
         return {}
     if trainer.device.type == "cuda":
@@ -216,9 +194,7 @@ def memory_step(trainer: train.Trainer, snapshot_path: Path | None) -> dict:
 
 
 def peak_memory(trainer: train.Trainer, timed: Timed, memory: dict) -> float | None:
-    """The record's peak: the allocator's over the timed repeats on CUDA, the memory step's on the CPU.
-
-    On CUDA it is the allocated or the reserved peak, as memory_method says; on the CPU, MemTracker's."""
+    """The record's peak: the allocator's over the timed repeats on CUDA (memory_method's), else the memory step's."""
     if timed.cuda_peaks:
         method = trainer.choices.memory_method
         return timed.cuda_peaks["reserved" if method == "cuda_max_reserved" else "allocated"]

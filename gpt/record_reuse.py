@@ -1,23 +1,9 @@
 """Results that cannot depend on the machine, computed once and reused while the code behind them is unchanged.
 
-Two of run_all's computations give the same answer on every machine: the memory planner's H100 estimates
-(`python -m gpt.memory reference` and `fit`: fake tensors, CUDA's rules, no measurement) and the gradient noise scale
-along speed_0's run (a property of the recipe and the data: `python -m gpt.noise_scale`; its step times t(B), which
-are the machine's, are measured afresh every time). On 2 CPU cores they are minutes of every run (docs/running.md),
-spent reproducing the figures already committed in records/.
-
-So a record of either carries its provenance: a hash of every source file of this repository that its process had
-imported (the stage scripts with them), the torch version, the data it read and its arguments (`key`). run_all reuses
-the committed record (records/<profile>-<device>/) when the same files hash the same now and the rest matches, and
-says so in its output and in results.md; `./run_all.sh --fresh` computes everything anew.
-
-What is hashed is what runs: a Python file's syntax tree without its docstrings (`HASH_RULE`), so a reworded
-docstring, a comment or a reformatting leaves the record reusable, while any change to the code (a constant, a new
-import, a renamed variable) changes the hash, so a stale record is never reused. Docstrings may be left out because
-none of these records holds one: their figures come from the code, and a stage's docstring is read only as its
-description (gpt/ladder.py). A provenance names its rule (`hash`); one hashed by another rule (or by bytes, before
-the rule had a name) is simply recomputed. A Python whose parser reads the same code into another tree would likewise
-recompute, never mistake, a record: the tree is written without the empty fields a newer Python adds.
+The planner's H100 estimates and the noise scale's curve (docs/running.md#one-command). A record carries a hash of
+the source files its process imported, the torch version, the data and its arguments (`key`). The hash is of each
+file's syntax tree without its docstrings (`HASH_RULE`): none of these records holds one, so prose leaves a record
+reusable and any code change makes it stale; a provenance hashed by another rule is recomputed, never mistaken.
 """
 
 import ast

@@ -1,6 +1,7 @@
 """JSON run records: one file per stage run, written atomically so an interrupted ladder loses nothing that finished.
 
-The schema is documented in README.md ("The JSON record")."""
+The schema: docs/records.md#the-json-record.
+"""
 
 import json
 import os
@@ -57,10 +58,7 @@ def write_record(path: Path, record: dict) -> Path:
 
 
 def read_record(path: Path) -> dict | None:
-    """The record at `path`, or None if there is none.
-
-    A file that is not a JSON object (cut short by a full disk, say) counts as none, with one warning
-    line: every reader then treats the stage as not run, so `--resume` runs it again."""
+    """The record at `path`, or None if there is none or it is not a JSON object (one warning)."""
     path = Path(path)
     try:
         record = json.loads(path.read_text())
@@ -75,9 +73,7 @@ def read_record(path: Path) -> dict | None:
 
 
 def writable_dir(path: Path) -> Path:
-    """Create `path` if needed and check that a record can be written in it.
-
-    A read-only or blocked output directory is then one line before training, not a traceback after it."""
+    """Create `path` if needed and check a record can be written in it (one line, before training)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"the output directory {path} is a file")
@@ -99,9 +95,7 @@ def failure_of(e: BaseException) -> dict:
 
 
 def ran_eager(record: dict | None) -> bool:
-    """A finished stage with torch.compile on whose profiled step called no compiled graph, i.e. it ran eager.
-
-    Records without the count, or without profiling: not known, False."""
+    """Whether a finished stage with torch.compile on called no compiled graph in its profiled step (unknown: False)."""
     if not record or record.get("status") != "ok" or not record["choices"].get("compile_mode"):
         return False
     return (record["metrics"].get("profiler") or {}).get("compiled_regions_per_step") == 0
@@ -147,25 +141,19 @@ def other_seed(seed: int | None, profile: str) -> int | None:
 
 
 def time_to_loss_dir(out: Path, ladder: str | None = None) -> Path:
-    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss.
-
-    gpt/ladder.py: a ladder whose to_a_loss is "only", the speedrun."""
+    """Records of runs to a loss: <out>/time_to_loss/, or <out>/<ladder>/ for a ladder that only trains to a loss."""
     return Path(out) / (ladder or TIME_TO_LOSS_DIR)
 
 
 def speedrun_baseline_dir(out: Path, profile: str) -> Path:
     """Where a run directory of `profile` keeps speed_0's seeds on the speedrun's task, those that set its target.
 
-    <out>/time_to_loss/ where the profile's time-to-loss settings are that task (cpu, smoke: one run of speed_0 serves
-    both sections), else <out>/speedrun/ (reference: its time to loss trains GPT-mini)."""
+    <out>/time_to_loss/ where the profile's time to loss is that task (cpu, smoke), else <out>/speedrun/ (reference)."""
     return time_to_loss_dir(out, None if speedrun_task_is_time_to_loss(profile) else SPEEDRUN)
 
 
 def speedrun_target(out: Path, profile: str) -> float | None:
-    """The speedrun's target in a run directory of `profile`: the highest final validation loss of speed_0's seeds.
-
-    Its seeds on the speedrun's task (speedrun_baseline_dir); from loss_curve.baseline_model_loss; None without a
-    finished one."""
+    """The speedrun's target in a run directory of `profile` (loss_curve.baseline_model_loss); None before all seeds."""
     folder = speedrun_baseline_dir(out, profile)
     paths = [folder / "speed_0_baseline.json", *sorted(folder.glob("speed_0_baseline.seed*.json"))]
     return baseline_model_loss([read_record(p) for p in paths if p.exists()])

@@ -1,12 +1,9 @@
 """The decisions a run makes on its device, resolved once when it is prepared (gpt/train.py:prepare).
 
-They are carried by its Trainer and written by its record as `choices`.
-
-A stage's config says what it asks for; the device decides what runs: a CPU keeps fp32 where its bf16 matmuls are
-slower, a run for time keeps the explicit attention or the full loss where the fused one was measured slower at the
-stage's shape (or is missing on this torch), CUDA graphs only on CUDA, no compilation where it would not pay within
-the run (if the stage asks so), a process group's backend from the device. Each answer comes from its optimization's
-module; this object asks each once, so the protocol, the training to a loss and the record read the same answer."""
+A stage's config says what it asks for; the device decides what runs (precision, attention, loss, compile mode,
+backend). Each answer comes from its optimization's module, asked once, so the protocol, the training to a loss and
+the record (`choices`) read the same answer.
+"""
 
 from dataclasses import dataclass
 
@@ -68,8 +65,8 @@ def resolve(
 ) -> RunChoices:
     """Every per-device decision of a run, each asked of its module once.
 
-    The precision (precision.mixed_precision: the bf16 rule) is chosen here. `fp32_matmuls` and `host_allocator` as the
-    run set them up, `model_config` the GPTConfig the model was built with (its attention and loss already decided)."""
+    `fp32_matmuls` and `host_allocator` as the run set them up; `model_config` the model's GPTConfig (its attention and
+    loss already decided)."""
     amp = mixed_precision(cfg, device)
     mode, compile_why = compile_choice(cfg, device)
     return RunChoices(

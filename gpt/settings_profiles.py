@@ -1,26 +1,9 @@
 """Profiles: the base settings of each ladder's baseline stage, declared here and nowhere else.
 
-- reference: the documented setup (../shared/reference/README.md): character-level Shakespeare,
-  block 128, GPT-mini / GPT-2-large, 10240 / 1024 samples, 10 warm-up steps, 5 repeats. Default with CUDA.
-- cpu: sized so the four ladders finish in under half an hour on 2 CPU cores. Default without CUDA.
-  The speed ladder reads GPT-2 BPE tokens, batch 8 (64 from speed_1 on): 128 samples per repeat, the
-  fewest that speed_6's two ranks of 64 can share. The memory ladder's repeat is 24 samples: two steps of 12
-  (one per rank under FSDP). The memory ladder reads the reference's kind of data (characters,
-  block 128) and keeps GPT-2-large's depth (36 layers) at a quarter of its width (320, five 64-wide heads as
-  in GPT-2), batch 12. The shape is chosen so that the same things make each stage's peak as on the H100
-  (`python -m gpt.memory estimate --profile cpu --target cpu` checks a shape in seconds): activations at the
-  end of the forward pass (memory_0, memory_1), AdamW's foreach step (memory_2), the gradients and moments at
-  the end of backward (memory_3), and each stage's change lands within 10 points of the documented one. With
-  GPT-2's 50257 tokens the logits, not the optimizer step, made the peak after checkpointing.
-  One profiled step per stage: a CPU step lasts long enough to measure, and every profiled step adds
-  its time to the stage.
-- smoke: tiny shapes, seconds per stage; for tests.
-
-Each profile also has "time_to_loss": the speed ladder's baseline settings when the speed and fast stages train from
-scratch to a token budget (gpt/time_to_loss.py); `_to_a_loss` says how they are derived. And "speedrun": the
-speedrun's task (SPEEDRUN_TASK), one on every profile and device but smoke's tiny one (docs/speedrun.md).
-
-Stage scripts change these settings (e.g. `batch_size *= 8`), so every profile runs every stage.
+reference (the documented setup, ../shared/reference/README.md; default with CUDA), cpu (the four ladders in under
+half an hour on 2 cores; default without CUDA), smoke (the tests'): what each holds, and why the cpu profile's
+shapes: docs/running.md#profiles-gptsettings_profilespy. Each also has "time_to_loss" (`_to_a_loss` derives it) and
+"speedrun", the speedrun's task. Stage scripts change these settings, so every profile runs every stage.
 """
 
 from gpt.errors import UserError
@@ -74,9 +57,7 @@ def _to_a_loss(batch: int, block: int, steps: int, evals: int = EVALUATIONS, war
     )
 
 
-# The speedrun's task: nanoGPT's CPU recipe for shakespeare_char (4 layers of 128, 4 heads, block 64, batch 12, dropout
-# 0), the cpu profile's time to loss, where every speedrun stage was tuned. One task on every machine, as the field's
-# speedruns are (one target, any hardware): a GPU races to the same model and is judged by its own seconds.
+# The speedrun's task: the cpu profile's time to loss, one on every machine (docs/speedrun.md#what-it-is).
 SPEEDRUN = "speedrun"  # the profiles' section of the speedrun's task, named after its ladder
 SPEEDRUN_TASK = _to_a_loss(
     batch=12, block=64, steps=2000, preset="gpt-mini", n_layer=4, n_head=4, n_embd=128, dropout=0.0, eval_windows=200

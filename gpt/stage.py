@@ -1,8 +1,4 @@
-"""What `python stages/<stage>.py` runs: the shared command line, the run, its record and the summary it prints.
-
-The command line is the one every stage script shares; the run launches the processes of a DDP/FSDP stage; its record
-is written whatever happens.
-"""
+"""What `python stages/<stage>.py` runs: the shared command line, the run, its record (written whatever happens)."""
 
 import argparse
 import math
@@ -113,9 +109,7 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
 
 
 def to_a_loss_overrides(args, profile: dict) -> dict:
-    """The settings a run to a loss takes from the command line (None: the profile's `time_to_loss` settings).
-
-    Bad input is one line."""
+    """The settings a run to a loss takes from the command line (None: the profile's); bad input is one line."""
     if args.train_tokens is not None and args.train_tokens <= 0:
         raise UserError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens}")
     if args.eval_every_tokens is not None and args.eval_every_tokens <= 0:
@@ -142,9 +136,8 @@ def default_speedrun_target(
 ) -> float | None:
     """The target of a speedrun stage run alone without --target-loss: speed_0's model, as run_all finds it.
 
-    The stage races to that model, found in the run's folder, else in the committed records that set the task's
-    target (gpt/committed_records.py:committed_speedrun_target), whatever the device; one line says which. With none, a
-    one-line error, or with --full-budget a line saying it trains its whole budget with no target to stop at."""
+    In the run's folder, else in the committed records (committed_records.committed_speedrun_target); one line says
+    which. With none, a one-line error, or with --full-budget a line saying it trains its whole budget."""
     places = [(out, profile), committed_speedrun_target(profile, device)]
     for folder, folder_profile in places:
         target = speedrun_target(folder, folder_profile)
@@ -170,10 +163,7 @@ def to_a_loss_settings(stage: str, profile: str, speedrun_task: bool) -> dict:
 
 
 def loss_records_dir(out: Path, stage: str, profile: str, speedrun_task: bool) -> Path:
-    """Where a run to a loss keeps its record in the run directory `out`.
-
-    <out>/speedrun/ for a speedrun stage, speedrun_baseline_dir for a run on the speedrun's task (speed_0's seeds that
-    set its target), <out>/time_to_loss/ otherwise."""
+    """Where a run to a loss keeps its record in `out`: speedrun/, speedrun_baseline_dir or time_to_loss/."""
     if trains_to_a_loss_only(stage):
         return time_to_loss_dir(out, ladder_of(stage))
     return speedrun_baseline_dir(out, profile) if speedrun_task else time_to_loss_dir(out)
@@ -271,10 +261,7 @@ def _stage_main(stage: str, argv: list[str], script: str) -> int:
 
 
 def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
-    """Why the stage has no effect on the device it ran on, as 'no effect on <device>: <why>', else None.
-
-    That is when every optimization this stage changes is inert on that device (their no_effect, gpt/optimizations).
-    The stage still runs: its time shows the noise."""
+    """'no effect on <device>: <why>' when every optimization this stage changes is inert on that device, else None."""
     parent = parent_of(stage)
     if parent is None:
         return None
@@ -283,9 +270,7 @@ def no_effect(stage: str, profile: str, cfg: TrainConfig) -> str | None:
 
 
 def _run_and_record(cfg: TrainConfig, meta: dict, path: Path, wandb_mode: str) -> dict:
-    """Train and write the record, including for a run that failed (OOM, crash).
-
-    Rank 0 writes it, and so does the rank that failed first: torchrun may stop rank 0 before it can."""
+    """Train and write the record, also for a failed run: by rank 0 and the first rank to fail."""
     import torch
 
     from gpt import protocol, time_to_loss

@@ -1,24 +1,8 @@
-"""Where a step's time goes: labelled phases, a few profiled steps, their trace, and the time breakdown.
+"""Where a step's time goes: labelled phases, a few profiled steps after the timed repeats, their trace, the breakdown.
 
-The phases are labelled in the training loop; the steps are profiled after the timed repeats; the trace opens in
-Perfetto; the time breakdown is computed from the trace's events.
-
-Phases. `step_phase(name)` marks a phase of a step ("ladder/data", "ladder/copy", "ladder/forward",
-"ladder/backward", "ladder/optimizer") with a torch.profiler.record_function range, but only while a
-profiler runs: entering and leaving a record_function costs a dispatcher call and an object even with no
-profiler, the check far less (docs/design.md, "The figures behind the rules"), so the timed repeats pay nothing
-measurable for the labels.
-
-Breakdown. Every instant of the profiled steps' wall time goes to exactly one category, so the shares add up
-to 100% (`attribute`, pure interval arithmetic):
-- CPU: the phase the training thread was in; "communication" when that thread was inside a collective call
-  (c10d ops, FSDP's all-gather and reduce ranges) or ran no operator at all while a collective was in
-  flight on gloo's threads (DDP waiting for its all-reduce); "other" outside every phase (the loop itself).
-- CUDA: what the GPU was doing. A running kernel (or copy) goes to the phase that launched it (the launch's
-  correlation id), NCCL kernels to "communication" only when no other kernel runs beside them (exposed
-  communication). With nothing running on the GPU: "data" or "copy" if the host was waiting for the next
-  batch or in the copy, "communication" if it was inside a collective call, else "gpu_idle": the queue ran
-  dry (kernel launches and Python too slow to keep the GPU busy).
+`step_phase` labels a phase only while a profiler runs (the labels' cost: docs/design.md#the-figures-behind-the-rules).
+Every instant of the profiled steps goes to exactly one category (`attribute`); the rules:
+docs/measurement.md#where-the-time-goes.
 """
 
 import bisect
@@ -73,12 +57,10 @@ def extra_steps(cfg, device: torch.device) -> int:
 
 
 def profile_steps(step, cfg, device: torch.device, trace_path: Path | None, rank: int = 0) -> dict:
-    """Run `cfg.profile_steps` more steps under torch.profiler, for the record's time breakdown and trace.
+    """Run `cfg.profile_steps` more steps under torch.profiler (CPU, plus CUDA on a GPU; no shapes, stacks or memory).
 
-    CPU activities, plus CUDA on a GPU; no shapes, stacks or memory, which cost time and trace size. Returns the
-    record's metrics `time_breakdown_pct` and `profiler`: rank 0's (the other ranks run the profiler too, so that they
-    stay in step, and discard it), None when profiling is off. The trace goes to `trace_path` (gzipped Chrome trace
-    JSON) when given."""
+    Returns the record's `time_breakdown_pct` and `profiler`, rank 0's (the others profile too, to stay in step), None
+    when profiling is off; the trace (gzipped Chrome JSON) goes to `trace_path` when given."""
     none = {"time_breakdown_pct": None, "profiler": None}
     if not cfg.profile_steps:
         return none
@@ -172,11 +154,10 @@ def length(a: list) -> float:
 
 
 def attribute(windows: list, layers: list[tuple[str, list]], rest: str) -> dict[str, float]:
-    """Split the time of `windows` among categories, layer by layer in priority order.
+    """Split the time of `windows` among categories: each (category, intervals) layer, in order, takes what it covers.
 
-    Each (category, intervals) layer, in priority order, takes what it covers of the time the earlier layers left;
-    what no layer covers goes to `rest`. A category may appear in several layers. The parts add up to the windows'
-    length exactly."""
+    What no layer covers goes to `rest`; a category may appear in several layers; the parts add up to the windows
+    exactly."""
     left = union(windows)
     out = {}
     for category, intervals in layers:

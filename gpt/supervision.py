@@ -18,11 +18,9 @@ LOCK_FILE = ".run_all.lock"
 
 
 def lock_output(out: Path):
-    """Make this run the only ladder writing to `out`, so that two runs never interleave their records.
+    """Make this run the only ladder writing to `out`: the open lock file, held until this process exits.
 
-    The lock file holds the holder's pid; the lock itself is the kernel's (flock), released when the
-    holder exits however it ends, so a lock file left by a dead run is simply taken over. Returns the
-    open file, which holds the lock until this process exits."""
+    The lock is the kernel's (flock), released however its holder ends: a lock file left by a dead run is taken over."""
     path = out / LOCK_FILE
     while True:
         f = open(path, "a+")
@@ -79,10 +77,10 @@ class TimeLimitReached(Exception):
 
 
 def run_stage(cmd: list[str], log: Path, show, deadline=None) -> int:
-    """Run one stage script with its output in `log`; `show(seconds)` is called once a second.
+    """Run one stage script with its output in `log`, `show(seconds)` once a second; returns its exit code.
 
-    Returns the exit code; raises KeyboardInterrupt after stopping the stage if interrupted, TimeLimitReached if
-    `deadline` (a gpt/quick_run.py Deadline, or anything with its passed()) passed first."""
+    KeyboardInterrupt after stopping the stage if interrupted; TimeLimitReached if `deadline` (quick_run's) passed
+    first."""
     with open(log, "w") as f:
         # its own session: a Ctrl-C reaches only this process, which then stops the whole stage tree
         proc = subprocess.Popen(

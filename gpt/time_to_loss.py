@@ -1,29 +1,8 @@
 """Training to a loss: a stage trained from scratch to a token budget, its validation loss curve, its time to a target.
 
-The run has the learning-rate schedule, its validation loss evaluated every `eval_every_tokens` tokens (and before the
-first step and at the end), and the time to a target validation loss read from that curve (gpt/loss_curve.py; README:
-"Time to loss").
-
 The run trains with the timed protocol's own step and loop (gpt/train.py: Trainer.run); what it adds is the
-evaluation (gpt/evaluation.py), outside the training clock, and the curve. The clock is synchronised at every
-evaluation only: no `.item()` and no synchronisation between two of them.
-
-    record["metrics"]["curve"]: one point per evaluation: step, tokens, seconds (training seconds, the one-time
-        start-up excluded), train_loss (mean over the steps since the previous point), val_loss, lr (AdamW's), and
-        muon_lr (Muon's) where Muon updates the blocks' matrices
-        windows, estimate: how many validation windows the point read, and whether that is fewer than all of them:
-        a run that stops at its target reads an estimate on a quarter of them while its loss is clearly above
-        the target, never at or near it, and records its prediction of every window's loss (gpt/evaluation.py:
-        TowardTarget); `estimates` counts those
-        points, `windows_evaluated` the windows read in all
-    startup_s: the start-up steps' time beyond a steady step, once per process, given apart and not in `seconds`:
-        the first step (compilation, DataLoader workers) and, where the step replays CUDA graphs, the next two (the
-        graphs' recording, their first replay), each timed on its own (gpt/optimizations/compilation.py:startup_steps)
-    target: where the curve reaches target_loss (crossing(): interpolated between the two evaluations around it)
-    the process's wall clock, split (each None where the OS does not give the process's start, gpt/clocks.py):
-        import_setup_s (the process's start to the training's set-up: imports, arguments, the process group),
-        setup_s (the set-up: data, model with its run-time measurements, optimizer, validation windows), then
-        startup_s (compilation), train_seconds, eval_seconds, and process_s (the process's start to the record)
+evaluation (gpt/evaluation.py), outside the training clock, and the curve (its keys: docs/records.md#the-json-record).
+The clock is synchronised at every evaluation only: no `.item()` and no synchronisation between two of them.
 """
 
 import time
@@ -46,10 +25,7 @@ from gpt.protocol import compile_cache_state, forget_compilations, run_facts
 
 
 def run(cfg: TrainConfig, label: str = "train") -> dict:
-    """Train `cfg` to its token budget and return the run's record.
-
-    `cfg` is validated where it was built (gpt/ladder.py:stage_config). Every process of a DDP/FSDP run trains; rank
-    0's record is the one written."""
+    """Train `cfg` (validated where it was built) to its token budget and return the run's record (rank 0's)."""
     if not cfg.train_tokens:
         raise UserError("training to a loss needs a token budget (train_tokens, --train-tokens)")
     device = resolve_device(cfg.device)
@@ -144,10 +120,9 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
 
 
 def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
-    """Whether a run that stops at its target (cfg.stop_at_target) has reached it.
+    """Whether a run that stops at its target has reached it: its last evaluation, on every window, at or below it.
 
-    It has when its last evaluation, on the full windows (never an estimate on fewer), is at or below it. The crossing
-    is read from the curve up to there, so stopping changes no figure but the final loss."""
+    The crossing is read from the curve up to there, so stopping changes no figure but the final loss."""
     last = curve[-1]
     return (
         cfg.stop_at_target
@@ -158,11 +133,7 @@ def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
 
 
 def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) -> Callable[[bool], WindowSums]:
-    """The run's evaluation, `evaluate(full)` -> the window sums now.
-
-    A run that stops at its target reads an estimate on fewer windows while its loss is clearly above the target
-    (gpt/evaluation.py: TowardTarget); the first and last evaluations (`full`), and every evaluation of a run that
-    trains its whole budget, read every window."""
+    """The run's evaluation, `evaluate(full)` -> the window sums now (an estimate on fewer windows: TowardTarget)."""
     batch, world = trainer.cfg.micro_batch_size, cfg.world_size
     toward = TowardTarget(
         len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
@@ -211,8 +182,7 @@ def budget_metrics(
 ) -> dict:
     """The record's metrics: the curve with the start-up taken out of its seconds, the rates, the target.
 
-    `startup_steps`: the seconds of the first steps, each timed on its own; what each took beyond a steady step (the
-    mean of the others; with no other, the fastest of them) is start-up."""
+    Start-up: what each of `startup_steps` took beyond a steady step (the others' mean; with none, their fastest)."""
     n = len(startup_steps)
     steady_s = (train_s - sum(startup_steps)) / (steps - n) if steps > n else min(startup_steps, default=0.0)
     extra = beyond_steady(startup_steps, steady_s)

@@ -1,7 +1,6 @@
 """Tokenizers that work with no network: GPT-2 BPE (via tiktoken) and a character-level one.
 
-Both expose the same small interface: .name, .vocab_size, .eot, .encode(text) -> list[int],
-.decode(ids) -> str and .to_meta(), a JSON-able dict from which get_tokenizer() rebuilds an
+Both expose .name, .vocab_size, .eot, .encode, .decode and .to_meta(), from which get_tokenizer() rebuilds an
 identical tokenizer (a prepared data set stores it so training never has to guess).
 """
 

@@ -1,11 +1,7 @@
 """Training, as every stage of every ladder does it: the model, one training step, and the `Trainer`.
 
-The model comes with the stage's optimizations; one training step is micro-batches, backward, clipping, the
-optimizer; the `Trainer` steps through the stage's batches.
-
-The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py: warm-up, timed repeats,
-profiled steps, the memory step), each a loop over `trainer.step()`; the memory planner (gpt/memory) runs
-build_model and train_step on fake tensors.
+The loops that drive a Trainer are the measurement protocol's phases (gpt/protocol.py) and training to a loss
+(gpt/time_to_loss.py); the memory planner (gpt/memory) runs build_model and train_step on fake tensors.
 """
 
 from collections.abc import Iterator
@@ -27,7 +23,7 @@ from gpt.optimizations.host_memory import keep_freed_host_memory
 from gpt.optimizations.muon import make_muon
 from gpt.optimizations.parallel import parallelize
 from gpt.optimizations.precision import MixedPrecision, matmul_precision
-from gpt.optimizations.schedule import learning_rate, set_learning_rates  # noqa: F401 (learning_rate: tests)
+from gpt.optimizations.schedule import set_learning_rates
 from gpt.run_choices import RunChoices
 from gpt.run_choices import resolve as resolve_choices
 from gpt.step_profiler import step_phase
@@ -36,12 +32,9 @@ from gpt.step_profiler import step_phase
 def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     """The model with the ladder's model-side optimizations applied, in the order they compose.
 
-    Checkpoint the blocks, then shard/replicate them, then build the optimizer over the final (possibly sharded)
-    parameters, then compile the whole.
-
-    Every rank builds identical weights from the same seed (FSDP does not broadcast them); then each rank
-    reseeds with its rank added, so that ranks draw different dropout masks, as one process would for the
-    different samples of one batch. Rank 0 (or the one process) draws the masks of seed + 0."""
+    Checkpoint the blocks, shard/replicate them, build the optimizer over the final parameters, compile the whole. Every
+    rank builds identical weights from the same seed (FSDP does not broadcast them), then reseeds with its rank added,
+    so that ranks draw different dropout masks, as one process would for the different samples of one batch."""
     model_cfg = GPTConfig(
         vocab_size=vocab_size,
         block_size=cfg.block_size,
@@ -76,9 +69,7 @@ def _grad_sync(model, last_micro_batch: bool):
 def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) -> torch.Tensor:
     """One optimizer step on a batch of `cfg.batch_size` samples; returns the batch's mean loss (on device).
 
-    Gradient accumulation: the batch is split into `grad_accum_steps` micro-batches; each micro-batch
-    loss is divided by their number, so the summed gradients are the gradient of the mean loss over the
-    whole batch: the same update, with the activations of one micro-batch alive at a time."""
+    Each of the `grad_accum_steps` micro-batches' losses is divided by their number: the same update as one batch."""
     k = cfg.grad_accum_steps
     total = torch.zeros((), device=x.device)
     for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
@@ -107,8 +98,8 @@ def train_step(model, optimizer, x, y, cfg: TrainConfig, amp: MixedPrecision) ->
 class Trainer:
     """A training run: the stage's settings, the model, its optimizer, its batches, and its step on the next one.
 
-    The model: `gpt`, the GPT itself, and `model`, what trains, with its wrappers. `choices` holds every per-device
-    decision, resolved once (gpt/run_choices.py): the precision (`choices.amp`) among them."""
+    `gpt` is the GPT itself, `model` what trains, with its wrappers; `choices` every per-device decision
+    (run_choices.py)."""
 
     cfg: TrainConfig
     device: torch.device
@@ -132,10 +123,7 @@ class Trainer:
         return self.choices.cuda_graphs
 
     def step(self, feed: FeedClock | None = None) -> torch.Tensor:
-        """One training step on the next batch; returns the loss, on the device.
-
-        A FeedClock, if given, times the wait for the batch and its copy to the device (the timed repeats keep one;
-        otherwise each step gets its own)."""
+        """One training step on the next batch; its loss, on the device (`feed`, if given, times the batch's wait)."""
         feed = feed or FeedClock(self.device)
         with feed.data():
             batch = next(self.batches)
@@ -151,10 +139,9 @@ class Trainer:
         return loss.clone() if self.cuda_graphs else loss
 
     def run(self, steps: int, feed: FeedClock | None = None, mark=None) -> list[torch.Tensor]:
-        """The training loop: `steps` steps on the next batches, as every run trains.
+        """The training loop, as every run trains: `steps` steps; their losses, on the device (no `.item()`, no sync).
 
-        Every run: the timed repeats, training to a loss. Returns each step's loss on the device: no `.item()`, no
-        synchronisation. `mark()`, if given, is called before each step and after the last (a per-step clock)."""
+        `mark()`, if given, is called before each step and after the last (a per-step clock)."""
         losses = []
         for _ in range(steps):
             if mark:

@@ -1,16 +1,7 @@
 """Log a finished stage's record to Weights & Biases, after training: one W&B run per stage.
 
-Every stage of one ladder run shares a group (env GPT_LADDER_GROUP, set by run_all; else
-<profile>-<device>-<date>) in the project "gpt-ladder", so the W&B UI lines the stages up side by side; the
-speedrun's stages share <group>-speedrun, with job type "speedrun".
-Nothing here runs inside the timed loop: the per-step curves are replayed from the record's arrays. A stage
-trained to a loss (job type "time_to_loss") logs its curve: val/loss and train/loss against curve/tokens, with
-curve/step, curve/seconds and the learning rate beside (curve/lr: AdamW's; curve/muon_lr: Muon's, where the stage
-has it), under the same names in every stage, so one panel overlays them all.
-
-Offline (the default) needs no account and no network: runs go to <repo>/wandb/ (or $WANDB_DIR/wandb/),
-and `wandb sync wandb/offline-run-*` uploads them later.
-A W&B problem never fails a stage: its record is already on disk, so one warning line is enough.
+What is logged, and under which names: docs/running.md#comparing-runs-in-weights--biases. Nothing here runs inside the
+timed loop: the curves are replayed from the record. A W&B problem never fails a stage: one warning line.
 """
 
 import importlib.util
@@ -27,9 +18,7 @@ PROJECT = "gpt-ladder"
 
 
 def run_group(record: dict) -> str:
-    """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun).
-
-    They are judged against one another by their curves, not beside the timed stages."""
+    """The ladder run's group; the speedrun's stages have a group of their own (<group>-speedrun)."""
     group = os.environ.get("GPT_LADDER_GROUP") or (
         f"{record['profile']}-{record.get('device', {}).get('type', 'unknown')}-{date.today().isoformat()}"
     )
@@ -48,9 +37,7 @@ def run_config(record: dict) -> dict:
 
 
 def summary(record: dict) -> dict:
-    """The record's scalar figures (lists are logged as curves), dicts flattened.
-
-    The flattened names: memory_breakdown_mib/<part>, time_breakdown_pct/<category>, profiler/<fact>."""
+    """The record's scalar figures, dicts flattened (memory_breakdown_mib/<part>, profiler/<fact>, ...)."""
     out = {"status": record["status"]}
     for key, value in record.get("metrics", {}).items():
         if isinstance(value, dict):
@@ -61,9 +48,7 @@ def summary(record: dict) -> dict:
 
 
 def log_run(record: dict, mode: str, files: list[Path] = ()) -> None:
-    """Log one stage (mode offline | online; disabled does nothing), attaching `files` to the run; never raises.
-
-    `files`: the profiler's trace."""
+    """Log one stage (mode offline | online; disabled does nothing) with `files` (the trace) attached; never raises."""
     if mode == "disabled":
         return
     if not wandb_installed():
@@ -137,11 +122,9 @@ def run_name(record: dict) -> str:
 
 
 def _log_curve(run, record: dict) -> None:
-    """Log a run to a loss: train and validation loss at every evaluation, against tokens.
+    """Log a run to a loss: train and validation loss at every evaluation, against tokens (the axis every stage shares).
 
-    Tokens are the x-axis every stage shares: stages with different batches meet at equal tokens. The step, the
-    training seconds and the process's wall clock since its launch are logged beside, so the W&B panel's x-axis can
-    switch to any. Same names in every stage: one panel overlays them."""
+    The step, the training seconds and the process's wall clock are logged beside, the same names in every stage."""
     run.define_metric("curve/tokens")
     optional = {  # None or absent (older records): unlogged
         "train/loss": "train_loss",

@@ -30,11 +30,11 @@ from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
 from gpt.ladder import stage_config
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
+from gpt.optimizations.schedule import learning_rate
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.run_choices import RunChoices
 from gpt.settings_profiles import profile_settings
 from gpt.stage import parse_args, to_a_loss_overrides
-from gpt.train import learning_rate
 
 
 def smoke_to_a_loss(char_data, stage="speed_0_baseline", **overrides) -> TrainConfig:

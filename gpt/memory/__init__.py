@@ -1,7 +1,4 @@
-"""The GPU memory planner without a GPU: a stage's peak memory predicted on fake tensors, in rooms.
+"""The GPU memory planner without a GPU: a stage's peak memory predicted on fake tensors (docs/memory-planner.md).
 
-estimator.py estimates one stage (its docstring says how); planner.py the reference ladder, the largest batch that
-fits and the comparison with measured records; recorder.py writes the simulated step as a CUDA allocator snapshot;
-__main__.py is the command line (`python -m gpt.memory estimate|reference|fit|compare|snapshot --help`). The
-section of results.md the planner's reports make is the report's (gpt/report/memory_planner.py).
-This file imports nothing."""
+Its modules: docs/design.md's layout; `python -m gpt.memory --help` the command line. This file imports nothing.
+"""

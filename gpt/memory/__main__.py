@@ -1,4 +1,4 @@
-"""python -m gpt.memory: the GPU memory planner's command line (how it works: gpt/memory/estimator.py).
+"""python -m gpt.memory: the GPU memory planner's command line (how it works: docs/memory-planner.md).
 
 estimate   predicted peak memory of one stage, with a breakdown (stage-script options + a target)
 reference  the reference's five memory stages, estimated beside their documented peaks and its snapshots

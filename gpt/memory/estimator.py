@@ -1,40 +1,8 @@
 """The memory planner's estimator: a stage's peak memory, predicted by running its training code on fake tensors.
 
-The stage's own code runs: gpt.train.build_model builds the model with the stage's optimizations and
-gpt.train.train_step trains it, twice, under FakeTensorMode. Fake tensors have shapes, dtypes and devices but
-no storage, so a 774M-parameter model "trains" in seconds without allocating its memory. During the second
-step a MemTracker (gpt/peak_memory.py) adds up the bytes every tensor would hold while it is alive, by category
-(parameters, gradients, optimizer state, activations, temporaries), and keeps the peak. The second step is
-every later step: AdamW's state exists from the first step's end on, as do the gradients if the training
-loop keeps them across steps; the first step, without them, peaks lower.
-
-Two targets:
-- cpu: the quantity a CPU run measures (gpt/protocol.py: MemTracker over one step after the warm-up), so the
-  estimate can be checked against real runs on this machine (`python -m gpt.memory compare`).
-- cuda: what torch.cuda.max_memory_allocated reports. The simulation still runs on fake CPU tensors (fake
-  CUDA tensors cannot run backward in a CPU-only build) and applies CUDA's rules on top: the caching
-  allocator rounds every allocation up to a multiple of 512 bytes, CUDA's dropout kernel keeps a 1-byte
-  mask for backward where the CPU's keeps its 4-byte float noise, SDPA with dropout runs CUDA's flash or
-  memory-efficient kernel (output and logsumexp kept) where the CPU's math path keeps T x T weights, and
-  autocast casts by CUDA's op lists (softmax in float32: the explicit attention's probabilities take 4 bytes an
-  element, where CPU autocast keeps bf16). The other ops of this model (matmuls, layer norm, GELU,
-  cross-entropy, AdamW) keep the same tensors on both devices. cuBLAS's workspaces are added
-  (CUBLAS_WORKSPACES_MIB: Hopper's). Not modelled:
-  blocks the allocator hands out larger than requested (up to 1 MiB each), AdamW's step counters staying on
-  the CPU unless fused; the CUDA context and allocator fragmentation are outside max_memory_allocated anyway.
-
-Distributed stages are estimated for one rank. FSDP runs with a fake process group of the given world size
-(collectives move no data; every shape is right). DDP's C++ reducer reads parameter data, which fake tensors
-lack, so a DDP stage runs as its single-process rank, and on CUDA DDP's gradient buckets (one more copy of
-the gradients, allocated when DDP wraps the model) are added; the CPU measurement does not see them either.
-torch.compile is not simulated: a compiled stage is estimated eager (its CPU measurement runs eager under the
-tracker too). On CUDA the compiled graphs replay in a pool of their own that holds what the eager step holds
-at its peak, less what Inductor's fusions never write; compare holds a CUDA-graph stage's estimate against the
-peak that includes the pool (planner.compared_peak), and on the H100 records the eager estimate lands within
-a few percent of it: Inductor's memory plan is left unmodelled.
-
-Real CUDA allocator snapshots (torch.cuda.memory._dump_snapshot) are read by gpt/allocator_snapshot.py, and the
-simulated step is written in their format by gpt/memory/recorder.py.
+It runs the stage's own build_model and train_step, twice, under FakeTensorMode, with a MemTracker over the
+second step; for a CUDA target with CUDA's rules applied. How, and what it leaves out:
+docs/memory-planner.md#how-an-estimate-is-made.
 
 Usage: `python -m gpt.memory estimate|reference|fit|compare|snapshot --help` (gpt/memory/__main__.py).
 """
@@ -62,9 +30,7 @@ from gpt.peak_memory import TimelineMemTracker, memory_breakdown
 from gpt.train import build_model, train_step
 
 TARGET_DEVICES = ("cuda", "cpu")  # whose memory an estimate predicts
-# cuBLAS takes a workspace from the caching allocator for each thread that runs matmuls, the forward's and the
-# autograd engine's, and keeps it: 32 MiB each on Hopper. Seen as two 32 MiB blocks in the reference's H100
-# snapshots, and as the 'other' (65 MiB) of every CUDA record of shared/reference/h100-2026-11-24.
+# cuBLAS keeps a workspace per thread that runs matmuls (the forward's, the autograd engine's): 32 MiB on Hopper.
 CUBLAS_WORKSPACES_MIB = 2 * 32.0
 SIM_DEVICE = torch.device("cpu")  # where the fake tensors live, whatever the target
 
@@ -86,9 +52,8 @@ class Estimate:
 def estimate(cfg: TrainConfig, vocab_size: int, target: str = "cuda", adapt=None, record: bool = False) -> Estimate:
     """Peak memory of one process training with `cfg` on `target`.
 
-    adapt(raw, model, optimizer), if given, may modify what build_model returned before training starts
-    (gpt/memory/planner.py uses it to emulate the reference's code). record: also keep every allocation and
-    free of the simulated step, with its Python stack, as a CUDA memory snapshot (Estimate.snapshot)."""
+    adapt(raw, model, optimizer), if given, may modify what build_model returned (the planner emulates the reference's
+    code so). record: also keep the simulated step as a CUDA memory snapshot (Estimate.snapshot)."""
     if target not in TARGET_DEVICES:
         raise UserError(f"unknown target {target!r} (choose one of: {', '.join(TARGET_DEVICES)})")
     plan = simulation_plan(cfg, target, vocab_size)
@@ -197,11 +162,7 @@ class _PeakTracker(TimelineMemTracker):
         return self
 
     def _host_bytes(self, dev, snap: dict) -> dict:
-        """Under CPU offload, the bytes of each category that live in host memory.
-
-        The sharded parameters (a unit's gathered parameters, also labelled parameters, are on the GPU), the gradients
-        (MemTracker labels only the sharded, reduce-scattered ones so) and the optimizer state (AdamW steps on the
-        CPU)."""
+        """Under CPU offload, the bytes of each category in host memory: the sharded parameters, gradients and state."""
         if not self.offload:
             return {}
         return {
@@ -236,11 +197,9 @@ _cpu_dropout = F.dropout
 
 
 def _cuda_dropout(input, p=0.5, training=True, inplace=False):
-    """F.dropout as CUDA runs it.
+    """F.dropout as CUDA runs it: the fused native_dropout, which keeps a 1-byte mask (the CPU's path: 4-byte noise).
 
-    On CUDA it calls the fused native_dropout, which keeps a bool mask (1 byte per element) for backward; on the CPU it
-    multiplies by a float noise tensor and keeps that (4 bytes). native_dropout has a CPU kernel too, so calling it
-    reproduces CUDA's tensors."""
+    native_dropout has a CPU kernel too, so calling it reproduces CUDA's tensors."""
     if training and 0 < p < 1 and not inplace and input.numel() > 0:  # CUDA's condition for the fused kernel
         return torch.native_dropout(input, p, True)[0]
     return _cpu_dropout(input, p, training, inplace)
@@ -252,10 +211,8 @@ _cpu_sdpa = F.scaled_dot_product_attention
 def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
     """F.scaled_dot_product_attention as an H100 runs it for this model (no mask, head size <= 256).
 
-    The flash kernel for 16-bit inputs, the memory-efficient one for fp32. Both keep for backward only the output and a
-    float logsumexp per query row (dropout is regenerated from a saved RNG seed), where the CPU, which has no fused
-    kernel with dropout, takes the math path and keeps the T x T attention weights and their dropout mask. Both kernels
-    have fake-tensor rules, so they run here on fake CPU tensors."""
+    The flash kernel for 16-bit inputs, the memory-efficient one for fp32: both keep only the output and a logsumexp
+    per row, where the CPU's math path keeps the T x T weights; both have fake-tensor rules, so they run here."""
     if attn_mask is not None or kwargs.get("enable_gqa") or query.size(-1) > 256:
         return _cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, **kwargs)
     if query.dtype in (torch.float16, torch.bfloat16):

@@ -1,27 +1,8 @@
 """The planner's three checks: the documented reference ladder, the largest model that fits a budget, measured runs.
 
-The last compares the estimates with this machine's measured runs.
-
-The documented peaks were measured with the reference's code, a modified minGPT. Where that code differs
-from this project's in a way that changes memory, the difference is emulated here, on top of this project's
-model and training step (gpt/model.py and gpt/train.py stay as they are):
-- NewGELU: minGPT writes the tanh GELU as Python ops, 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))). Autograd
-  then keeps what each op needs for its own backward: besides the input and the output, which F.gelu's
-  caller keeps too, the tanh output, 0.5*x and 1+tanh(..), three more tensors 4*n_embd wide per layer.
-  The MLP's activation is swapped for it.
-- Gradient lifetime: minGPT's trainer calls zero_grad(set_to_none=True) after the forward pass, right before
-  backward, where this project's calls it after the optimizer step. So in the reference the previous step's
-  gradients stay allocated through the next forward pass, whose end is the peak without checkpointing. (Its
-  gradient accumulation zeroes inside the micro-batch loop: the same pattern per micro-batch.)
-- Embedding lookups: minGPT's GPT.forward keeps its token and position embeddings (tok_emb, pos_emb) as local
-  variables until it returns, where this project adds them inline and frees them at once: one batch x block x
-  n_embd tensor more at the peak. Its H100 snapshots show them alive there.
-The snapshots (read by gpt/allocator_snapshot.py) check all three: what was alive at their peaks, by category, is
-compared with the estimates. The reference's other differences are MiB-sized and only explained, not emulated: an
-untied lm_head (65 x 1280 more parameters, gradients and moments), float causal masks (bool here), the allocator's
-blocks larger than their requests (cuBLAS's workspaces are added to every CUDA estimate, gpt/memory/estimator.py).
-What the figures of `reference_figures` mean, and what they rule in and out about the documented peaks, is
-gpt/memory/README.md.
+The reference's code (a modified minGPT) differs from this project's in three ways that change memory: its NewGELU,
+its gradient lifetime and its embedding locals. Each is emulated here, on top of this project's model and training
+step (`as_reference`); what they are, and what `reference_figures` mean: gpt/memory/README.md.
 """
 
 import math
@@ -74,9 +55,7 @@ def with_newgelu(raw, model, optimizer):
 
 
 def with_mingpt_gradient_lifetime(raw, model, optimizer):
-    """Gradients freed when the forward pass returns instead of after the optimizer step.
-
-    As minGPT does: zero_grad right before backward. train_step's own zero_grad becomes a no-op."""
+    """Gradients freed as the forward pass returns (minGPT's zero_grad before backward; train_step's: a no-op)."""
     optimizer.zero_grad = lambda set_to_none=True: None
     model.register_forward_hook(lambda *_: torch.optim.Optimizer.zero_grad(optimizer, set_to_none=True))
 
@@ -106,16 +85,14 @@ VARIANTS = {
 def reference_config(stage: str, processes: int | None = None, **overrides) -> TrainConfig:
     """A memory stage of the reference profile (gpt2-large, block 128, batch 32, fp32, naive attention, dropout 0.1).
 
-    On `processes` processes if it is a DDP/FSDP stage. samples is set to one step: it only matters for timing, and must
-    divide by the batch."""
+    On `processes` processes if it is a DDP/FSDP stage; samples is one step (it only matters for timing)."""
     return stage_config(stage, "reference", processes=processes, one_step=True, **overrides)
 
 
 class Runner:
-    """Runs estimates, in `jobs` worker processes when jobs > 1.
+    """Runs estimates, in `jobs` worker processes when jobs > 1 (an estimate is one single-threaded Python loop).
 
-    An estimate is one single-threaded Python loop, so each core can run one. Specs are (config, vocab size, target,
-    variant name)."""
+    Specs are (config, vocab size, target, variant name)."""
 
     def __init__(self, jobs: int = 1):
         self.pool = None
@@ -194,9 +171,9 @@ def snapshot_breakdown(est_breakdown: dict) -> dict:
 
 
 def reference_figures(rows: list[dict]) -> list[tuple[str, str]]:
-    """What the estimates and the reference's snapshots say about the documented peaks, as (figure, value) pairs.
+    """What the estimates and the reference's snapshots say about the documented peaks: (figure, value) pairs.
 
-    The figures are computed from them; gpt/memory/README.md explains each, under the same name."""
+    gpt/memory/README.md explains each, under the same name."""
     by = {r["stage"]: r for r in rows}
     s0, s2 = by["memory_0_baseline"], by["memory_2_checkpointing"]["reference"].breakdown_mib
     cfg = reference_config("memory_0_baseline")
@@ -349,9 +326,7 @@ def _cuda_mib(nbytes: int) -> float:
 
 
 def vocabulary_of(params: int) -> tuple[float, float]:
-    """The vocabulary that gives GPT-2-large's shape (block 128) `params` parameters, with a tied and an untied head.
-
-    The tied output head as here and in GPT-2, the untied one as in minGPT."""
+    """The vocabulary that gives GPT-2-large's shape (block 128) `params` parameters, with a tied and an untied head."""
     per_token = _params_at(vocab_size=2) - _params_at(vocab_size=1)  # n_embd: the tied head adds no parameters
     rest = params - (_params_at(vocab_size=1) - per_token)
     return rest / per_token, rest / (2 * per_token)
@@ -373,10 +348,9 @@ SHAPE_RULE = (
 
 
 def fit_settings(world_sizes=(2, 8), budget_gib: float = 80) -> list[tuple[str, str, int, int | None]]:
-    """The fit report's rows: (label, stage, processes, documented parameters).
+    """The fit report's rows: (label, stage, processes, documented parameters for an 80 GB GPU).
 
-    Before the ladder, after it with FSDP, and with the lean ladder's last stage (its GPU memory; its host memory is
-    reported beside). The documented counts are for an 80 GB GPU."""
+    Before the ladder, after it with FSDP, and with the lean ladder's last stage (its host memory reported beside)."""
     documented = DOCUMENTED_FIT if budget_gib == 80 else {}
     rows = [("before: memory_0 settings (1 GPU)", "memory_0_baseline", 1, documented.get("before"))]
     for w in world_sizes:
@@ -410,12 +384,9 @@ def largest_fit(
 ) -> dict:
     """The most layers (at the shape rule's width) whose estimated peak fits `budget_mib`.
 
-    For a fixed width the peak is affine in n_layer: every layer adds the same parameters, gradients,
-    optimizer state and saved activations. Two cheap estimates at small depths give the slope; the answer
-    is then checked with real estimates at full depth, n fits and n + 1 does not, re-solving along the same
-    slope from the deepest estimate until both hold. Beyond `verify_max_layers` a full-depth estimate takes
-    minutes (hundreds of sharded layers); there a third estimate at 16 layers checks that the peak is
-    affine, and the answer is extrapolated along it (marked `extrapolated`, with the check's residual)."""
+    The peak is affine in n_layer: two cheap estimates give the slope, and the answer is checked at full depth (n fits,
+    n + 1 does not); beyond `verify_max_layers` a third estimate at 16 layers checks the line, and the answer is
+    extrapolated along it (marked `extrapolated`, with the check's residual)."""
     if budget_mib <= 0:
         raise UserError(f"the budget must be positive, got {budget_mib / 1024:g} GiB")
     runner = runner or Runner()
@@ -541,9 +512,7 @@ def compared_peak(record: dict) -> tuple[float, str]:
 
 
 def compare_records(records: list[dict], runner: Runner | None = None, progress=print) -> list[dict]:
-    """Estimate every measured stage record (status ok) with its own configuration and device type.
-
-    Each is compared with the figure of it that holds what the estimate predicts (compared_peak)."""
+    """Estimate every measured stage record (ok) with its own config and device type, against its compared_peak."""
     measured = [r for r in records if r.get("status") == "ok" and (r.get("metrics") or {}).get("peak_memory_mib")]
     specs = [
         (

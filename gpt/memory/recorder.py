@@ -1,10 +1,7 @@
-"""The planner's simulated step as a CUDA allocator snapshot (the format gpt/allocator_snapshot.py reads and writes).
+"""The planner's simulated step as a CUDA allocator snapshot, to open beside a real run's (pytorch.org/memory_viz).
 
-An estimate so opens beside a real run's snapshot at https://pytorch.org/memory_viz.
-
-The planner's tracker (gpt/memory/estimator.py) reports every storage that appears, grows, shrinks or goes;
-`StepRecorder` places each in a simulated segment as the caching allocator would and logs it with the Python stack
-of the code that made it.
+`StepRecorder` places each storage the planner's tracker reports in a simulated segment as the caching allocator
+would, and logs it with the Python stack of the code that made it.
 """
 
 import bisect
@@ -18,10 +15,7 @@ _BASE = 0x7F0000000000  # where the simulated segment starts (any aligned addres
 
 
 def python_stack(depth: int = 2) -> list[dict]:
-    """The caller's Python stack in the snapshot's frame format (innermost first).
-
-    From the code that ran the operator outwards: the frames of the tracking machinery and everything inside them are
-    left out."""
+    """The caller's Python stack in the snapshot's frame format (innermost first), the tracking machinery left out."""
     frames, f = [], sys._getframe(depth)
     while f is not None:
         frames.append({"name": f.f_code.co_name, "filename": f.f_code.co_filename, "line": f.f_lineno})
@@ -33,10 +27,9 @@ def python_stack(depth: int = 2) -> list[dict]:
 class StepRecorder:
     """Builds a snapshot of a simulated step from the storages a tracker sees appear and disappear.
 
-    Storages seen before start() are what the allocator held when recording began: blocks without a trace event, as in a
-    real snapshot. Addresses come from a best-fit allocator over one segment that splits a free range only when the
-    remainder is over 1 MiB (as the caching allocator does for large blocks), so that analyse() replays every block at
-    the size recorded here. time_us counts the simulated operators, not microseconds."""
+    Storages seen before start() are blocks without a trace event, as in a real snapshot. Addresses come from a best-fit
+    allocator over one segment that splits a free range only when the remainder is over 1 MiB (as the caching allocator
+    does), so analyse() replays every block at its size here. time_us counts the simulated operators."""
 
     def __init__(self):
         self.held = {}  # key -> (address, bytes requested, frames)

@@ -1,14 +1,8 @@
 """Every optimization of the ladders, and the questions asked of all of them.
 
-Each is declared once in its home module beside the code it switches on (gpt/optimizations/optimization.py says what a
-declaration holds).
-
-Each home's docstring opens with what it holds; docs/design.md maps them. A home's optimizations are found where they
-are declared (`OPTIMIZATIONS`), so adding one touches no list here.
-
-A stage script changes TrainConfig fields; each field belongs to exactly one optimization (`owner`), and what a
-stage changes against its parent is a list of optimizations (`changed`), whose facts the ladder, the report and the
-memory planner read from here. None of them names a field.
+Each is declared once in its home module (`OPTIMIZATIONS` finds them there). A stage script changes TrainConfig
+fields; each field belongs to exactly one optimization (`owner`), and what a stage changes against its parent is a
+list of optimizations (`changed`), whose facts the ladder, the report and the planner read from here.
 """
 
 import importlib

@@ -1,7 +1,5 @@
 """Gradient accumulation (memory_1): each batch split into micro-batches, one micro-batch's activations alive at a time.
 
-The micro-batches' losses are divided by their number, so the summed gradients are the whole batch's.
-
 The code is the micro-batch loop of gpt/train.py:train_step (with DDP, only the last micro-batch all-reduces).
 """
 

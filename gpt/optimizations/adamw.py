@@ -11,14 +11,11 @@ from gpt.optimizations.optimization import Optimization
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, skip=()) -> torch.optim.AdamW:
-    """AdamW as the reference: weight decay on Linear layers' weights, none on biases, LayerNorm or position embeddings.
+    """AdamW as the reference: weight decay on Linear layers' weights (the tied embedding among them), none on the rest.
 
-    The tied embedding is the lm_head's weight, so it is one of them. `skip`: parameters another optimizer updates
-    (Muon's hidden matrices, gpt/optimizations/muon.py).
-
-    foreach=True updates all parameters with a few multi-tensor kernels, which needs temporaries the
-    size of all parameters at once; foreach=False loops over parameters, so its temporaries are one
-    parameter's size. CUDA defaults to foreach and the CPU to the loop, so it is always passed."""
+    `skip`: parameters another optimizer updates (Muon's hidden matrices). foreach=True updates all parameters with a
+    few multi-tensor kernels and temporaries the size of all of them; foreach=False loops, with one parameter's
+    temporaries. CUDA defaults to foreach and the CPU to the loop, so it is always passed."""
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     skip_ids = {id(p) for p in skip}
     params = [p for p in model.parameters() if p.requires_grad and id(p) not in skip_ids]

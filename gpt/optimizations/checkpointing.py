@@ -1,7 +1,4 @@
-"""Activation checkpointing (memory_2): each transformer block's inside is recomputed during backward.
-
-Each block keeps only its input in the forward pass and recomputes the rest during backward.
-"""
+"""Activation checkpointing (memory_2): each block keeps only its input in the forward pass and recomputes the rest."""
 
 import torch.nn as nn
 
@@ -12,15 +9,11 @@ from gpt.optimizations.optimization import Optimization
 def checkpoint_blocks(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     """Keep only each transformer block's input in the forward pass and recompute the block's inside during backward.
 
-    Activation checkpointing trades about one extra forward for the activations of every block. The RNG state is saved
-    and restored, so dropout masks (and gradients) are unchanged.
-
-    early_stop=False: the recomputation runs the whole block (one residual add more) instead of stopping as
-    soon as the last saved tensor is back. PyTorch stops it by raising an exception from inside that op (here
-    the MLP's dropout); on torch 2.11 with CUDA, when the allocator records its history with Python stacks (the
-    memory step), that exception is lost on its way out of the op and becomes "SystemError: <built-in method
-    dropout> returned NULL without setting an exception" (pytorch/pytorch#179536, pytorch/tutorials#3774).
-    Without early stop no exception crosses an op; the saved tensors, and so the gradients, are the same."""
+    The RNG state is saved and restored, so dropout masks (and gradients) are unchanged. early_stop=False: the
+    recomputation runs the whole block instead of stopping, by an exception raised inside an op, once the last saved
+    tensor is back; on torch 2.11 with CUDA, while the allocator records Python stacks (the memory step), that exception
+    is lost and becomes "SystemError: <built-in method dropout> returned NULL without setting an exception"
+    (pytorch/pytorch#179536, pytorch/tutorials#3774). Without early stop, the same saved tensors and gradients."""
     if not cfg.activation_checkpointing:
         return model
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper

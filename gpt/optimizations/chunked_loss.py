@@ -1,36 +1,13 @@
 """The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss by chunks of rows.
 
-The head and the loss are computed chunk by chunk of rows, so the (rows x vocabulary) logits never exist at once.
-
-Three maintained implementations compute it; which ones a machine has depends on its PyTorch and packages:
+The (rows x vocabulary) logits never exist at once. Three implementations, as this machine's torch and packages allow:
 
     torch   F.linear_cross_entropy (PyTorch 2.12 and newer), every device
     liger   liger-kernel's fused linear cross-entropy (Triton kernels; CUDA), `pip install liger-kernel`
     cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
 
-The choice is `loss_impl` (TrainConfig, `--loss-impl`): "auto" takes the first of IMPLEMENTATIONS available
-on the device; the model's config and the record (choices.loss_impl) name the one that ran.
-
-All three give the loss and gradients of the full loss up to float summation order
-(tests/optimizations/test_chunked_loss.py on the CPU; tests/test_gpu.py on CUDA, for each one installed):
-- the padded vocabulary's rows get probability 0: a -inf logit bias (torch, liger), or, for Cut
-  Cross-Entropy, which takes no bias, the head's real rows only (the padding rows' gradient is then 0, as
-  with the bias);
-- Cut Cross-Entropy's gradient filtering (it skips softmax entries below a threshold) is switched off;
-- the head's weight gradient: liger accumulates it in fp32 (accum_dtype); Cut Cross-Entropy adds its blocks'
-  input and weight gradients into buffers of the input's dtype (cut-cross-entropy 25.1.1, cce_backward.py: no
-  fp32 option), so in bf16 its gradients are further from fp32's than the bf16 full loss's (measured on an H100:
-  tests/test_gpu.py); torch adds each chunk's weight
-  gradient into a buffer of the input's dtype, bf16 under bf16 autocast, with its default policy on CUDA
-  ("compact": the chunk's matmul sums in fp32 inside cuBLAS) and with the CPU's "accurate" alike (the chunk's
-  gradient staged in fp32). So its bf16 weight gradient drifts from fp32 with the number of chunks, measured at
-  fast_6's reference shape (128 chunks) by
-  tests/optimizations/test_chunked_loss.py:test_bf16_chunked_weight_gradient_at_the_stages_shape.
-Autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly.
-
-Which CUDA implementation is fastest has not been measured yet on a GPU in this repository: IMPLEMENTATIONS
-keeps PyTorch's own first (no extra package), then liger, then cce. `python -m gpt.bench_loss` times each one
-available at a stage's shape; its figures decide the order.
+`loss_impl` "auto" takes the first of IMPLEMENTATIONS available on the device. All three give the full loss's loss
+and gradients up to summation order: docs/design.md#beyond-the-book-the-fast-and-lean-ladders.
 """
 
 import dataclasses
@@ -74,12 +51,10 @@ def installed(name: str) -> bool:
 
 
 def torch_op_takes_our_call() -> bool:
-    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes.
+    """Whether this torch's F.linear_cross_entropy takes the call chunked_cross_entropy makes (linear_bias=, options=).
 
-    The call needs the keywords linear_bias= and options=, and torch.nn.LinearCrossEntropyOptions with the fields
-    loss_chunking sets. The function's name came into torch's history before these: asking for the name alone would let
-    a torch with the older function fail the stage with a TypeError instead of falling back to liger / cce or skipping
-    it."""
+    The name came into torch's history before these: asking for it alone would let an older torch fail the stage with a
+    TypeError instead of falling back to liger / cce or skipping it."""
     op, options = getattr(F, "linear_cross_entropy", None), getattr(torch.nn, "LinearCrossEntropyOptions", None)
     if op is None or not dataclasses.is_dataclass(options):
         return False
@@ -159,7 +134,8 @@ def chunked_cross_entropy(
 ) -> torch.Tensor:
     """Mean cross-entropy of `x @ weight.T` (+ `padding_bias`) against `targets`, without the full logits.
 
-    `padding_bias` is -inf on the rows past `vocab_size`. Computed by implementation `impl` (resolved if "auto")."""
+    `padding_bias` is -inf on the rows past `vocab_size`. Computed by implementation `impl` (resolved if "auto");
+    autocast does not reach into these ops, so they get the autocast dtype's inputs explicitly."""
     device_type = x.device.type
     impl = resolve(impl, device_type) if impl == "auto" else impl
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
@@ -193,10 +169,8 @@ def triton_library_loss(
 def loss_chunking(device_type: str):
     """How F.linear_cross_entropy chunks and accumulates, as a torch.nn.LinearCrossEntropyOptions.
 
-    CUDA: the library's own per-device defaults (picked by its authors on an A100; for bf16/fp16 inputs "compact": fp32
-    inside each chunk's matmuls, the weight gradient summed over chunks in the input's dtype; chunks by the shape's
-    aspect ratio). CPU: fixed chunks of LOSS_CHUNK_ROWS rows, accumulated in the input's dtype (the measurements that
-    chose both: docs/design.md, "The figures behind the rules")."""
+    CUDA: the library's own per-device defaults (bf16/fp16: "compact"); CPU: fixed chunks of LOSS_CHUNK_ROWS rows,
+    accumulated in the input's dtype (the measurements: docs/design.md#the-figures-behind-the-rules)."""
     if device_type == "cuda":
         return torch.nn.LinearCrossEntropyOptions()
     return torch.nn.LinearCrossEntropyOptions(
@@ -226,11 +200,10 @@ def time_head_and_loss(
     warmup: int = 3,
     repeats: int = 20,
 ) -> dict:
-    """Milliseconds of one forward and backward of the output head and the loss at a shape.
+    """Milliseconds of one forward and backward of the output head and `loss_fn(x, weight, targets, vocab, bias)`.
 
-    The loss is `loss_fn(x, weight, targets, vocab, bias)`; the figures are the median, min and max over `repeats` calls
-    after `warmup` (CUDA: the peak MiB too), on real tensors with the random state put back as it was (a stage measures
-    this while it builds its model)."""
+    The median, min and max of `repeats` calls after `warmup` (CUDA: the peak MiB too), on real tensors, with the random
+    state put back as it was (a stage measures this while it builds its model)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -269,11 +242,10 @@ def time_head_and_loss(
 def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
     """The loss a stage computes, and why it is not the one its config asks for (None when it is).
 
-    It is cfg.loss, except in a run for time (cfg.goal) with the implementation left to "auto", where the full loss
-    computes the same mathematics: there the full loss where no chunked implementation runs on this device, or where the
-    chunked one was measured slower at the stage's shape (under CUDA graphs the chunked loss by rule: loss_how). A run
-    for memory, or one that names its implementation, keeps the chunked loss: its point there is the logits it never
-    holds, or the library the user asked for."""
+    A run for time with loss_impl "auto" computes the full loss, the same mathematics, where no chunked implementation
+    runs here or the chunked one was measured slower (under CUDA graphs: chunked, by rule). A run for memory, or one
+    that names its implementation, keeps the chunked loss: its point is the logits it never holds, or the library asked
+    for."""
     if not _falls_back(cfg):
         return cfg.loss, None
     if missing := why_unavailable(cfg.loss_impl, device_type):

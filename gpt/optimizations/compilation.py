@@ -1,11 +1,7 @@
 """torch.compile (speed_4), and the rule that compiles only where it pays within the run (speedrun_12).
 
-`compile_model` compiles; the rule that chooses its mode (compile_mode, compile_choice, compile_skipped) follows it, and
-is asked where the run is built (gpt/train.py:build_model) and where its choices are resolved (gpt/run_choices.py).
-
-With torch.compile the model is traced into graphs whose element-wise ops are fused into fewer kernels; on CUDA in
-"reduce-overhead" mode, which also records CUDA graphs (one launch replays a step's kernels). Under the rule, a run to a
-loss too short for a cold compilation to pay stays eager, on a CPU or a GPU.
+`compile_model` compiles in the mode the rule chooses (compile_mode, compile_choice, compile_skipped): on CUDA
+"reduce-overhead", which also records CUDA graphs; eager for a run to a loss too short for a cold compilation to pay.
 """
 
 from dataclasses import dataclass
@@ -19,10 +15,7 @@ from gpt.optimizations.optimization import Optimization, SimulationPlan, check_f
 
 
 def compile_model(model: nn.Module, mode: str | None) -> nn.Module:
-    """The model compiled in `mode`, or the model itself where the run is eager (mode None).
-
-    torch.compile traces the model into graphs and fuses elementwise ops (GELU, dropout, softmax, layer norm) into fewer
-    kernels that read and write memory once. The mode is the rule's, below (compile_mode)."""
+    """The model compiled in `mode` (element-wise ops fused into fewer kernels), or itself where `mode` is None."""
     return torch.compile(model, mode=mode) if mode else model
 
 
@@ -43,14 +36,7 @@ class CompileCost:
         return round(self.cold_s / self.saving_per_step_s)
 
 
-# Committed per kind of device, where compile_if_it_pays weighs them (docs/design.md, "The figures behind the rules").
-# cpu: measured at the speedrun's shape on a 2-core EPYC: 40.5 s of compiling and timing compiled kernels, 13.5 ms
-# saved a step: 3,000 steps. cuda: nothing measured at the speedrun's shape; a rule from speed_4_compile's records
-# (GPT-mini, 32,768 tokens a step, cold caches, CUDA graphs): compile_s 17.8 s on an H200 (23.1 s on an H100), and its
-# median step 9.1 ms shorter than speed_3's on the H100 (8.1 ms on the H200). The cheaper compilation and the larger
-# saving, taken as an upper bound for the speedrun's smaller model (4 layers of 128 against 6 of 192: fewer kernels to
-# fuse and fewer launches for a graph to replay), both err towards compiling: a CUDA run of fewer than 17.8 / 0.0091
-# = 1,956 steps stays eager.
+# Committed per kind of device; the measurements behind both: docs/design.md#the-figures-behind-the-rules.
 COMPILE_COSTS = {
     "cpu": CompileCost(40.5, 0.0135, "measured: speedrun_11 on a 2-core EPYC, docs/design.md"),
     "cuda": CompileCost(
@@ -63,11 +49,9 @@ COMPILE_COSTS = {
 
 
 def compile_choice(cfg: TrainConfig, device: torch.device) -> tuple[str | None, str | None]:
-    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here.
+    """The mode a run compiles in (None: eager), and why a stage that asks to compile runs eager here (else None).
 
-    The reason is None where it compiles as asked, or does not ask. Asked once per run (gpt/run_choices.py). On CUDA
-    'reduce-overhead', as the reference: CUDA graphs, one launch replays the whole step's kernels; they do not exist on
-    the CPU, which gets the default mode."""
+    On CUDA 'reduce-overhead', as the reference (CUDA graphs: one launch replays a step's kernels); else the default."""
     why = compile_skipped(cfg, device)
     if not cfg.compile or why:
         return None, why
@@ -108,9 +92,8 @@ def uses_cuda_graphs(mode: str | None) -> bool:
 def cuda_graphs_rule(cfg: TrainConfig, device: torch.device, kept: str) -> str | None:
     """The rule that keeps a kernel a run for time asks for under CUDA graphs, or None where it is measured instead.
 
-    A kernel's time is measured call by call, compiled in the default mode: under CUDA graphs the step replays its
-    kernels in one launch, which such a call does not, so the measurement would not say how the run runs. There the
-    stage's own choice (`kept`) runs as asked, and the record says so (choices' attention_how, loss_how)."""
+    A kernel timed call by call does not run as a step's graphs replay it, so there the stage's own choice (`kept`) runs
+    as asked, and the record says so (choices' attention_how, loss_how)."""
     if not uses_cuda_graphs(compile_mode(cfg, device)):
         return None
     return f"rule: {kept} as asked under CUDA graphs (a call timed on its own does not run as the graphs replay it)"
@@ -119,9 +102,8 @@ def cuda_graphs_rule(cfg: TrainConfig, device: torch.device, kept: str) -> str |
 def startup_steps(cuda_graphs: bool) -> int:
     """The steps at a run's start whose time beyond a steady step is start-up (compile_s, startup_s), not training.
 
-    The first: compilation, the DataLoader's workers. Under CUDA graphs the next two as well: cudagraph trees run each
-    compiled graph once unrecorded (the first step), record it at its next call (the second), then replay it; the
-    first replay (the third) is counted too, so whatever it adds is start-up, and a steady one adds nothing."""
+    The first (compilation, DataLoader workers); under CUDA graphs also the next two: cudagraph trees record a graph at
+    its second call and first replay it at the third."""
     return 3 if cuda_graphs else 1
 
 

@@ -1,10 +1,7 @@
 """Feeding the device: a bigger batch, DataLoader workers, pinned memory, and batches made on the device.
 
-The stages: a bigger batch (speed_1), DataLoader workers (speed_2), pinned memory with non-blocking copies (speed_3),
-and pre-tokenised batches made on the device without a DataLoader (fast_1).
-
-`make_loader` builds the stage's batches and `to_device` copies each one; `training_data` is the data set they
-come from. Every setting left as the baseline has it gives the baseline's plain DataLoader.
+The stages: speed_1 (batch), speed_2 (workers), speed_3 (pinned memory, non-blocking copies), fast_1 (pre-tokenised
+batches made on the device). `make_loader` builds the batches from `training_data`, `to_device` copies each one.
 """
 
 import torch
@@ -21,21 +18,16 @@ DATASETS = ("raw_text", "tokens")  # raw text processed per sample in __getitem_
 
 
 def training_data(cfg: TrainConfig):
-    """The training split as the stage reads it: raw text, or windows of the pre-tokenised token array.
-
-    Raw text is normalised and tokenised per sample (the baseline's per-sample CPU work)."""
+    """The training split as the stage reads it: raw text (tokenised per sample), or pre-tokenised windows."""
     return make_dataset(cfg.dataset, cfg.data_dir, cfg.block_size)
 
 
 def make_loader(dataset, sampler, cfg: TrainConfig, device: torch.device):
     """Batches of `cfg.batch_size` samples (one optimizer step per rank).
 
-    num_workers > 0 moves the per-sample CPU work (__getitem__) into worker processes so it overlaps
-    with training; persistent workers keep them alive across repeats. pin_memory puts each batch in
-    page-locked host memory, which a GPU can copy from asynchronously; there is no such thing without an
-    accelerator, so it is only asked for on CUDA (elsewhere PyTorch would just warn).
-    batch_gather (pre-tokenised data only) replaces the DataLoader: the token array is on the device and
-    each batch is one indexing op there (gpt/data.py:GatheredBatches), the same batches."""
+    Workers run __getitem__'s per-sample CPU work beside training (persistent across repeats); pin_memory is asked for
+    on CUDA only (without an accelerator there is no page-locked memory); batch_gather replaces the DataLoader with one
+    indexing op on the device (gpt/data.py:GatheredBatches), the same batches."""
     if cfg.batch_gather:
         return GatheredBatches(dataset, sampler, device)
     return DataLoader(

@@ -1,15 +1,9 @@
 """Fused attention (fast_3): F.scaled_dot_product_attention instead of the explicit B x H x T x T scores.
 
-Both attentions are here, and gpt/model.py:CausalSelfAttention.forward calls the one its config names. The
-explicit one writes the score matrix, masks it, softmaxes it, applies dropout and reads it again for the product
-with v; the fused kernel (FlashAttention on recent GPUs, a fused CPU kernel) computes the softmax block by block
-and never stores it. The fused kernel is not faster at every shape (on a CPU at the character-level shape of
-training to a loss it is slower: docs/design.md, "The figures behind the rules"). So a run for time computes with
-SDPA only where it was measured faster on its device (a GPU too) at the stage's own shape and precision
-(`measured_attention_choice`, kept in gpt/machine_cache.py), and otherwise keeps the explicit attention, with both
-times as the record's `no_effect`: the rule speed_5 follows for bf16.
-gpt/model.py:GPTConfig checks the value. What the memory planner knows about CUDA's fused kernels is in
-gpt/memory/estimator.py:_cuda_sdpa.
+Both attentions are here; gpt/model.py:CausalSelfAttention.forward calls the one its config names. The fused kernel
+never stores the scores but is not faster at every shape (docs/design.md#the-figures-behind-the-rules), so a run for
+time computes with SDPA only where it was measured faster at the stage's own shape (`measured_attention_choice`), and
+otherwise keeps the explicit attention, with both times as the record's `no_effect`.
 """
 
 import math
@@ -110,9 +104,8 @@ def time_attentions(
 ) -> list[float]:
     """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`.
 
-    Each is the median of ~0.3 s of calls after warm-up, on real tensors (also when the memory planner calls this under
-    FakeTensorMode), with the random state put back as it was (a stage measures this while it builds its model, after
-    seeding it)."""
+    Each the median of ~0.3 s of calls after warm-up, on real tensors (also under the planner's FakeTensorMode), with
+    the random state put back as it was."""
     device = device or torch.device("cpu")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

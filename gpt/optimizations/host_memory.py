@@ -1,13 +1,9 @@
 """Freed host memory kept for reuse (speedrun): a CPU run's tensors come back from the C allocator without page faults.
 
-PyTorch allocates CPU tensors with the C library's malloc, and glibc serves every block larger than its mmap threshold
-(128 KiB at first, raised as blocks are freed) with a fresh mmap and gives it back with munmap when it is freed. An
-eager step that allocates and frees the same activations again and again then makes the kernel hand out new zeroed
-pages each time: about 10,000 minor page faults a step at the speedrun's shape. A CUDA run has its own caching
-allocator; this is the CPU's missing one, set with mallopt: blocks up to 32 MiB (glibc's largest mmap threshold on
-64-bit) come from the heap, and the heap is never trimmed, so a freed block is reused as it is. The arithmetic is
-untouched: only where the bytes live changes. The setting is the whole process's, from the call on, as a stage's own
-process runs. Measured: docs/design.md, "The figures behind the rules".
+glibc serves every block above its mmap threshold with a fresh mmap and unmaps it when freed, so an eager step that
+allocates and frees the same activations faults in new zeroed pages each time. A CUDA run has its own caching
+allocator; this is the CPU's missing one, set with mallopt for the whole process: blocks up to 32 MiB come from a
+heap that is never trimmed. The arithmetic is untouched. Measured: docs/design.md#the-figures-behind-the-rules.
 """
 
 import ctypes

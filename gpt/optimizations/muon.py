@@ -1,15 +1,8 @@
 """Muon (the speedrun ladder): the transformer blocks' weight matrices are updated with Muon, the rest with AdamW.
 
-Everything else keeps the reference's AdamW.
-
-Muon (Keller Jordan, 2024; torch.optim.Muon, PyTorch 2.9 and newer) keeps one momentum buffer per matrix and
-replaces the update by its nearest semi-orthogonal matrix (five Newton-Schulz iterations, in bf16): every direction
-of the matrix moves by about the same amount, so a step can be larger without one direction blowing up. It is
-defined for 2-D hidden matrices only; the embeddings (the token one is also the output head), the norms and the
-biases keep AdamW, as in the modded-nanogpt speedruns.
-
-gpt/train.py:build_model makes the stage's optimizer: AdamW (adamw.py:make_optimizer) or, with
-matrix_optimizer="muon", `make_muon`'s `MuonWithAdamW` holding both.
+Muon (Keller Jordan, 2024; torch.optim.Muon) replaces a matrix's momentum update by its nearest semi-orthogonal
+matrix (Newton-Schulz iterations), so every direction moves by about as much; it is defined for 2-D hidden matrices
+only, so the embeddings, norms and biases keep AdamW, as in the modded-nanogpt speedruns.
 """
 
 import contextlib
@@ -101,10 +94,8 @@ def newton_schulz_fp32(
 def newton_schulz_in(dtype: torch.dtype):
     """Within the context, torch's Muon runs its Newton-Schulz iterations in `dtype` (bf16 as shipped, else float32).
 
-    torch's Muon runs them in bf16, hard-coded. A CPU without bf16 units emulates bf16 matmuls, tens of times slower
-    than fp32 (gpt/optimizations/precision.py measures it): a Muon step there took longer than the forward and backward
-    passes together. On such a device the same iterations run in float32 (more precise, not less), swapped in for Muon's
-    step only."""
+    torch's are bf16, hard-coded; a CPU without bf16 units emulates those tens of times slower than fp32, so there the
+    same iterations run in float32 (more precise, not less), swapped in for Muon's step only."""
     if dtype == torch.bfloat16:
         yield
         return
@@ -126,10 +117,8 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
 def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     """Muon for the hidden matrices and AdamW for the rest, as one optimizer.
 
-    Muon runs at muon_lr, muon_momentum (Nesterov, torch's default) and muon_weight_decay, all passed explicitly
-    (torch's default weight decay, 0.1, is not this project's); AdamW with adamw.py's make_optimizer's groups and
-    settings. torch's default lr adjustment (Keller's: x sqrt(max(1, rows/cols))) keeps the update's RMS alike across
-    the blocks' rectangular matrices."""
+    Muon's settings are passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW has
+    make_optimizer's groups. torch's default lr adjustment keeps the update's RMS alike across rectangular matrices."""
     hidden = hidden_matrices(model)
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
     return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))

@@ -1,18 +1,7 @@
 """What the project knows about one optimization, declared once, in its home module beside its code.
 
-Every optimization of the ladders is an `Optimization`: the TrainConfig fields that switch it on, the code they
-switch on, and its facts, as small functions the rest of the project calls instead of naming the fields:
-
-    checks        the settings it cannot take (gpt.optimizations.validate runs them)
-    no_effect     why switching it on changes nothing on a device (the record's `no_effect`)
-    cannot_run    why a stage with it cannot run on this machine (a `skipped` record)
-    model         the GPTConfig settings it makes (gpt/train.py:build_model)
-    simulate      how the memory planner runs it on fake tensors (gpt/memory), and what memory it adds there
-    no_speedup    the measured reason it did not make a step faster (the report's findings)
-    time_targets    the shares of a step's time it acts on (gpt/step_profiler.py:TIME_CATEGORIES)
-    memory_targets  the parts of the peak memory it acts on (gpt/peak_memory.py:MEMORY_PARTS)
-
-The registry of every optimization, and the questions asked of all of them at once, is gpt/optimizations/__init__.py.
+An `Optimization` holds the TrainConfig fields that switch it on, the code they switch on, and its facts as small
+functions (its fields say what each is) that the rest of the project calls instead of naming the fields.
 """
 
 from collections.abc import Callable

@@ -1,10 +1,7 @@
-"""The vocabulary padded to a multiple of 64 (fast_4: 50257 -> 50304 rows) for the output layer's matmuls.
+"""The vocabulary padded to a multiple of 64 (fast_4: 50257 -> 50304 rows), shapes the matmul kernels tile evenly.
 
-The padding gives the output layer's matmuls shapes the kernels tile evenly.
-
-The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the embedding and the output head, and
-GPT.vocab_mask gives the padding rows a -inf logit bias, so they have probability 0: the loss and the real rows'
-gradients are unchanged, and the padding rows stay 0 (MFU counts the real vocabulary only).
+The code is the model's own: gpt/model.py:GPTConfig.padded_vocab_size sizes the embedding and the head, and
+GPT.vocab_mask gives the padding rows a -inf logit bias (docs/design.md#beyond-the-book-the-fast-and-lean-ladders).
 """
 
 from gpt.config import TrainConfig

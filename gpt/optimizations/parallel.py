@@ -43,18 +43,8 @@ def backend(cfg: TrainConfig, device: torch.device) -> str | None:
 def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
     """The model wrapped for the stage's processes: DDP, FSDP2, or the model itself for one process.
 
-    DDP: every rank holds the whole model and trains on its own part of the batch; gradients are
-    averaged across ranks (all-reduce, in buckets that overlap with backward).
-
-    FSDP (FSDP2, `fully_shard`): every rank holds 1/W of each parameter, gradient and optimizer state.
-    Each block is its own unit: its parameters are all-gathered just before its forward (and again
-    before its backward) and freed after; gradients are reduce-scattered. The root call covers what is
-    left (embeddings, final layer norm; the tied lm_head). Sharding settings live here: the blocks free
-    their gathered parameters after forward (reshard_after_forward=True, ZeRO-3); the root keeps FSDP2's
-    default, which keeps it unsharded from forward to backward, where it is needed first (resharding it
-    would add an all-gather per step); precision and offloading in fsdp_policies. The mesh is built on the
-    stage's device: without one, fully_shard builds it on the machine's accelerator, and a CPU stage would move
-    to cuda:0."""
+    Each block is its own FSDP unit, resharded after forward (ZeRO-3); the root keeps FSDP2's default; the mesh is
+    built on the stage's device, else a CPU stage would move to cuda:0 (docs/distributed.md#ddp-and-fsdp-here)."""
     if not is_distributed(cfg):
         return model
     if cfg.distributed == "ddp":
@@ -81,18 +71,9 @@ def device_mesh(device: torch.device):
 def fsdp_policies(cfg: TrainConfig, device: torch.device) -> dict:
     """FSDP2's precision and offloading settings (the "lean" ladder).
 
-    fsdp_mixed_precision: each unit's parameters are all-gathered as bf16 copies and the unit computes in
-    bf16 (half the bytes for gathered parameters and saved activations); the sharded fp32 parameters stay
-    the master weights the optimizer updates, and gradients are reduce-scattered in fp32, so summing the
-    ranks' contributions loses nothing to bf16. Only where bf16 is fast (precision.bf16_is_fast: a GPU with bf16
-    units, a CPU measured faster in bf16): a CPU without bf16 instructions would run the stage ~100x slower, a T4
-    or V100 several times slower, so they keep fp32 and the stage has no effect there.
-    fsdp_cpu_offload: the sharded parameters, their gradients and AdamW's state live in pinned host memory;
-    each unit's shard is copied to the GPU just before its all-gather, gradients go back to the host, and
-    the optimizer step runs on the CPU. The GPU then holds little more than one unit's gathered parameters
-    and the activations. Pinned host memory is what makes those copies fast; a CPU-only torch has none to give
-    ("RuntimeError: Cannot access accelerator device when none is available."), so on a CPU, where the stage is
-    skipped and only its tests run it on 2 gloo processes, the policy does not pin."""
+    bf16 compute only where bf16 is fast (precision.bf16_is_fast), with fp32 master weights and reduction; offload
+    pins host memory only on CUDA (a CPU-only torch has none to give). What each does:
+    docs/distributed.md#ddp-and-fsdp-here."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     policies = {}
@@ -221,9 +202,8 @@ def _offload_simulated(plan: SimulationPlan) -> None:
 def _shards_in_transit(cfg: TrainConfig, raw, target: str):
     """The GPU memory of the shards CPU offload has in transit, which the simulation does not see, or None.
 
-    Before its all-gather a unit's fp32 shard is copied to the GPU, and after its reduce-scatter its gradient shard
-    waits there for the copy back: one of each for the largest unit, wherever the peak is (the simulation, where nothing
-    moves between devices, does not see them)."""
+    A unit's fp32 shard copied in before its all-gather, and its gradient shard waiting to go back: one of each for the
+    largest unit, wherever the peak is."""
     if not cfg.fsdp_cpu_offload:
         return None
     unit = max(sum(p.numel() for p in block.parameters()) for block in raw.transformer.h)

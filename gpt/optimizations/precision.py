@@ -1,11 +1,7 @@
 """Precision: autocast (speed_5), bf16 autocast without a GradScaler (fast_2), and TF32 tensor cores (fast_2).
 
-Autocast is fp16 + GradScaler on CUDA, bf16 on a CPU where that is faster; TF32 is for the fp32 matmuls autocast leaves.
-
-`MixedPrecision.autocast` is the forward's torch.autocast; `mixed_precision` chooses what a run computes in (the run
-asks it in gpt/run_choices.py), `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
-computing in bf16 (a GPU's bf16 units, the CPU's measured rates), which FSDP's mixed precision
-(gpt/optimizations/parallel.py) and Muon's Newton-Schulz (gpt/optimizations/muon.py) follow too.
+`mixed_precision` chooses what a run computes in, `matmul_precision` sets TF32; `bf16_is_fast` is the one rule for
+computing in bf16, which FSDP's mixed precision and Muon's Newton-Schulz follow too.
 """
 
 import contextlib
@@ -33,23 +29,18 @@ class MixedPrecision:
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
 
     def autocast(self):
-        """The forward's context: torch.autocast to the run's dtype, or nothing where it computes in fp32.
-
-        The dtype is the rule's, below (mixed_precision, which the run asks in gpt/run_choices.py)."""
+        """The forward's context: torch.autocast to the run's dtype, or nothing where it computes in fp32."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
 def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
-    """Autocast runs matmuls in 16-bit and keeps reductions (softmax, layer norm, the loss) in fp32.
+    """What a run computes in: autocast runs matmuls in 16-bit and keeps reductions (softmax, the loss, ...) in fp32.
 
-    CUDA: fp16 with a GradScaler, as the reference (fp16 has a 5-bit exponent, so small gradients would
-    underflow without scaling the loss); with amp_bf16, bf16, which has fp32's exponent range and needs no
-    scaler (and so no host sync to check for infs every step). A GPU without bf16 keeps fp16.
-    CPU: bf16 (no scaler) if this CPU multiplies bf16 matrices faster than fp32 ones, measured (a CPU with
-    AMX or AVX512-BF16 units: several times faster; one without: emulated and slower), else fp32. CPU fp16
-    kernels are slower than both on the machines this was built on, so the CPU never uses fp16."""
+    CUDA: fp16 with a GradScaler, as the reference; with amp_bf16, bf16 (fp32's exponent range: no scaler, so no host
+    sync every step), where the GPU has bf16 units. CPU: bf16 where it was measured faster than fp32, else fp32; never
+    fp16, whose CPU kernels are slower than both."""
     if not cfg.amp:
         return MixedPrecision(torch.float32, device.type, "amp off")
     if device.type == "cuda":
@@ -64,22 +55,17 @@ def mixed_precision(cfg: TrainConfig, device: torch.device) -> MixedPrecision:
 
 
 def simulated_precision(cfg: TrainConfig, target: str, sim_device: torch.device) -> MixedPrecision:
-    """What the memory planner computes in.
-
-    The CPU's autocast dtype depends on this CPU's measured matmul rates; a CUDA estimate takes 16 bits (fp16 on
-    CUDA, the same sizes as the bf16 simulated) whenever the stage autocasts, and casts by CUDA autocast's op lists
-    where they differ from the CPU's (gpt/memory/estimator.py: _CudaAutocastLists; softmax runs in float32)."""
+    """What the memory planner computes in: the CPU's measured rule, or 16 bits for a CUDA estimate that autocasts."""
     if target == "cpu":
         return mixed_precision(cfg, sim_device)
     return MixedPrecision(torch.bfloat16 if cfg.amp else torch.float32, sim_device.type)
 
 
 def bf16_is_fast(device_type: str) -> tuple[bool, str]:
-    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz).
+    """The one rule for computing in bf16 (autocast, FSDP's mixed precision, Muon's Newton-Schulz): (fast, why).
 
-    A GPU: only with bf16 units (Ampere and newer); torch.cuda.is_bf16_supported()'s default answer also counts
-    emulated bf16, true on a T4 or V100, which run it several times slower than fp16. A CPU:
-    cpu_bf16_is_faster. Returns (fast, why)."""
+    A GPU: only with bf16 units (Ampere and newer; the default is_bf16_supported() counts a T4's or V100's emulated
+    bf16, several times slower than fp16). A CPU: cpu_bf16_is_faster."""
     if device_type == "cuda":
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return True, "this GPU has bf16 units"

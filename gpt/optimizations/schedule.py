@@ -1,9 +1,7 @@
 """The learning-rate schedule of training to a loss, in tokens: nanoGPT's cosine, or warm-up, stable, decay (wsd).
 
-Cosine is every ladder's schedule, wsd the speedrun ladder's. wsd keeps the peak learning rate until the
-last lr_cooldown share of the schedule and then decays linearly to the floor: most of the run learns at the
-peak, and the decay at the end brings the loss down (Hu et al. 2024, MiniCPM; the modded-nanogpt
-speedruns). The timed protocol (lr_decay_tokens 0) keeps the learning rate constant.
+Cosine is every ladder's, wsd the speedrun's: the peak rate until the last lr_cooldown share, then a linear decay to
+the floor (Hu et al. 2024, MiniCPM; the modded-nanogpt speedruns). The timed protocol keeps the rate constant.
 """
 
 import math
@@ -21,10 +19,8 @@ MUON_MOMENTUM_START = 0.85  # Muon's momentum at the first step, with muon_momen
 def learning_rate(cfg: TrainConfig, tokens: int, warmup: bool = True) -> float:
     """The learning rate of the step that brings training to `tokens` tokens.
 
-    A linear warm-up from 0 to cfg.lr over lr_warmup_tokens, then the decay to min_lr at lr_decay_tokens,
-    min_lr after. lr_decay_tokens 0: cfg.lr throughout. cosine: a cosine decay from the end of the
-    warm-up. wsd: cfg.lr until the last lr_cooldown share of lr_decay_tokens, then a linear decay.
-    warmup=False: cfg.lr during the warm-up too (the decay unchanged)."""
+    A linear warm-up to cfg.lr over lr_warmup_tokens (warmup=False: none), then the decay (cosine, or wsd's over the
+    last lr_cooldown share) to min_lr at lr_decay_tokens, min_lr after; lr_decay_tokens 0: cfg.lr throughout."""
     if not cfg.lr_decay_tokens:
         return cfg.lr
     if tokens < cfg.lr_warmup_tokens and warmup:
@@ -45,11 +41,10 @@ def cooldown_start(cfg: TrainConfig) -> float:
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, cfg: TrainConfig, tokens: int) -> None:
-    """Sets every param group at the schedule's share of its own peak learning rate.
+    """Sets every param group at the schedule's share of its own peak learning rate (its lr when first seen).
 
-    AdamW's groups: cfg.lr, so exactly learning_rate; Muon's: muon_lr, the same shape. The peak is each group's lr
-    when first seen. Muon's groups (torch.optim.Muon's, told apart by their Newton-Schulz steps) skip the warm-up
-    where muon_lr_warmup is False, and take muon_momentum(cfg, tokens) where muon_momentum_warmup_tokens is set."""
+    Muon's groups (told apart by their Newton-Schulz steps) skip the warm-up where muon_lr_warmup is False, and take
+    muon_momentum(cfg, tokens) where muon_momentum_warmup_tokens is set."""
     rate = learning_rate(cfg, tokens)
     muon_rate = rate if cfg.muon_lr_warmup else learning_rate(cfg, tokens, warmup=False)
     for group in optimizer.param_groups:

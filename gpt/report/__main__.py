@@ -5,10 +5,7 @@
     python -m gpt.report --runs records/h100-2026-11-24    # that folder's results.md, plots/ beside it
     python -m gpt.report --runs runs/cpu-cpu --out /tmp/results.md
 
-The report in rooms: rows.py (records -> rows), tables.py, findings.py, summary.py, where_time_goes.py, plots.py,
-time_to_loss.py, speedrun.py, memory_planner.py (the memory planner's section), figures.py (the thesis and one
-change across machines), and document.py, which puts them together; the numbers' formatting is below the report,
-in gpt/formatting.py.
+Each section of the page is a module of gpt/report/ (docs/design.md maps them).
 """
 
 import argparse

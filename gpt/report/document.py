@@ -1,15 +1,7 @@
-"""results.md from the JSON records of a ladder run, section by section.
+"""results.md from the JSON records of a ladder run, section by section (the sections: docs/measurement.md).
 
-The title, the summary, the machine (folded) and the records folder's note, each ladder's tables, findings
-and plots (the lean ladder drawn in the memory ladder's figures), where the time goes, one change across
-machines (gpt/report/figures.py), the time to loss (gpt/report/time_to_loss.py) with the per-sample
-speedup against the speedup to the target, the speedrun (gpt/report/speedrun.py), and the memory planner's
-section (gpt/report/memory_planner.py) when its outputs are there. Every table has at most 7 columns
-(MAX_COLUMNS); the columns are defined once, in docs/measurement.md, which each table links to.
-
-Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of
-a partial run (one ladder, a failed stage, stages not run yet) is as correct as that of a full one. Plots
-are PNGs in `plots/` beside results.md.
+Everything here is derived from the records (and the stage scripts' CHANGE / REFERENCE), so the report of a partial
+run is as correct as that of a full one. Every table has at most MAX_COLUMNS columns.
 """
 
 import os

@@ -1,8 +1,4 @@
-"""Two figures that read across sections: the project's thesis and one change across machines.
-
-The thesis: each stage's speedup per sample against its speedup to the target, from the runs to a loss
-and the speedrun. One change across machines: each speed and fast stage's change against the stage above
-on every committed records folder, beside the documented figures."""
+"""Two figures that read across sections: the project's thesis and one change across machines."""
 
 import statistics
 import textwrap
@@ -11,7 +7,7 @@ from pathlib import Path
 from gpt.committed_records import NOTE, PUBLISHED
 from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.records import read_record
-from gpt.report.plots import pyplot, short
+from gpt.report.plots import pyplot, save_figure, short
 from gpt.report.rows import MACHINE_FILE, Rung, display, ladders_of, load_records, ok
 from gpt.report.speedrun import BASELINE as SPEEDRUN_BASELINE
 from gpt.report.speedrun import Speedrun
@@ -23,11 +19,9 @@ MACHINES = "machines.png"
 
 
 def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, float | None]]:
-    """(stage, group, speedup per sample, speedup to the target or None: not reached) against speed_0.
+    """(stage, group, speedup per sample, speedup to the target or None) against speed_0, a point per stage.
 
-    The speed and fast stages from their runs to a loss (tokens/s, and seconds to the time-to-loss
-    target), the speedrun's stages that hold from theirs (mean tokens/s over their seeds, and mean
-    seconds to the speedrun's target)."""
+    The speed and fast stages from their runs to a loss, the speedrun's stages that hold from theirs (seeds' means)."""
     base, base_target = runs.records.get(BASELINE), runs.to_target(BASELINE)
     points = []
     if ok(base) and base_target:
@@ -52,10 +46,7 @@ def thesis_points(runs: LossRuns, sr: Speedrun) -> list[tuple[str, str, float, f
 
 
 def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
-    """Speedup per sample (x) against speedup to the target (y), log-log, a point per stage.
-
-    The diagonal is where a per-sample gain carries over whole; a stage that does not reach the target
-    sits on a strip below. False: nothing to plot (no baseline that reaches its target)."""
+    """Speedup per sample (x) against speedup to the target (y), log-log, the diagonal drawn; False: no baseline."""
     points = thesis_points(runs, sr)
     if len(points) < 2:
         return False
@@ -98,9 +89,7 @@ def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
     ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)", labelpad=30)
     ax.set_title("Per-sample speedup against speedup to the target, stage by stage")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -192,9 +181,7 @@ def plot_machines(series: list[tuple[str, dict[str, float]]], stages: list[str],
     ax.set_title("One change across machines: each stage's time against the stage above")
     ax.grid(axis="y", color="0.9")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:

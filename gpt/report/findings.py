@@ -1,7 +1,7 @@
 """The report's findings under each ladder's table, all read from the records.
 
-The largest gain, the overall change, why a stage did not help (its optimization's own measured reason:
-gpt/optimizations), noisy timings, compilation's cost, and how the figures were measured."""
+Why a stage did not help (its optimization's own measured reason: gpt/optimizations), noisy timings, compilation's
+cost, and how the figures were measured."""
 
 import math
 from pathlib import Path
@@ -22,16 +22,12 @@ def changed(r: Rung) -> list:
 
 
 def why_no_speedup(r: Rung) -> str:
-    """The measured reason a speed stage did not make the ladder faster here.
-
-    Its optimization's own reason (no_speedup, declared in its module), else how the steady step compares."""
+    """Why a speed stage did not help: its optimization's own reason (no_speedup), else how the steady step compares."""
     return optimizations.no_speedup(changed(r), r.record, r.parent) or steady_steps(r.record, r.parent)
 
 
 def why_no_memory_saving(r: Rung) -> str:
-    """The measured reason a memory stage did not lower the peak here.
-
-    What dominates the peak, what moved, and what the change acts on (its optimization's memory targets)."""
+    """Why a memory stage did not lower the peak: what dominates it, what moved, and what the change acts on."""
     b, pb = r.record["metrics"].get("memory_breakdown_mib"), r.parent["metrics"].get("memory_breakdown_mib")
     if not b or not pb:
         return "no breakdown recorded"
@@ -66,20 +62,9 @@ def changes(rungs: list[Rung], key: str) -> list[tuple[Rung, float]]:
 
 
 def speed_findings(rungs: list[Rung]) -> list[str]:
-    """What the speed table does not show: the highest MFU, stages that did not help and why, compilation's cost.
-
-    The largest gain is the summary's, the change from the baseline the table's 'vs baseline' column."""
+    """What the speed tables do not show: the stages that did not help and why, and compilation's cost."""
     steps = changes(rungs, "seconds_mean")
     lines = []
-    best_mfu = max(
-        (r for r in rungs if r.m("mfu_fastest_pct") is not None), key=lambda r: r.m("mfu_fastest_pct"), default=None
-    )
-    if best_mfu:
-        lines.append(
-            f"Highest MFU: `{best_mfu.stage}`, {best_mfu.m('mfu_pct'):.1f}% of the peak of the dtype it "
-            f"computes in ({best_mfu.m('peak_flops_source')}), {best_mfu.m('mfu_fastest_pct'):.1f}% of "
-            f"the device's fastest ({best_mfu.m('peak_flops_fastest_source')})."
-        )
     for r, d in steps:
         if d > -NO_GAIN_PCT and not r.record.get("no_effect") and not time_line(r, time_goal=True):
             lines.append(f"`{r.stage}` did not help here ({fmt_pct(d)}{within_noise(r, d)}): {why_no_speedup(r)}.")
@@ -104,9 +89,7 @@ def speed_findings(rungs: list[Rung]) -> list[str]:
 
 
 def no_effect_lines(rungs: list[Rung]) -> list[str]:
-    """Stages whose change does nothing on this device: the reason, instead of a gain read into noise.
-
-    Also why that variation can exceed the spread of the stage's own repeats."""
+    """Stages whose change does nothing here: the reason, and why the time change can exceed the repeats' spread."""
     lines = []
     for r in (r for r in rungs if r.ok and r.record.get("no_effect")):
         d = r.vs(r.parent, "seconds_mean")
@@ -176,9 +159,8 @@ def noise_line(rungs: list[Rung]) -> list[str]:
 def method_notes(rungs: list[Rung], memory_vs_baseline: bool, runs: Path | None = None) -> list[str]:
     """How peak memory and MFU were measured, once per distinct method, and where the allocator snapshots are.
 
-    Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`)
-    compare stages measured differently. The snapshots named are those in `runs`; a committed records
-    folder has none (gpt/committed_records.py)."""
+    Also which memory changes shown (against the parent, and the baseline if `memory_vs_baseline`) compare stages
+    measured differently; the snapshots named are those in `runs`."""
     done = [r for r in rungs if r.ok]
     memory = sorted({MEMORY_METHODS.get(m, m) for m in (r.record["choices"]["memory_method"] for r in done)})
     notes = [f"Peak memory: {'; '.join(memory)}."] if memory else []

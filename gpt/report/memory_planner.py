@@ -1,7 +1,4 @@
-"""The memory planner's section of results.md: its three reports as tables and a figure.
-
-The reports, written by `python -m gpt.memory ... --json` in the run directory, are
-memory_reference.json, memory_fit.json and memory_compare.json."""
+"""The memory planner's section of results.md: its three reports (memory_*.json, `python -m gpt.memory --json`)."""
 
 import math
 from pathlib import Path
@@ -10,7 +7,7 @@ from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
 from gpt.record_reuse import reused_note
 from gpt.records import read_record
-from gpt.report.plots import pyplot, short, stacked_memory_bars
+from gpt.report.plots import pyplot, save_figure, short, stacked_memory_bars
 
 
 def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
@@ -38,10 +35,7 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
 
 
 def reference_part(ref: dict, plots: Path, rel: str) -> list[str]:
-    """The reference's memory ladder: estimates beside the documented peaks and the traced steps.
-
-    Then the breakdown at the traced peaks, a line linking to gpt/memory/README.md for the figures about
-    the documented peaks (the planner's forensics), and the estimated breakdown's plot."""
+    """The reference's memory ladder: estimates beside the documented and traced peaks, their breakdown, a plot."""
     lines = [
         "",
         f"### Estimate vs the reference's H100 figures ({ref.get('target', '?')})",
@@ -115,9 +109,7 @@ def plot_reference(ref: dict, path: Path) -> bool:
         if marks:
             ax.plot(*zip(*marks), style, markersize=30, mew=2, label=legend)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -128,10 +120,7 @@ HOST_ASSUMED = "256 GiB per GPU, as on an 8-GPU H100 server with 2 TiB of host m
 
 
 def fit_part(fit: dict) -> list[str]:
-    """The largest model that fits the budget, before and after the ladder and beyond it.
-
-    A row that fits the GPU only by needing more host memory than HOST_GIB_PER_GPU is left out of the
-    table and bounded in words."""
+    """The largest model that fits the budget; a row that needs more host memory than HOST_GIB_PER_GPU: in words."""
     rows = fit.get("rows", [])
     too_big = [r for r in rows if (r.get("host_mib") or 0) > HOST_GIB_PER_GPU * 1024]
     lines = ["", f"### Largest model that fits in {fit.get('budget_gib', '?')} GiB of GPU memory", ""]
@@ -168,10 +157,7 @@ def fit_part(fit: dict) -> list[str]:
 
 
 def host_bound(row: dict) -> str:
-    """Why a CPU-offload row is not in the table, and roughly how deep host memory lets it go.
-
-    Host memory is affine in depth with a small constant part, so scaling by host memory per layer errs
-    low, by under a layer."""
+    """Why a CPU-offload row is not in the table, and about how deep host memory (affine in depth) lets it go."""
     per_layer = row["host_mib"] / row["n_layer"]
     layers = math.floor(HOST_GIB_PER_GPU * 1024 / per_layer)
     return (
@@ -185,10 +171,7 @@ def host_bound(row: dict) -> str:
 
 
 def compare_part(compare: dict) -> list[str]:
-    """The estimates against the peaks this run measured.
-
-    On a CPU both come from MemTracker on the same training code, so agreement there checks only that the
-    planner runs the stages' code: the table then shows just the stages that differ, and says so."""
+    """The estimates against the measured peaks; on a CPU (the same tracker both sides) only the stages that differ."""
     stages = compare.get("stages", [])
     lines = ["", f"### Estimate vs measured ({compare.get('profile', '?')} profile)", ""]
     same_tracker = bool(stages) and all(s.get("target") == "cpu" for s in stages)

@@ -1,6 +1,4 @@
-"""Every figure of the report (matplotlib, Agg: no display needed).
-
-Each ladder's bars, its memory breakdown and memory over one step, and where the time goes."""
+"""The ladders' figures (matplotlib, Agg: no display): bars, memory breakdown and over a step, where time goes."""
 
 from pathlib import Path
 
@@ -12,9 +10,7 @@ from gpt.step_profiler import TIME_CATEGORIES, label
 
 
 def short(stage: str, ladder: bool = False) -> str:
-    """'speed_3_non_blocking' -> '3 non blocking' for axis labels.
-
-    With `ladder`, 'speed 3 non blocking', where stages of two ladders share a figure."""
+    """'speed_3_non_blocking' -> '3 non blocking' for axis labels ('speed 3 non blocking' with `ladder`)."""
     prefix, i, name = stage.split("_", 2)
     return f"{prefix + ' ' if ladder else ''}{i} {name.replace('_', ' ')}"
 
@@ -32,6 +28,13 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path) -> None:
+    """Write a figure to `path` (110 dpi) and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
 
 
 def _bars(ax, rungs: list[Rung], values: list[float | None], fmt, errors=None, color="tab:blue"):
@@ -104,9 +107,7 @@ def plot_speed(rungs: list[Rung], path: Path, title: str = "Speed ladder") -> No
     axes[1].set_title("tokens / s")
     _relative(axes[2], rungs, "seconds_mean", "seconds", "time")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], title: str):
@@ -133,10 +134,7 @@ def stacked_memory_bars(ax, labels: list[str], breakdowns: list[dict | None], ti
 
 
 def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> None:
-    """Peak memory, its breakdown and the relative view.
-
-    `rungs` may run on into a ladder that continues from this one (the lean ladder after memory_4), drawn
-    in the same figure."""
+    """Peak memory, its breakdown and the relative view; `rungs` may run on into a ladder that continues from it."""
     plt = pyplot()
     rungs, title = finished(rungs, title)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -147,16 +145,11 @@ def plot_memory(rungs: list[Rung], path: Path, title: str = "Memory ladder") -> 
     )
     _relative(axes[2], rungs, "peak_memory_mib", "peak_mib", "peak memory")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
-    """Stacked horizontal bars, one per stage and a panel per ladder: where the timed seconds go.
-
-    The timed seconds per N samples split by the profiled time breakdown. False (no plot) when no stage
-    has a breakdown."""
+    """Stacked bars, a panel per ladder: the timed seconds split by the profiled breakdown (False: no breakdown)."""
     shown = {name: rungs for name, rungs in ladders.items() if any(shares(r.record) for r in rungs)}
     if not shown:
         return False
@@ -184,9 +177,7 @@ def plot_time_breakdown(ladders: dict[str, list[Rung]], path: Path) -> bool:
         ax.set_xlabel(f"seconds per {samples_label(rungs)} samples")
         ax.set_title(f"{name.capitalize()} ladder: where the time goes", fontsize=10)
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -206,7 +197,5 @@ def plot_timelines(rungs: list[Rung], path: Path) -> bool:
     ax.set_title("Memory over one training step (rank 0 for distributed stages)")
     ax.set_ylim(0)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True

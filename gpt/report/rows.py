@@ -1,6 +1,4 @@
-"""The report's rows: the records of a run directory, each stage as a `Rung` of its ladder.
-
-Each Rung holds the stage beside its parent, its baseline and what its stage script documents."""
+"""The report's rows: each stage of a run directory as a `Rung`, beside its parent, its baseline and its declaration."""
 
 from pathlib import Path
 
@@ -42,10 +40,9 @@ def comparable(a: dict | None, b: dict | None) -> bool:
 
 
 class Rung:
-    """One stage of a ladder as the report sees it.
+    """One stage as the report sees it, beside its parent and its lineage's baseline.
 
-    The record (or None), its parent (for the first stage of a ladder beyond the book: the stage it continues from), the
-    baseline of its lineage (speed_0 or memory_0), and what the stage script declares (gpt/ladder.py:declaration)."""
+    Its record (or None), its parent's (or the stage it continues from), and what its script declares."""
 
     def __init__(self, stage: str, records: dict[str, dict]):
         parent, first = parent_of(stage), lineage(stage)[0]
@@ -75,10 +72,7 @@ class Rung:
         return pct(self.m(key), other["metrics"].get(key))
 
     def memory_basis(self, other: dict | None) -> str | None:
-        """How this stage's peak memory compares with `other`'s: None when both were measured by the same method.
-
-        Else 'reserved' (the change compares both stages' max_memory_reserved) or 'none' (no figure in
-        common: no change)."""
+        """How this peak memory compares with `other`'s: None (the same method), 'reserved' or 'none' (no change)."""
         if not comparable(self.record, other):
             return None
         basis = peak_memory_pair(self.record, other)[2]

@@ -1,10 +1,8 @@
-"""The report's "Speedrun" section: speed_0's model, sooner.
+"""The report's "Speedrun" section: speed_0's model, sooner (docs/speedrun.md).
 
-Records are in <runs>/speedrun/, the baseline's seeds on the speedrun's task in <runs>/time_to_loss/ where the profile's
-time to loss is that task, else beside them (gpt/records.py:speedrun_baseline_dir). Each stage is judged by its training
-seconds to the target, speed_0's model (the highest final validation loss of its seeds: loss_curve.baseline_model_loss);
-the baseline's seeds are timed to it the same way, the worst seed at the end of its budget.
-A stage's claim holds only where every seed it trained with reached the target."""
+Records are in <runs>/speedrun/, the baseline's seeds where gpt/records.py:speedrun_baseline_dir says. A stage's claim
+holds only where every seed it trained with reached the target.
+"""
 
 import statistics
 from pathlib import Path
@@ -13,7 +11,7 @@ from gpt.formatting import fmt_num, table
 from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, speedrun_baseline_dir, time_to_loss_dir
-from gpt.report.plots import pyplot
+from gpt.report.plots import pyplot, save_figure
 from gpt.report.rows import display, ok
 from gpt.report.tables import columns_line
 
@@ -46,10 +44,7 @@ class Speedrun:
         return any(self.stages.values())
 
     def seconds(self, stage: str) -> list[float | None]:
-        """Each seed's training seconds to the target (None: not reached, or the run failed).
-
-        The baseline's seeds are included: the target is the worst of their final losses, so each reaches
-        it, the worst at its budget's end."""
+        """Each seed's training seconds to the target (None: not reached, or failed), the baseline's seeds included."""
         return [(c or {}).get("seconds") for c in self._crossings(stage)]
 
     def tokens(self, stage: str) -> list[float | None]:
@@ -70,11 +65,9 @@ class Speedrun:
         return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
 
     def walls(self, stage: str) -> tuple[list[float], str | None]:
-        """Each seed's whole wall clock and the clock that measured it.
+        """Each seed's whole wall clock and the clock that measured it: "run.wall_s" (run_all's) or "process_s".
 
-        "run.wall_s" (run_all's, launch to exit) where every seed's record has it, else "process_s" (the
-        process's own, its start to its record) where every one has that; ([], None) otherwise, where one
-        is not positive, or where a seed failed."""
+        The first that every seed's record has, positive; ([], None) otherwise, or where a seed failed."""
         records = self.baseline if stage == BASELINE else self.stages[stage]
         if not records or not all(ok(r) for r in records):
             return [], None
@@ -102,10 +95,7 @@ def speedup_range(base: list[float], mine: list[float]) -> str:
 
 
 def wall_cell(sr: Speedrun, stage: str) -> str:
-    """The stage's whole wall clock over its seeds, and its ratio against speed_0's.
-
-    The ratio is given where both were measured by the same clock (Speedrun.walls); a wall clock of the
-    process's own, against one from outside, is said so."""
+    """The stage's whole wall clock over its seeds, and its ratio to speed_0's where the same clock measured both."""
     walls, clock = sr.walls(stage)
     if not walls:
         return ""
@@ -122,10 +112,7 @@ def budgets(sr: Speedrun, stage: str) -> list[int | None]:
 
 
 def margin(sr: Speedrun, stage: str) -> tuple[int, float] | None:
-    """(the token budget, the share of it the seed with the least left still had when it reached the target).
-
-    The share is 0 for speed_0's worst seed, whose end is the target. None where the seeds' budgets
-    differ or are not recorded."""
+    """(the token budget, the least share of it a seed still had at the target); None unless the budgets agree."""
     tokens, budget = sr.tokens(stage), budgets(sr, stage)
     if not tokens or None in budget or None in tokens or len(set(budget)) != 1:
         return None
@@ -161,9 +148,7 @@ def task_line(sr: Speedrun) -> str:
 
 
 def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
-    """One stage's row (not the baseline's).
-
-    A failed or missing run says so; a stage that does not hold gives its seeds' final losses."""
+    """One stage's row (not the baseline's): failed, missing, not held (its seeds' final losses) or its figures."""
     declared = declaration(stage)
     number, change = stage.split("_")[1], f"{declared.change} ({KINDS[declared.kind]})"
     records = sr.stages[stage]
@@ -213,9 +198,7 @@ def speedrun_table(sr: Speedrun) -> list[str]:
 
 
 def plot_speedrun(sr: Speedrun, path: Path) -> bool:
-    """Validation loss against training seconds: speed_0's seeds and every speedrun stage's.
-
-    Each seed is drawn and labelled, the target dashed. False: nothing to plot."""
+    """Validation loss against training seconds, every seed of speed_0 and each stage; False: nothing to plot."""
     lines = [(f"{BASELINE[:7]} seed {r.get('seed')}", r, "0.45") for r in sr.baseline if ok(r)]
     plt = pyplot()
     colors = plt.get_cmap("tab10").colors
@@ -238,9 +221,7 @@ def plot_speedrun(sr: Speedrun, path: Path) -> bool:
     ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
     ax.set_title("Speedrun: validation loss against training seconds")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -248,11 +229,9 @@ WATERFALL = "speedrun_waterfall.png"
 
 
 def plot_waterfall(sr: Speedrun, path: Path) -> bool:
-    """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's.
+    """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's change from its parent's.
 
-    Each stage is a floating bar from its parent's seconds to its own (green: sooner, red: later), labelled
-    with its factor against its parent and its tokens to the target with the margin left in its budget; the
-    first and the last stage that holds are whole bars. False: no baseline or no stage that holds."""
+    Labelled with its factor against its parent, its tokens and its margin; False: no baseline or no stage holds."""
     held = [s for s in sr.stages if sr.holds(s)]
     if not sr.holds(BASELINE) or not held:
         return False
@@ -290,9 +269,7 @@ def plot_waterfall(sr: Speedrun, path: Path) -> bool:
         f"Speedrun waterfall: {BASELINE}'s training seconds to its model, change by change "
         f"({top / sr.mean_seconds(held[-1]):.2f}x to {held[-1]})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -333,24 +310,14 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     """The whole section; [] when the run has no speedrun record."""
     if not sr.ran:
         return []
-    target = (
-        f"{sr.target:.3f}, the highest final validation loss of `{BASELINE}`'s {len(sr.baseline)} seeds"
-        if sr.target is not None
-        else "none: a seed of the baseline did not finish"
-    )
     lines = [
         "",
         "## Speedrun",
         "",
-        f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings, "
-        "each with one change more than its parent, and is judged by its training seconds to the target, "
-        f"{target} (a loss each of them reaches: the mean would fail a stage that keeps the model on about half "
-        f"its seeds, as it fails half of `{BASELINE}`'s). `{BASELINE}`'s seeds are timed to it the same way, "
-        "its worst seed at the end of its budget. 'kind' keeps the systems changes (the same model, sooner) "
-        "apart from the training changes (another path to the same loss) and the model changes. A stage holds "
-        "only if every seed it trained with reaches the target, and stops at its first evaluation at or below it "
-        "(its curve ends there); the last stage trains with several seeds, the others with one. The changes tried "
-        "and dropped, with their figures, are in docs/speedrun.md's log.",
+        f"The baseline's model, sooner: every stage trains from scratch on `{BASELINE}`'s time-to-loss settings "
+        "with one change more than its parent, holds only if every seed it trained with reaches the target, and "
+        "stops at its first evaluation at or below it (its curve ends there). Why the target is the worst seed's "
+        "final loss, and the changes tried and dropped: docs/speedrun.md.",
         "",
     ]
     lines += speedrun_table(sr) + ["", columns_line("speedrun")]
@@ -377,9 +344,7 @@ def noise_scale_lines(record: dict, plots: Path, rel: str) -> list[str]:
 
 
 def plot_noise_scale(record: dict, path) -> None:
-    """B_simple (moving average) against training tokens, with the validation loss on a twin axis.
-
-    The baseline's batch is a horizontal line, and the window B_noise is read over is shaded."""
+    """B_simple against training tokens, the validation loss on a twin axis, the window B_noise is read over shaded."""
     plt = pyplot()
     points = [p for p in record["curve"] if p["b_simple"] is not None]
     fig, ax = plt.subplots(figsize=(10, 4.8))
@@ -418,6 +383,4 @@ def plot_noise_scale(record: dict, path) -> None:
     more = loss_ax.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
     ax.set_title("Gradient noise scale along speed_0's run to a loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -1,7 +1,4 @@
-"""The summary at the top of results.md, one line per ladder and one for the time to loss.
-
-The lines give the largest change of this run beside the largest of the documented (or anchor) run, and what training
-to a loss found. The same time to loss sentence stands under the speed and fast tables, beside their 'x faster'."""
+"""The summary at the top of results.md: a line per ladder, one for the time to loss, the speedrun's findings."""
 
 from gpt.formatting import fmt_num, fmt_pct
 from gpt.ladder import LADDERS, parent_of

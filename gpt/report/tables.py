@@ -1,7 +1,4 @@
-"""The report's Markdown tables: the header, and one table per ladder.
-
-The header says where and when; a ladder's table (speed or memory) puts the documented or anchor figures beside this
-run's."""
+"""The report's Markdown tables: the header (where and when), and one table per ladder beside its reference figures."""
 
 import re
 from datetime import datetime
@@ -29,9 +26,7 @@ def title(runs: Path) -> list[str]:
 
 
 def header(runs: Path, records: dict[str, dict]) -> list[str]:
-    """Where and when the records were measured, from machine.json (run_all) and the records themselves.
-
-    A table folded into a details block (it follows the summary), and the warnings, which stay in view."""
+    """Where and when the records were measured (machine.json and the records), folded; the warnings stay in view."""
     machine = read_record(runs / MACHINE_FILE) or {}
     finished = [r for r in records.values() if ok(r)]
     envs = [r.get("env", {}) for r in records.values()]
@@ -96,9 +91,7 @@ def header(runs: Path, records: dict[str, dict]) -> list[str]:
 
 
 def header_warnings(machine: dict, profiles: list[str]) -> list[str]:
-    """The warnings: what makes the records' times or comparisons less trustworthy.
-
-    A busy machine, a CPU that ran faster at the end than at the start, records of several profiles."""
+    """The warnings: a busy machine, a CPU faster at the end than at the start, records of several profiles."""
     lines, peaks, end = [], machine.get("cpu_peaks_gflops"), machine.get("cpu_peak_end_gflops") or {}
     if machine.get("load_average", 0) > 0.5 * (machine.get("cpu_count") or 1):
         lines += [
@@ -125,10 +118,7 @@ def header_warnings(machine: dict, profiles: list[str]) -> list[str]:
 
 
 def reference_kind(rungs: list[Rung]) -> str | None:
-    """What a ladder's figures are compared with: 'documented', 'anchor' or None.
-
-    'documented': the book's H100 figures; 'anchor': build-nanogpt's ms per step for some stages of a ladder beyond
-    the book; None: nothing to compare with."""
+    """What a ladder's figures are compared with: 'documented' (the book's H100), 'anchor' (build-nanogpt's) or None."""
     if any("seconds" in r.reference for r in rungs):
         return "documented"
     return "anchor" if any("ms_per_step" in r.reference for r in rungs) else None
@@ -183,9 +173,7 @@ def change_cell(r: Rung) -> str:
 
 
 def run_caption(rungs: list[Rung]) -> str:
-    """The model, batch and device this ladder's records ran with, from its first finished record.
-
-    What a record does not hold is left out."""
+    """The model, batch and device this ladder's records ran with, from its first finished record."""
     first = next((r for r in rungs if r.ok), None)
     if first is None:
         return ""
@@ -261,10 +249,7 @@ def details_block(rungs: list[Rung], extra: list[tuple[str, callable]]) -> list[
 
 
 def speed_table(rungs: list[Rung]) -> list[str]:
-    """A speed ladder's table: the core columns, then the rest in a folded second table.
-
-    The core columns (time, its changes, the documented figure, peak memory) are defined in MEASUREMENT (one line
-    links there)."""
+    """A speed ladder's table: the core columns (defined in MEASUREMENT), then the rest in a folded second table."""
     n, kind = samples_label(rungs), reference_kind(rungs)
     refs = {
         "documented": [("documented H100 s (vs prev.)", lambda r: reference_cell(r, "seconds"))],

@@ -1,8 +1,8 @@
 """The report's "Time to loss" section: the speed and fast stages trained from scratch to one token budget.
 
-They are trained by gpt/time_to_loss.py, records in <runs>/time_to_loss/. The section gives each stage's time to the
-target validation loss beside its time per sample, its final validation loss against the baseline's seed spread, and
-findings for every stage whose per-step gain does not carry over to the model it trains."""
+Each stage's time to the target beside its time per sample, its final loss against the seeds' spread, and findings
+for every stage whose per-step gain does not carry over to the model it trains.
+"""
 
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from gpt.loss_curve import (
     val_loss_at,
 )
 from gpt.records import read_record, record_path, time_to_loss_dir
-from gpt.report.plots import pyplot
+from gpt.report.plots import pyplot, save_figure
 from gpt.report.rows import ok
 from gpt.report.tables import columns_line
 from gpt.report.where_time_goes import NO_GAIN_PCT
@@ -57,10 +57,7 @@ class LossRuns:
         return self.vs(stage, parent_of(stage) or "")
 
     def vs(self, stage: str, other: str) -> tuple[float | None, float | None]:
-        """How soon the stage reaches the loss of `other`'s model, and `other` itself: a pair of seconds.
-
-        (seconds for `other` to reach its own loss at TARGET_AT of its budget, seconds for the stage to reach that
-        same loss)."""
+        """Seconds for `other` to reach its own loss (at TARGET_AT of its budget), and for the stage to reach it."""
         r, o = self.records.get(stage), self.records.get(other)
         if not (ok(r) and ok(o)):
             return None, None
@@ -74,17 +71,12 @@ class LossRuns:
         return val_loss_at(curve, TARGET_AT * curve[-1]["tokens"])
 
     def changes(self, stage: str) -> bool:
-        """Whether the stage is marked "changes convergence".
-
-        It is when its final loss is beyond the seeds' spread from its parent's."""
+        """Whether it is marked "changes convergence": its final loss beyond the seeds' spread from its parent's."""
         final, parent = self.final(stage), self.final(parent_of(stage) or "")
         return None not in (final, parent, self.spread) and changes_convergence(final, parent, self.spread)
 
     def kept_model(self, stage: str) -> str | None:
-        """The model a stage trains when an earlier stage changed it (None: the baseline's model).
-
-        That is the nearest earlier stage marked "changes convergence" (e.g. speed_1's batch x8 for every stage after
-        it). None: the baseline's model, whose loss is the target."""
+        """The model a stage trains: the nearest earlier stage marked "changes convergence" (None: the baseline's)."""
         earlier = parent_of(stage)
         while earlier and not self.changes(earlier):
             earlier = parent_of(earlier)
@@ -108,10 +100,7 @@ def speedup(base_s: float | None, mine_s: float | None) -> str:
 
 
 def loss_table(runs: LossRuns) -> list[str]:
-    """The section's table, one row per stage; tokens/s and start-up go to loss_details.
-
-    A row: the stage's final loss against its parent's, its time to the target (and speedup), its speedup per sample,
-    and how much sooner it reaches its parent's model and the model it keeps."""
+    """The section's table, one row per stage (columns: docs/measurement.md); tokens/s and start-up: loss_details."""
     base = runs.records.get(BASELINE)
     base_rate = base["metrics"]["tokens_per_s"] if ok(base) else None
     base_target = runs.to_target(BASELINE)
@@ -189,11 +178,9 @@ def vs_kept_model(runs: LossRuns, stage: str) -> str:
 
 
 def loss_findings(runs: LossRuns) -> list[str]:
-    """One line for every stage whose per-sample gain does not carry over, or whose final loss changed.
+    """A line for every stage whose per-sample gain does not carry over to its parent's model, or whose loss changed.
 
-    That is every stage whose per-sample gain over its parent does not carry over to the time to its parent's model,
-    or whose final loss is beyond the seeds' spread from its parent's (marked "changes convergence"), read from the
-    two curves: fewer optimizer steps per token, or a changed final loss."""
+    Read from the two curves: fewer optimizer steps per token, or a final loss beyond the seeds' spread."""
     lines = []
     for stage in runs.stages:
         r, p = runs.records.get(stage), runs.records.get(parent_of(stage) or "")
@@ -239,12 +226,10 @@ def loss_findings(runs: LossRuns) -> list[str]:
 
 
 def kept_model_findings(runs: LossRuns) -> list[str]:
-    """One line for every stage whose model later stages keep: how much sooner they reach its loss.
+    """One line for every stage whose model later stages keep: how much sooner they, and the baseline, reach its loss.
 
-    The line gives the loss that stands for that model, and how much sooner the last stage keeping it reaches that
-    loss, beside the stage its ladder starts from (fast_6 against speed_1 and speed_5_amp), and by the baseline, whose
-    curve passes through it too (at a small scale sooner than all of them: the changed model is then a loss in time to
-    loss): the gains of the stages that keep the mathematics, as time to a model."""
+    The last stage keeping it, the stage its ladder starts from, and the baseline, whose curve passes through that loss
+    too: the gains of the stages that keep the mathematics, as time to a model."""
     lines = []
     for kept in runs.kept_models():
         keeping = [
@@ -280,10 +265,7 @@ def kept_model_findings(runs: LossRuns) -> list[str]:
 
 
 def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bool:
-    """Validation loss against training seconds and against tokens for `stages`, saved to `path`.
-
-    `stages`: one ladder, with the baseline and the stage it continues from. The baseline's other seeds are thin and
-    grey, the target dashed, the loss of a model later stages keep dotted. False: nothing to plot."""
+    """Validation loss against training seconds and tokens for `stages` (one ladder, with the baseline); False: none."""
     finished = [(s, runs.records[s]) for s in stages if ok(runs.records.get(s))]
     if not finished:
         return False
@@ -323,16 +305,12 @@ def plot_curves(runs: LossRuns, stages: list[str], path: Path, title: str) -> bo
     axes[0].set_ylabel("validation loss")
     axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
 def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
-    """One line for every stage marked (no effect) here but not in its ladder's timed table.
-
-    The line gives the reason, and the shapes that differ, so that the two sections do not read as a contradiction."""
+    """A line for every stage marked (no effect) here but not in its timed table: the reason, and the shapes."""
     lines = []
     for stage in runs.stages:
         r, t = runs.records.get(stage), timed.get(stage)
@@ -350,9 +328,7 @@ def no_effect_findings(runs: LossRuns, timed: dict[str, dict]) -> list[str]:
 
 
 def loss_section(runs: LossRuns, plots: Path, rel: str, timed: dict[str, dict] | None = None) -> list[str]:
-    """The whole section; [] when the run has no stage trained to a loss.
-
-    `timed`: the ladders' records, to explain a stage whose effect differs between the two."""
+    """The whole section ([] without a stage trained to a loss); `timed`: the ladders' records, to compare effects."""
     if not runs.records:
         return []
     base = runs.records.get(BASELINE)

@@ -1,7 +1,4 @@
-"""Where the time goes: each stage's profiled breakdown against its parent's, and the section on the shares.
-
-The profiled steps' breakdown of each stage (gpt/step_profiler.py) is read against its parent's, with the share each
-change acts on (its optimization's time targets: gpt/optimizations), and the section explains the shares."""
+"""Where the time goes: each stage's profiled breakdown against its parent's, on the shares its change acts on."""
 
 import math
 from pathlib import Path
@@ -55,11 +52,10 @@ def within_noise(r: Rung, d: float) -> str:
 
 
 def stayed_small(r: Rung, category: str) -> bool:
-    """Whether `category` held little of the step in the parent and still does in the stage, by every measurement.
+    """Whether `category` held under SMALL_SHARE_PCT of the parent's step and still does here, by every measurement.
 
-    The measurements of it: the profiled step's shares; for data wait and copy also the timed repeats', the table's.
-    Little: under SMALL_SHARE_PCT in both, and its seconds not grown by NO_GAIN_PCT of the parent's time or more (the
-    stage did not add it)."""
+    The profiled step's shares, and for data wait and copy the timed repeats' too; its seconds must not have grown by
+    NO_GAIN_PCT of the parent's time (the stage did not add it)."""
     seconds, parent_seconds = r.m("seconds_mean"), r.parent["metrics"]["seconds_mean"]
     for mine, parents in ((shares(r.record), shares(r.parent)), (timed_shares(r.record), timed_shares(r.parent))):
         if category not in mine and category not in parents:
@@ -72,10 +68,7 @@ def stayed_small(r: Rung, category: str) -> bool:
 
 
 def time_line(r: Rung, time_goal: bool) -> str | None:
-    """What the stage's change did to where the time goes, from its breakdown and its parent's.
-
-    The line gives the shares its optimizations act on (their time targets) or else the one that moved most, as % of
-    the step and seconds per N samples."""
+    """What the stage's change did to where the time goes: the shares it acts on, else the one that moved most."""
     b, pb = shares(r.record), shares(r.parent)
     if not b or not pb or not comparable(r.record, r.parent) or r.record.get("no_effect"):
         return None  # no breakdown to compare; or nothing changed on this device (no_effect_lines says why)
@@ -132,9 +125,7 @@ def time_lines(rungs: list[Rung], time_goal: bool) -> list[str]:
 
 
 def time_section(runs: Path, ladders: dict[str, list[Rung]], rel: str) -> list[str]:
-    """The section under the breakdown plot of every ladder (plots.plot_time_breakdown).
-
-    It says how the shares are measured, and where the traces are."""
+    """The section under the breakdown plot of every ladder: how the shares are measured, and where the traces are."""
     profiled = [r for rungs in ladders.values() for r in rungs if shares(r.record)]
     traces = [
         r.stage for r in profiled if r.m("profiler").get("trace") and (runs / r.m("profiler")["trace"]).is_file()
