@@ -37,10 +37,21 @@ def pytest_configure(config):
     "unrecognized arguments: --timeout"."""
     if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None:
         config.option.timeout = TEST_TIMEOUT_S
+    # pytest-xdist's mark (pytest_collection_modifyitems), declared here too for a pytest without it
+    config.addinivalue_line("markers", "xdist_group(name): run on one worker with the other tests of its group")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` (tests/test_gpu.py) are skipped where there is no CUDA GPU."""
+    """GPU tests skipped where there is no CUDA GPU; tests that share a module's fixture kept on one worker.
+
+    Tests marked `gpu` (tests/test_gpu.py) need CUDA. Side by side (the README's `-n auto --dist loadgroup`), each
+    worker builds the module-scoped fixtures of the tests it is given: spread over two, test_time_to_loss.py's smoke
+    runs (about 100 s) were trained twice. Grouped by module, they are built once; the other tests are spread one
+    by one."""
+    for item in items:
+        fixtures = item._fixtureinfo.name2fixturedefs
+        if any(name in fixtures and fixtures[name][-1].scope == "module" for name in item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
