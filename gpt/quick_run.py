@@ -229,10 +229,10 @@ class Figures:
         if self.device != "cuda" or not to_a_loss:
             return None
         baseline_rel = f"{stages_of('speed')[0]}.json"
-        folder = next((f for f in self.committed if ok_record(f / baseline_rel)), None)
-        if folder is None:
+        found = next(((f, r) for f in self.committed if (r := ok_record(f / baseline_rel))), None)
+        if found is None:
             return None
-        baseline = ok_record(folder / baseline_rel)
+        folder, baseline = found
         cfg, budget = (self.config(s, rel, True) for s in (stage, baseline["stage"]))
         steps, step_s = budget.train_tokens // budget.tokens_per_step, baseline["metrics"]["step_time_s"]
         share = cpu_share(rel)

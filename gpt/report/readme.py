@@ -61,7 +61,7 @@ def planner_headline(runs: Path) -> str:
     From the planner's reference record in `runs` and this project's own measurement of memory_0 on a GPU, the
     newest committed GPU folder that has one."""
     reference = read_record(runs / "memory_reference.json")
-    gpu = [r for f in gpu_folders() if ok(r := read_record(f / "memory_0_baseline.json"))]
+    gpu = newest_gpu_record("memory_0_baseline.json")
     if not reference or not gpu:
         return "the planner's comparison with the book's traced steps is not in the committed records"
     errors = [abs(s["snapshot_error_pct"]) for s in reference["stages"] if s.get("snapshot_error_pct") is not None]
@@ -70,8 +70,8 @@ def planner_headline(runs: Path) -> str:
     gelu_gib = (baseline["newgelu_estimate_mib"] - baseline["project_estimate_mib"]) / 1024  # the book's GELU's extra
     return (
         f"estimates the book's traced H100 steps within {max(errors):.1f}% and explains their baseline's "
-        f"{documented / 1024:.1f} GiB, {gpu[0]['metrics']['peak_memory_mib'] / 1024:.1f} GiB with this project's "
-        f"model (on an {gpu[0]['device']['name'].removeprefix('NVIDIA ')}): the book's hand-written GELU keeps "
+        f"{documented / 1024:.1f} GiB, {gpu[1]['metrics']['peak_memory_mib'] / 1024:.1f} GiB with this project's "
+        f"model (on an {gpu[1]['device']['name'].removeprefix('NVIDIA ')}): the book's hand-written GELU keeps "
         f"{gelu_gib:.1f} GiB more for backward, and its gradients outlive the step"
     )
 
