@@ -1,6 +1,7 @@
 """Shared fixtures: small real corpora, prepared once per test session into a temporary directory."""
 
 import importlib.util
+import os
 import socket
 import sys
 from pathlib import Path
@@ -19,6 +20,19 @@ for folder in (REPO / "tests", REPO / "tests" / "optimizations"):
         sys.path.insert(0, str(folder))
 
 
+def share_the_cores_between_workers() -> None:
+    """Side by side (pytest-xdist), each worker and the processes it starts take its share of the cores.
+
+    Two workers of two threads each on 2 cores oversubscribe them, and OpenMP's waiting threads spin: the smoke runs of
+    test_time_to_loss.py took 111 s beside another worker against 7 s alone. One thread each: a share of the cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the stage processes and torchrun ranks the tests start
+        torch.set_num_threads(threads)
+
+
+share_the_cores_between_workers()
 TEST_TIMEOUT_S = 600
 
 
@@ -41,6 +55,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): run on one worker with the other tests of its group")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group marks into the test ids
 def pytest_collection_modifyitems(config, items):
     """GPU tests skipped where there is no CUDA GPU; tests that share a module's fixture kept on one worker.
 
