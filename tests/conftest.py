@@ -75,6 +75,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def traced_not_compiled(monkeypatch):
+    """torch.compile traced by Dynamo as usual, its graphs run by AOTAutograd's eager backend: no C++ is compiled.
+
+    For a test whose claim is Dynamo's or the step loop's (graphs, recompiles, skipped frames, marks), not inductor's
+    kernels: cold, inductor's C++ took 35-70 s of such a test on 2 cores; test_compile_matches_eager keeps inductor.
+    The mode is dropped: "reduce-overhead" is an inductor option (the run's choices still record it)."""
+    compile_ = torch.compile
+
+    def traced(model=None, *, mode=None, backend="inductor", options=None, **kwargs):
+        return compile_(model, backend="aot_eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", traced)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_machine_cache(tmp_path_factory):
     """What the tests measure of this machine goes to a cache of its own, never into the user's ~/.cache.

@@ -244,7 +244,7 @@ def test_smoke_measurement_runs_end_to_end(char_data, tmp_path, capsys, monkeypa
         noise_scale.main(smoke_args(char_data, "cpu", again, "--reuse", str(tmp_path / "other.json")))
 
 
-def test_step_times_compile_each_batch_with_static_shapes(char_data, monkeypatch):
+def test_step_times_compile_each_batch_with_static_shapes(char_data, traced_not_compiled, monkeypatch):
     """t(B) times each batch on the graph its own stage would run: compiled for that batch alone.
 
     Without a reset, Dynamo marks the batch dimension dynamic at the second size and times it on a dynamic-shape graph

@@ -117,7 +117,7 @@ def test_a_cuda_graph_stage_records_no_breakdown_of_a_replay_the_allocator_did_n
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
-def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data):
+def test_a_compiled_model_stays_compiled_after_the_memory_step(char_data, traced_not_compiled):
     """A compiled model stays compiled after the memory step.
 
     The memory step (here the last warm-up step) runs under MemTracker's dispatch mode, which dynamo cannot trace;
@@ -138,7 +138,7 @@ def test_cpu_training_is_deterministic(char_data):
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
-def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, monkeypatch):
+def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, traced_not_compiled, monkeypatch):
     """The step loop's CUDA-graph bookkeeping runs on the CPU and trains as eager training does.
 
     The CUDA path of the step loop (compile mode "reduce-overhead": a cudagraph_mark_step_begin before every step, the

@@ -84,7 +84,7 @@ def test_the_cpu_decision_of_every_speedrun_stage_is_the_one_before_the_rule_cov
         assert compile_mode(cfg, cpu) == (None if eager else "default"), stage
 
 
-def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why(char_data):
+def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why(char_data, traced_not_compiled):
     """A stage that skips compiling trains an uncompiled model and records why.
 
     What the run does, not only what the rule says: the trainer's model is the GPT itself (no compiled wrapper), and the
