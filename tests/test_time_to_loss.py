@@ -34,7 +34,7 @@ from gpt.optimizations.schedule import learning_rate
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
 from gpt.run_choices import RunChoices
 from gpt.settings_profiles import profile_settings
-from gpt.stage import parse_args, to_a_loss_overrides
+from gpt.stage import parse_args, stage_main, to_a_loss_overrides
 
 
 def smoke_to_a_loss(char_data, stage="speed_0_baseline", **overrides) -> TrainConfig:
@@ -763,30 +763,29 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
         (["--lr", "1e-3"], "add --time-to-loss"),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path):
+def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path, capsys):
+    """Through the stage's entry point in this process; the first case also as a user runs the script."""
     out = tmp_path / "out"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "stages" / "speed_0_baseline.py"),
-            "--profile",
-            "smoke",
-            "--device",
-            "cpu",
-            "--data-dir",
-            str(char_data),
-            "--out",
-            str(out),
-            "--wandb",
-            "disabled",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {r.stderr.split('error: ')[1].strip()}"]
-    assert message in r.stderr
+    argv = [
+        "--profile",
+        "smoke",
+        "--device",
+        "cpu",
+        "--data-dir",
+        str(char_data),
+        "--out",
+        str(out),
+        "--wandb",
+        "disabled",
+    ]
+    with pytest.raises(SystemExit) as exit_:
+        stage_main(str(REPO / "stages" / "speed_0_baseline.py"), [*argv, *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error: ") and "\n" not in err and message in err
+    if args == ["--train-tokens", "0"]:  # a fresh process: nothing else on its stderr
+        script = str(REPO / "stages" / "speed_0_baseline.py")
+        r = subprocess.run([sys.executable, script, *argv, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.strip() == err
     assert not list(out.rglob("*.json"))
 
 
