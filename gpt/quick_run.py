@@ -184,6 +184,7 @@ class Figures:
     device: str
     others: list[Path] = field(default_factory=list)  # the other GPU kinds' committed folders (committed_folders)
     planned_gpus: int | None = None  # a GPU planned from elsewhere (--dry-run --gpu): its GPUs; None: this machine's
+    reasons: dict = field(default_factory=dict, repr=False)  # cannot_run's answers: the plan asks twice a stage
 
     def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
         """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
@@ -203,12 +204,16 @@ class Figures:
 
         This machine says it as the stage will (optimizations.why_cannot_run); of a GPU planned from elsewhere (--gpu)
         only its number of GPUs is known."""
-        cfg = self.config(stage, rel, to_a_loss)
-        if self.planned_gpus is None:
-            return optimizations.why_cannot_run(cfg, self.device)
-        if cfg.world_size > self.planned_gpus:
-            return f"needs {cfg.world_size} GPUs, planned for {self.planned_gpus}"
-        return None
+        key = (stage, rel, to_a_loss)
+        if key not in self.reasons:
+            cfg = self.config(stage, rel, to_a_loss)
+            if self.planned_gpus is None:
+                self.reasons[key] = optimizations.why_cannot_run(cfg, self.device)
+            elif cfg.world_size > self.planned_gpus:
+                self.reasons[key] = f"needs {cfg.world_size} GPUs, planned for {self.planned_gpus}"
+            else:
+                self.reasons[key] = None
+        return self.reasons[key]
 
     def start_up_only(self, stage, rel, to_a_loss):
         if reason := self.cannot_run(stage, rel, to_a_loss):
