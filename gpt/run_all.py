@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -627,6 +627,7 @@ def timed_jobs(args, profile: str, out: Path) -> list[Job]:
 
 def run(args, device: str, profile: str, out: Path) -> int:
     """The run main() holds the lock for: the sections asked for, in order, then the planner and the report."""
+    started = time.perf_counter()
     sections = run_sections_of(args)
     ladders = [s for s in sections if s in timed_ladders()]
     jobs = timed_jobs(args, profile, out)
@@ -671,6 +672,9 @@ def run(args, device: str, profile: str, out: Path) -> int:
     if "memory" in ladders and not interrupted:
         run_memory_planner(out, None if args.fresh else published_dir(profile, device))
 
+    # the run's wall clock, data and planner included, for the README's run time (gpt/report/readme.py: run_time)
+    wall_s = round(time.perf_counter() - started, 1)
+    _update_machine(out, finished=datetime.now(UTC).isoformat(timespec="seconds"), wall_s=wall_s)
     write_results(args, out, profile, device, interrupted)
     if args.quick:
         print(f"   its plan and wall clocks: {quick_run.write_summary(out, args.deadline, args.plan, args.resume)}")

@@ -236,3 +236,27 @@ def test_the_gpu_speedrun_split_in_docs_speedrun_is_its_records():
         path = folder / "speedrun" / f"{stage}.json"  # speed_0 too: the speedrun task's own baseline
         metrics = json.loads(path.read_text())["metrics"]
         assert [float(c) for c in cells.split("|")[1:]] == [round(metrics[k], 1) for k in keys], stage
+
+
+def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200_note(capsys, tmp_path):
+    """The README's typed run times: the CPU quick run's limit and plan, and the H200 ladders' wall clocks.
+
+    The CPU's quick plan is what `./run_all.sh --quick --dry-run` prints from the committed records (its last line);
+    the limit is quick_run.DEFAULT_LIMIT_MIN's; the H200 figures are those its note's commands took."""
+    from gpt import quick_run, run_all
+
+    readme = (REPO / "README.md").read_text()
+    # an empty folder: a quick run's own earlier records would come first in the plan (quick_run.Figures, rule 2)
+    assert run_all.main(["--quick", "--dry-run", "--device", "cpu", "--out", str(tmp_path / "quick")]) == 0
+    planned = re.search(r"^total: (.+)$", capsys.readouterr().out, re.M)[1]
+    limit = f"{quick_run.DEFAULT_LIMIT_MIN['cpu']:.0f} min"
+    assert f"`./run_all.sh --quick` | at most {limit} (its own limit); planned from the committed records by " in readme
+    assert f"`--dry-run`: {planned} |" in readme
+    note = (REPO / "records" / "h200-2026-11-27" / "note.md").read_text()
+    speed_fast, memory = re.search(r"Two commands on the same machine, (.+?) and (.+?):", note).groups()
+    assert f"with the fast ladder, {speed_fast} on one H200" in readme
+    assert f"{memory} for 3 stages and part of a fourth on one H200" in readme
+    assert (
+        f"the speed and fast ladders took {speed_fast} together, and 3 memory stages\nand part of a fourth {memory}"
+        in readme
+    )

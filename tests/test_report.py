@@ -21,6 +21,7 @@ from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
 from gpt.quick_run import NOT_PLANNED
 from gpt.records import record_path, write_record
 from gpt.report.document import write_report
+from gpt.report.readme import run_minutes
 
 PNG = b"\x89PNG"
 SHARES = {
@@ -698,6 +699,9 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages, monke
     assert run_all.main(args + ["--resume"]) == 0
     assert calls() == speed + ["speed_2_num_workers", "speed_4_compile"]  # ok and skipped stages kept
     assert "**failed**" not in (out / "results.md").read_text()
+    machine = json.loads((out / "machine.json").read_text())  # the run's wall clock, for the README's run time
+    assert machine["wall_s"] > 0 and machine["finished"] >= machine["started"]
+    assert run_minutes(out) == f"{machine['wall_s'] / 60:.0f} min"
 
 
 def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
@@ -1118,6 +1122,8 @@ def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_commit
         "planner-headline",
         "gpu-memory",
         "models",
+        "cpu-run-time",
+        "cpu-run-minutes",
     } <= {m["name"] for m in BLOCK.finditer(readme)}
     assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
 

@@ -8,6 +8,7 @@ results.md, and tests/test_report.py holds the committed README to what they wri
 
 import re
 import statistics
+from datetime import datetime
 from pathlib import Path
 
 from gpt.committed_records import PUBLISHED, published_dir
@@ -74,6 +75,30 @@ def planner_headline(runs: Path) -> str:
         f"model (on an {gpu[1]['device']['name'].removeprefix('NVIDIA ')}): the book's hand-written GELU keeps "
         f"{gelu_gib:.1f} GiB more for backward, and its gradients outlive the step"
     )
+
+
+def run_minutes(runs: Path) -> str:
+    """How long the committed CPU run took, in minutes (the machine table's time cell).
+
+    machine.json's `wall_s` where run_all wrote it (the command's whole wall clock, data and planner included); a run
+    older than that field gives the span from machine.json's start to its newest record, and says so."""
+    machine = read_record(runs / MACHINE_FILE) or {}
+    if machine.get("wall_s"):
+        return f"{machine['wall_s'] / 60:.0f} min"
+    ends = [r["env"]["time"] for r in map(read_record, sorted(runs.rglob("*_*.json"))) if r and "env" in r]
+    span = datetime.fromisoformat(max(ends)) - datetime.fromisoformat(machine["started"])
+    return f"{span.total_seconds() / 60:.0f} min from its start to its last record"
+
+
+def run_time(runs: Path) -> str:
+    """run_minutes, with the machine the run was on and its commit (the footnote under the README's commands)."""
+    machine = read_record(runs / MACHINE_FILE) or {}
+    peaks, cores = machine.get("cpu_peaks_gflops", {}), machine.get("cpu_count")
+    fp32, bf16 = (peaks.get(f"{dtype} x{cores} threads") for dtype in ("float32", "bfloat16"))
+    bf16_text = f", whose bf16 matmuls ran {bf16 / fp32:.1f}x as fast as its fp32 ones" if fp32 and bf16 else ""
+    device = next((r["device"]["name"] for r in map(read_record, sorted(runs.glob("*_*.json"))) if ok(r)), "a CPU")
+    commit = machine.get("git_commit", "unknown")[:7]
+    return f"{run_minutes(runs)}, on a {cores}-core {device}{bf16_text}, at commit {commit}"
 
 
 def gpu_folders() -> list[Path]:
@@ -224,6 +249,8 @@ def blocks(runs: Path) -> dict[str, str]:
         "gpu-speedrun": gpu_speedrun_line(),
         "gpu-batch": gpu_batch_line(),
         "models": models_table(runs),
+        "cpu-run-time": run_time(runs),
+        "cpu-run-minutes": run_minutes(runs),
     }
 
 
