@@ -21,7 +21,7 @@ from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
 from gpt.quick_run import NOT_PLANNED
 from gpt.records import record_path, write_record
 from gpt.report.document import write_report
-from gpt.report.readme import run_minutes
+from gpt.report.readme import run_minutes, run_split
 
 PNG = b"\x89PNG"
 SHARES = {
@@ -701,7 +701,7 @@ def test_run_all_records_failures_and_resume_reruns_only_them(stub_stages, monke
     assert "**failed**" not in (out / "results.md").read_text()
     machine = json.loads((out / "machine.json").read_text())  # the run's wall clock, for the README's run time
     assert machine["wall_s"] > 0 and machine["finished"] >= machine["started"]
-    assert run_minutes(out) == f"{machine['wall_s'] / 60:.0f} min"
+    assert run_minutes(out) == f"{machine['wall_s'] / 60:.0f} min" and "the planner and the report" in run_split(out)
 
 
 def test_no_profiler_reaches_every_stage(stub_stages, monkeypatch):
@@ -1124,6 +1124,7 @@ def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_commit
         "models",
         "cpu-run-time",
         "cpu-run-minutes",
+        "cpu-run-split",
     } <= {m["name"] for m in BLOCK.finditer(readme)}
     assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
 

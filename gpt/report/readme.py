@@ -90,6 +90,36 @@ def run_minutes(runs: Path) -> str:
     return f"{span.total_seconds() / 60:.0f} min from its start to its last record"
 
 
+def run_split(runs: Path) -> str:
+    """Where the committed CPU run's time went, part by part, from when each part's last record was written.
+
+    The four ladders' records sit at the top of the folder, the runs to a loss in time_to_loss/ and speedrun/, in the
+    order run_all runs them; each part's time runs from the end of the one before (machine.json's start for the
+    first) to its own last record. The planner and the report come after the last record: machine.json's `wall_s`
+    gives them, where run_all wrote it."""
+    machine = read_record(runs / MACHINE_FILE) or {}
+    at = datetime.fromisoformat
+    parts = [
+        ("the four ladders", "*_*.json"),
+        ("the time to loss", "time_to_loss/*.json"),
+        ("the speedrun", "speedrun/*.json"),
+    ]
+    start = before = at(machine["started"])
+    spans = []
+    for name, pattern in parts:
+        ends = [at(r["env"]["time"]) for r in map(read_record, runs.glob(pattern)) if r and "env" in r]
+        if ends:
+            spans.append(f"{name} {(max(ends) - before).total_seconds() / 60:.1f} min")
+            before = max(ends)
+    if machine.get("wall_s"):
+        spans.append(
+            f"the planner and the report {(machine['wall_s'] - (before - start).total_seconds()) / 60:.1f} min"
+        )
+    return (
+        f"{run_minutes(runs)} ({start:%Y-%m-%d}, commit {machine.get('git_commit', 'unknown')[:7]}): {', '.join(spans)}"
+    )
+
+
 def run_time(runs: Path) -> str:
     """run_minutes, with the machine the run was on and its commit (the footnote under the README's commands)."""
     machine = read_record(runs / MACHINE_FILE) or {}
@@ -251,6 +281,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "models": models_table(runs),
         "cpu-run-time": run_time(runs),
         "cpu-run-minutes": run_minutes(runs),
+        "cpu-run-split": run_split(runs),
     }
 
 
