@@ -36,6 +36,12 @@ share_the_cores_between_workers()
 TEST_TIMEOUT_S = 600
 
 
+def smoke_stage_argv(data_dir, out, device: str = "cpu") -> list[str]:
+    """A stage's command-line arguments for a run on the smoke profile with the tests' data, into `out`."""
+    where = ["--device", device, "--data-dir", str(data_dir), "--out", str(out)]
+    return ["--profile", "smoke", "--wandb", "disabled", *where]
+
+
 def free_port() -> int:
     """A TCP port free on this machine now, for a test's own process group."""
     with socket.socket() as s:

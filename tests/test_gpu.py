@@ -21,6 +21,7 @@ from dataclasses import fields
 
 import pytest
 import torch
+from conftest import smoke_stage_argv
 from equivalence import max_diff, tiny_config
 from record_schema import record_problems
 from test_checkpointing import with_pytorchs_early_stop
@@ -294,19 +295,7 @@ def stage_on_cuda(stage: str, data_dir, out) -> tuple[subprocess.CompletedProces
 
     A DDP/FSDP stage runs on 2 GPUs where there are 2, else as 1 rank under torchrun (FSDP over a mesh of one: the same
     code paths, all-gather and reduce-scatter included)."""
-    script = [
-        str(STAGES_DIR / f"{stage}.py"),
-        "--profile",
-        "smoke",
-        "--device",
-        "cuda",
-        "--data-dir",
-        str(data_dir),
-        "--out",
-        str(out),
-        "--wandb",
-        "disabled",
-    ]
+    script = [str(STAGES_DIR / f"{stage}.py"), *smoke_stage_argv(data_dir, out, "cuda")]
     one_rank = stage_config(stage, "smoke").distributed and torch.cuda.device_count() < 2
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if one_rank else []
     r = subprocess.run([sys.executable, *launcher, *script], capture_output=True, text=True, timeout=600)

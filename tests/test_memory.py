@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS
+from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS, smoke_stage_argv
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gpt import allocator_snapshot as snapshot
@@ -92,16 +92,7 @@ def measured_record(stage: str, data_dir, out) -> dict:
         [
             sys.executable,
             str(REPO / "stages" / f"{stage}.py"),
-            "--profile",
-            "smoke",
-            "--device",
-            "cpu",
-            "--wandb",
-            "disabled",
-            "--data-dir",
-            str(data_dir),
-            "--out",
-            str(out),
+            *smoke_stage_argv(data_dir, out),
             "--repeats",
             "1",
             "--warmup-iters",

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import REPO, free_port
+from conftest import REPO, free_port, smoke_stage_argv
 from equivalence import tiny_config
 from record_schema import record_problems
 
@@ -766,18 +766,7 @@ def test_wandb_logs_the_curve_against_tokens(smoke_runs, tmp_path, monkeypatch):
 def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_path, capsys):
     """Through the stage's entry point in this process; the first case also as a user runs the script."""
     out = tmp_path / "out"
-    argv = [
-        "--profile",
-        "smoke",
-        "--device",
-        "cpu",
-        "--data-dir",
-        str(char_data),
-        "--out",
-        str(out),
-        "--wandb",
-        "disabled",
-    ]
+    argv = smoke_stage_argv(char_data, out)
     with pytest.raises(SystemExit) as exit_:
         stage_main(str(REPO / "stages" / "speed_0_baseline.py"), [*argv, *args])
     err = capsys.readouterr().err.strip()
