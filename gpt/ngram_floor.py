@@ -5,6 +5,7 @@ Counted on growing prefixes of the speedrun's training data and scored on its va
 
     python -m gpt.ngram_floor                       # the cpu profile's data, windows and target
     python -m gpt.ngram_floor --order 5 --records records/cpu-cpu
+    python -m gpt.ngram_floor --out runs/cpu-cpu/speedrun/ngram_floor.json   # also as a record (run_all writes one)
 
 Interpolated Kneser-Ney (Chen and Goodman, 1998), one absolute discount per order, D = n1 / (n1 + 2 n2): the longest
 context uses the n-grams' counts, each shorter one the continuation counts, and the unigram is interpolated with the
@@ -20,6 +21,9 @@ import numpy as np
 from gpt.errors import UserError, exit_on_user_error
 
 ORDER = 5
+RECORD_FILE = (
+    "ngram_floor.json"  # run_all's record of the counts, beside the speedrun's records (gpt/report/speedrun.py)
+)
 FIRST_PREFIX = 10_000  # characters; each prefix doubles the one before, the last is the whole training split
 
 
@@ -160,6 +164,7 @@ def main(argv=None):
         help="the run directory with speed_0's records (default records/<profile>-cpu)",
     )
     parser.add_argument("--order", type=int, default=ORDER)
+    parser.add_argument("--out", type=Path, help="also write the counts as a JSON record there (the report reads it)")
     args = parser.parse_args(argv)
     cfg = stage_config("speed_0_baseline", args.profile, speedrun_task=True)
     records = args.records or Path(__file__).resolve().parents[1] / "records" / f"{args.profile}-cpu"
@@ -174,11 +179,17 @@ def main(argv=None):
         else f"target: none ({records} has not every speed_0 seed)"
     )
     print("| training characters | validation loss (nats/char) |\n|---|---|")
-    reached = None
-    for n, loss in floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, args.order):
+    reached, prefixes = None, floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, args.order)
+    for n, loss in prefixes:
         print(f"| {n:,} | {loss:.4f} |", flush=True)
         if reached is None and target is not None and loss <= target:
             reached = n
+    if args.out:
+        from gpt.records import environment, write_record
+
+        record = {"order": args.order, "data_dir": Path(cfg.data_dir).name, "windows": cfg.eval_windows}
+        record |= {"block_size": cfg.block_size, "target_loss": target, "prefixes": prefixes, "reached_at": reached}
+        write_record(args.out, {**record, "env": environment()})
     if target is not None:
         print(
             f"smallest prefix at or below the target: {reached:,} characters"

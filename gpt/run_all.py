@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import machine_cache, optimizations, quick_run
+from gpt import machine_cache, ngram_floor, optimizations, quick_run
 from gpt.command_line import add_shared_options
 from gpt.committed_records import publish, published_dir
 from gpt.data import REPO_ROOT, prepare_if_missing
@@ -529,6 +529,10 @@ def run_speedrun(
             writable_dir(time_to_loss_dir(out, SPEEDRUN)),
             None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN),
         )
+        floor_record = time_to_loss_dir(out, SPEEDRUN) / ngram_floor.RECORD_FILE  # a count of seconds: a token floor
+        print(f"[speedrun] python -m gpt.ngram_floor --out {floor_record}", flush=True)
+        with open(floor_record.with_suffix(".log"), "w") as log, contextlib.redirect_stdout(log):
+            ngram_floor.main(["--profile", profile, "--records", str(out), "--out", str(floor_record)])
     *stages, last = stages_of(SPEEDRUN)
     first = stage_config(last, profile).seed
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])

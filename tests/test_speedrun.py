@@ -685,3 +685,28 @@ def test_the_last_stage_learns_compiled_on_the_cpu(cpu_trace):
 @pytest.mark.slow
 def test_the_last_stages_optimizer_groups_follow_wsd_on_the_cpu(cpu_trace):
     check_the_groups_follow_wsd(cpu_trace)
+
+
+def test_the_last_stage_is_read_against_its_floors_from_its_records(tmp_path):
+    """The section's floors line: tokens against the n-gram count, throughput against the measured bf16 peak.
+
+    Each figure recomputed here from the committed records; without the n-gram record (a run older than it) or for
+    another target, the line leaves the count out rather than compare with a floor of another task."""
+    import json
+    import shutil
+    import statistics
+
+    from gpt.report.speedrun import floors_finding
+
+    runs = tmp_path / "runs"
+    shutil.copytree(REPO / "records" / "cpu-cpu", runs)
+    records = [json.loads(p.read_text()) for p in sorted((runs / "speedrun").glob("speedrun_13_host_memory*.json"))]
+    machine = json.loads((runs / "machine.json").read_text())
+    floor = json.loads((runs / "speedrun" / "ngram_floor.json").read_text())
+    line = floors_finding(Speedrun(runs))
+    rate = statistics.fmean(r["metrics"]["tokens_per_s"] for r in records)
+    share = rate * records[0]["model"]["flops_per_token"] / 1e9 / machine["cpu_peaks_gflops"]["bfloat16 x2 threads"]
+    assert f"{rate:,.0f} (" in line and f"{share:.0%} of the" in line
+    assert f"and {floor['reached_at']:,} training characters" in line
+    (runs / "speedrun" / "ngram_floor.json").unlink()
+    assert "5-gram" not in floors_finding(Speedrun(runs)) and f"{rate:,.0f} (" in floors_finding(Speedrun(runs))

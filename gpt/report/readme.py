@@ -81,11 +81,14 @@ def run_minutes(runs: Path) -> str:
     """How long the committed CPU run took, in minutes (the machine table's time cell).
 
     machine.json's `wall_s` where run_all wrote it (the command's whole wall clock, data and planner included); a run
-    older than that field gives the span from machine.json's start to its newest record, and says so."""
+    older than that field gives the span from machine.json's start to its newest stage record, and says so (a record
+    counted later, such as the n-gram floor's, is not the run's)."""
     machine = read_record(runs / MACHINE_FILE) or {}
     if machine.get("wall_s"):
         return f"{machine['wall_s'] / 60:.0f} min"
-    ends = [r["env"]["time"] for r in map(read_record, sorted(runs.rglob("*_*.json"))) if r and "env" in r]
+    ends = [
+        r["env"]["time"] for r in map(read_record, sorted(runs.rglob("*_*.json"))) if r and "stage" in r and "env" in r
+    ]
     span = datetime.fromisoformat(max(ends)) - datetime.fromisoformat(machine["started"])
     return f"{span.total_seconds() / 60:.0f} min from its start to its last record"
 
@@ -107,7 +110,7 @@ def run_split(runs: Path) -> str:
     start = before = at(machine["started"])
     spans = []
     for name, pattern in parts:
-        ends = [at(r["env"]["time"]) for r in map(read_record, runs.glob(pattern)) if r and "env" in r]
+        ends = [at(r["env"]["time"]) for r in map(read_record, runs.glob(pattern)) if r and "stage" in r and "env" in r]
         if ends:
             spans.append(f"{name} {(max(ends) - before).total_seconds() / 60:.1f} min")
             before = max(ends)

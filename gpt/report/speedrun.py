@@ -7,12 +7,13 @@ holds only where every seed it trained with reached the target.
 import statistics
 from pathlib import Path
 
+from gpt import ngram_floor
 from gpt.formatting import fmt_num, table
 from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
 from gpt.records import read_record, speedrun_baseline_dir, time_to_loss_dir
 from gpt.report.plots import pyplot, save_figure
-from gpt.report.rows import display, ok
+from gpt.report.rows import MACHINE_FILE, display, ok
 from gpt.report.tables import columns_line
 
 LADDER = "speedrun"
@@ -38,6 +39,8 @@ class Speedrun:
         self.baseline = _runs_of(folder, BASELINE)
         self.target = baseline_model_loss(self.baseline)
         self.noise_scale = read_record(self.folder / NOISE_SCALE_FILE)
+        self.ngram_floor = read_record(self.folder / ngram_floor.RECORD_FILE)
+        self.machine = read_record(runs / MACHINE_FILE) or {}
 
     @property
     def ran(self) -> bool:
@@ -306,6 +309,52 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
     return findings
 
 
+def floors_finding(sr: Speedrun) -> str | None:
+    """The last stage that holds against its floors: tokens against the n-gram count, throughput against the peak.
+
+    Tokens to the target against the fewest training characters with which a counted 5-gram reaches it
+    (gpt/ngram_floor.py's record); tokens a second and the model FLOP/s they make against the measured bf16 matmul
+    peak at the stage's threads (machine.json, a CPU's); and where its first seed's process spent its wall clock."""
+    held = [s for s in sr.stages if sr.holds(s)]
+    if not held:
+        return None
+    last, records = held[-1], sr.stages[held[-1]]
+    parts = [f"`{last}` against its floors: {_spread(sr.tokens(last))} tokens to the target"]
+    floor = sr.ngram_floor or {}
+    if floor.get("reached_at") and floor.get("target_loss") == sr.target:
+        below = max((n for n, loss in floor["prefixes"] if loss > sr.target), default=0)
+        parts[0] += (
+            f", where a counted {floor['order']}-gram reaches it from between {below:,} and {floor['reached_at']:,} "
+            "training characters (`python -m gpt.ngram_floor`)"
+        )
+    rates = [r["metrics"]["tokens_per_s"] for r in records]
+    threads = records[0].get("device", {}).get("threads_per_process")
+    peak = sr.machine.get("cpu_peaks_gflops", {}).get(f"bfloat16 x{threads} threads")
+    flops = records[0].get("model", {}).get("flops_per_token")
+    parts.append(f"{_spread(rates)} tokens a second")
+    if peak and flops:
+        achieved = [rate * flops / 1e9 for rate in rates]
+        parts[-1] += (
+            f", {_spread(achieved)} model GFLOP/s at {flops / 1e6:.1f} MFLOP a token: "
+            f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s bf16 matmul peak measured here"
+        )
+    m = records[0]["metrics"]
+    if m.get("process_s") and m.get("import_setup_s") is not None:
+        split = {
+            "imports and arguments": m["import_setup_s"],
+            "set-up": m["setup_s"] + m["startup_s"],
+            "training": m["train_seconds"],
+            "evaluations": m["eval_seconds"],
+        }
+        rest = m["process_s"] - sum(split.values())
+        parts.append(
+            f"its seed {records[0]['seed']}'s process, {fmt_num(m['process_s'])} s: "
+            + ", ".join(f"{what} {fmt_num(s)}" for what, s in split.items())
+            + f", the rest {fmt_num(max(rest, 0.0))}"
+        )
+    return "; ".join(parts) + "."
+
+
 def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     """The whole section; [] when the run has no speedrun record."""
     if not sr.ran:
@@ -322,6 +371,8 @@ def speedrun_section(sr: Speedrun, plots: Path, rel: str) -> list[str]:
     ]
     lines += speedrun_table(sr) + ["", columns_line("speedrun")]
     lines += [""] + [f"- {f}" for f in speedrun_findings(sr)]
+    if floors := floors_finding(sr):
+        lines.append(f"- {floors}")
     if plot_waterfall(sr, plots / WATERFALL):
         lines += ["", f"![speedrun waterfall: training seconds to the target, stage by stage]({rel}/{WATERFALL})"]
     if plot_speedrun(sr, plots / "speedrun.png"):
