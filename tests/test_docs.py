@@ -256,6 +256,8 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     speed_fast, memory = re.search(r"Two commands on the same machine, (.+?) and (.+?):", note).groups()
     assert f"with the fast ladder, {speed_fast} on one H200" in readme
     assert f"{memory} for 3 stages and part of a fourth on one H200" in readme
+    assert f"speed and fast ladders {speed_fast} (`run_all --only speed`" in readme
+    assert f"`memory_0` to `memory_2` and part of `memory_3` {memory} (`--only memory` under a 370 s limit)" in readme
     assert (
         f"the speed and fast ladders took {speed_fast} together, and 3 memory stages\nand part of a fourth {memory}"
         in readme
