@@ -1125,6 +1125,7 @@ def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_commit
         "cpu-run-time",
         "cpu-run-minutes",
         "cpu-run-split",
+        "try-output",
     } <= {m["name"] for m in BLOCK.finditer(readme)}
     assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
 

@@ -6,6 +6,8 @@ arguments, and a whole default `./run_all.sh` on a CPU, rewrite each block from 
 results.md, and tests/test_report.py holds the committed README to what they write.
 """
 
+import contextlib
+import io
 import re
 import statistics
 from datetime import datetime
@@ -18,8 +20,9 @@ from gpt.formatting import table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
-from gpt.report.speedrun import BASELINE, Speedrun, speedrun_findings, speedrun_table, speedup_range
+from gpt.report.speedrun import BASELINE, LADDER, Speedrun, speedrun_findings, speedrun_table, speedup_range
 from gpt.report.time_to_loss import LossRuns
+from gpt.stage import print_loss_summary
 
 README = REPO_ROOT / "README.md"
 README_RECORDS = published_dir("cpu", "cpu")  # the run the README's figures come from
@@ -270,6 +273,20 @@ def speedrun_block(sr: Speedrun) -> str:
     return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), "", ""])
 
 
+def try_output(runs: Path) -> str:
+    """What the README's try prints after its progress bar: the last speedrun stage's summary, from its record.
+
+    The stage prints it from the record it writes (gpt/stage.py:print_loss_summary); here from the committed run's
+    record of the same stage and seed, as if its --out were /tmp/try. Fenced inside the markers, which a code block
+    would show."""
+    stage = stages_of(LADDER)[-1]
+    record = read_record(time_to_loss_dir(runs, LADDER) / f"{stage}.json")
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_loss_summary(record, Path("/tmp/try") / LADDER)
+    return "\n```\n" + text.getvalue().lstrip("\n") + "```\n"
+
+
 def blocks(runs: Path) -> dict[str, str]:
     """Each block's text, from the records in `runs`."""
     sr = Speedrun(runs)
@@ -285,6 +302,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "cpu-run-time": run_time(runs),
         "cpu-run-minutes": run_minutes(runs),
         "cpu-run-split": run_split(runs),
+        "try-output": try_output(runs),
     }
 
 
