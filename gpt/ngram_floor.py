@@ -138,22 +138,47 @@ def prefix_sizes(total: int, first: int = FIRST_PREFIX) -> list[int]:
     return sizes + [total]
 
 
-def floor(data_dir, block_size: int, count: int, order: int = ORDER) -> list[tuple[int, float]]:
-    """(training characters, validation cross-entropy) for each prefix of the training split."""
+def floor(data_dir, block_size: int, count: int, order: int = ORDER):
+    """(training characters, validation cross-entropy) for each prefix of the training split, as each is counted."""
     from gpt.data import load_prepared, token_dtype
 
     prepared = load_prepared(data_dir)
     train = np.fromfile(prepared.bin_path("train"), dtype=token_dtype(prepared.vocab_size))
     windows = validation_windows(data_dir, block_size, count).astype(np.int64)
-    return [
-        (n, KneserNey(train[:n], prepared.vocab_size, order).cross_entropy(windows)) for n in prefix_sizes(len(train))
-    ]
+    for n in prefix_sizes(len(train)):
+        yield n, KneserNey(train[:n], prepared.vocab_size, order).cross_entropy(windows)
+
+
+def measure(profile: str, target: float | None, order: int = ORDER, progress=lambda n, loss: None) -> dict:
+    """The floor's record on the speedrun's task of `profile`: each prefix's loss, and the first at or below `target`.
+
+    `progress(n, loss)` is called as each prefix is counted. run_all writes the record beside the speedrun's records
+    (RECORD_FILE), where the report reads it."""
+    from gpt.ladder import stage_config
+    from gpt.records import environment
+
+    cfg = stage_config("speed_0_baseline", profile, speedrun_task=True)
+    prefixes = []
+    for n, loss in floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, order):
+        progress(n, loss)
+        prefixes.append((n, loss))
+    reached = next((n for n, loss in prefixes if target is not None and loss <= target), None)
+    return {
+        "order": order,
+        "data_dir": Path(cfg.data_dir).name,
+        "windows": cfg.eval_windows,
+        "block_size": cfg.block_size,
+        "target_loss": target,
+        "prefixes": prefixes,
+        "reached_at": reached,
+        "env": environment(),
+    }
 
 
 @exit_on_user_error
 def main(argv=None):
     from gpt.ladder import stage_config
-    from gpt.records import speedrun_target
+    from gpt.records import speedrun_target, write_record
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="cpu", help="whose time-to-loss data, windows and target (default cpu)")
@@ -179,18 +204,11 @@ def main(argv=None):
         else f"target: none ({records} has not every speed_0 seed)"
     )
     print("| training characters | validation loss (nats/char) |\n|---|---|")
-    reached, prefixes = None, floor(cfg.data_dir, cfg.block_size, cfg.eval_windows, args.order)
-    for n, loss in prefixes:
-        print(f"| {n:,} | {loss:.4f} |", flush=True)
-        if reached is None and target is not None and loss <= target:
-            reached = n
+    record = measure(args.profile, target, args.order, lambda n, loss: print(f"| {n:,} | {loss:.4f} |", flush=True))
     if args.out:
-        from gpt.records import environment, write_record
-
-        record = {"order": args.order, "data_dir": Path(cfg.data_dir).name, "windows": cfg.eval_windows}
-        record |= {"block_size": cfg.block_size, "target_loss": target, "prefixes": prefixes, "reached_at": reached}
-        write_record(args.out, {**record, "env": environment()})
+        write_record(args.out, record)
     if target is not None:
+        reached = record["reached_at"]
         print(
             f"smallest prefix at or below the target: {reached:,} characters"
             if reached

@@ -529,10 +529,9 @@ def run_speedrun(
             writable_dir(time_to_loss_dir(out, SPEEDRUN)),
             None if args.fresh else time_to_loss_dir(published_dir(profile, device), SPEEDRUN),
         )
-        floor_record = time_to_loss_dir(out, SPEEDRUN) / ngram_floor.RECORD_FILE  # a count of seconds: a token floor
-        print(f"[speedrun] python -m gpt.ngram_floor --out {floor_record}", flush=True)
-        with open(floor_record.with_suffix(".log"), "w") as log, contextlib.redirect_stdout(log):
-            ngram_floor.main(["--profile", profile, "--records", str(out), "--out", str(floor_record)])
+        floor_record = time_to_loss_dir(out, SPEEDRUN) / ngram_floor.RECORD_FILE  # a count, no timing: seconds
+        print(f"[speedrun] the n-gram floor (gpt/ngram_floor.py): {floor_record}", flush=True)
+        write_record(floor_record, ngram_floor.measure(profile, target))
     *stages, last = stages_of(SPEEDRUN)
     first = stage_config(last, profile).seed
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])

@@ -382,6 +382,20 @@ def print_summary(record: dict, out: Path) -> None:
         )
 
 
+def process_split(m: dict) -> dict[str, float] | None:
+    """Where a run to a loss spent its process's wall clock, part by part, from its metrics; None where not split."""
+    if m.get("process_s") is None or m.get("import_setup_s") is None:
+        return None
+    parts = {
+        "imports and arguments": m["import_setup_s"],
+        "set-up": m["setup_s"],
+        "start-up": m["startup_s"],
+        "training": m["train_seconds"],
+        "evaluations": m["eval_seconds"],
+    }
+    return {**parts, "the rest": m["process_s"] - sum(parts.values())}
+
+
 def print_loss_summary(record: dict, out: Path) -> None:
     """The summary of a run to a loss: the curve's ends, the rate, the target, the record."""
     m, ch = record["metrics"], record["choices"]
@@ -401,19 +415,10 @@ def print_loss_summary(record: dict, out: Path) -> None:
             else ""
         )
     )
-    if m.get("process_s") is not None and m.get("import_setup_s") is not None:  # the wall clock's split
-        parts = {
-            "imports and arguments": m["import_setup_s"],
-            "set-up": m["setup_s"],
-            "start-up": m["startup_s"],
-            "training": m["train_seconds"],
-            "evaluations": m["eval_seconds"],
-        }
-        rest = m["process_s"] - sum(parts.values())
+    if parts := process_split(m):
         print(
             f"  wall clock of this process to its record {m['process_s']:.1f} s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-            + f", the rest {rest:.1f}"
         )
     print(
         f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "

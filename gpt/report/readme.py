@@ -89,11 +89,14 @@ def run_minutes(runs: Path) -> str:
     machine = read_record(runs / MACHINE_FILE) or {}
     if machine.get("wall_s"):
         return f"{machine['wall_s'] / 60:.0f} min"
-    ends = [
-        r["env"]["time"] for r in map(read_record, sorted(runs.rglob("*_*.json"))) if r and "stage" in r and "env" in r
-    ]
-    span = datetime.fromisoformat(max(ends)) - datetime.fromisoformat(machine["started"])
+    span = max(_stage_record_ends(runs, "**/*_*.json")) - datetime.fromisoformat(machine["started"])
     return f"{span.total_seconds() / 60:.0f} min from its start to its last record"
+
+
+def _stage_record_ends(runs: Path, pattern: str) -> list[datetime]:
+    """When each stage record in `runs` matching `pattern` was written (its env.time)."""
+    records = map(read_record, runs.glob(pattern))
+    return [datetime.fromisoformat(r["env"]["time"]) for r in records if r and "stage" in r and "env" in r]
 
 
 def run_split(runs: Path) -> str:
@@ -104,17 +107,15 @@ def run_split(runs: Path) -> str:
     first) to its own last record. The planner and the report come after the last record: machine.json's `wall_s`
     gives them, where run_all wrote it."""
     machine = read_record(runs / MACHINE_FILE) or {}
-    at = datetime.fromisoformat
     parts = [
         ("the four ladders", "*_*.json"),
         ("the time to loss", "time_to_loss/*.json"),
         ("the speedrun", "speedrun/*.json"),
     ]
-    start = before = at(machine["started"])
+    start = before = datetime.fromisoformat(machine["started"])
     spans = []
     for name, pattern in parts:
-        ends = [at(r["env"]["time"]) for r in map(read_record, runs.glob(pattern)) if r and "stage" in r and "env" in r]
-        if ends:
+        if ends := _stage_record_ends(runs, pattern):
             spans.append(f"{name} {(max(ends) - before).total_seconds() / 60:.1f} min")
             before = max(ends)
     if machine.get("wall_s"):

@@ -15,6 +15,7 @@ from gpt.records import read_record, speedrun_baseline_dir, time_to_loss_dir
 from gpt.report.plots import pyplot, save_figure
 from gpt.report.rows import MACHINE_FILE, display, ok
 from gpt.report.tables import columns_line
+from gpt.stage import process_split
 
 LADDER = "speedrun"
 BASELINE = stages_of("speed")[0]
@@ -339,18 +340,10 @@ def floors_finding(sr: Speedrun) -> str | None:
             f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s bf16 matmul peak measured here"
         )
     m = records[0]["metrics"]
-    if m.get("process_s") and m.get("import_setup_s") is not None:
-        split = {
-            "imports and arguments": m["import_setup_s"],
-            "set-up": m["setup_s"] + m["startup_s"],
-            "training": m["train_seconds"],
-            "evaluations": m["eval_seconds"],
-        }
-        rest = m["process_s"] - sum(split.values())
+    if split := process_split(m):
         parts.append(
             f"its seed {records[0]['seed']}'s process, {fmt_num(m['process_s'])} s: "
             + ", ".join(f"{what} {fmt_num(s)}" for what, s in split.items())
-            + f", the rest {fmt_num(max(rest, 0.0))}"
         )
     return "; ".join(parts) + "."
 
