@@ -165,23 +165,22 @@ def gpu_memory_table() -> str:
     rows = []
     for ladder in timed_ladders():
         stages = stages_of(ladder)
-        finished = {f: [s for s in stages if ok(read_record(f / f"{s}.json"))] for f in gpu_folders()}
+        records = {f: {s: read_record(f / f"{s}.json") for s in stages} for f in gpu_folders()}
+        finished = {f: [s for s in stages if ok(records[f][s])] for f in records}
         two = ", ".join(f"`{s}`" for s in stages if stage_config(s, "reference").world_size > 1) or "none"
         if not any(finished.values()):
             rows.append([ladder, "no committed GPU run has it", "", two])
             continue
         folder, cells = max(finished, key=lambda f: len(finished[f])), []  # the newest of those that finished most
         for stage in stages:
-            record = read_record(folder / f"{stage}.json")
+            record = records[folder][stage]
             if record is None:
                 cells.append(f"`{stage}` not run")
             elif ok(record):
                 cells.append(f"`{stage}` {record['metrics']['peak_memory_mib'] / 1024:.1f}")
             else:
                 cells.append(f"`{stage}` {record['status']}")
-        rows.append(
-            [ladder, ", ".join(cells), source_cell(folder, read_record(folder / f"{finished[folder][0]}.json")), two]
-        )
+        rows.append([ladder, ", ".join(cells), source_cell(folder, records[folder][finished[folder][0]]), two])
     return "\n".join(["", *table(["ladder", "GiB per process", "from", "needs 2 GPUs"], rows), "", ""])
 
 
