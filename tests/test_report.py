@@ -1126,8 +1126,15 @@ def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_commit
         "cpu-run-minutes",
         "cpu-run-split",
         "try-output",
+        "gpu-memory-peaks",
     } <= {m["name"] for m in BLOCK.finditer(readme)}
     assert README_RECORDS == COMMITTED and rewritten(readme, COMMITTED) == readme
+    # the GPU paragraph's peaks are the largest of the memory table's cells, ladder by ladder
+    made = {m["name"]: m["body"] for m in BLOCK.finditer(readme)}
+    rows = {row.split("|")[1].strip(): row for row in made["gpu-memory"].splitlines() if row.startswith("| ")}
+    for ladder, peak in re.findall(r"(\w+) up to ([\d.]+) GiB", made["gpu-memory-peaks"]):
+        cells = [float(x) for x in re.findall(r"` ([\d.]+)", rows[ladder].split("|")[2])]
+        assert float(peak) == max(cells)
 
 
 @pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "records").glob("*/results.md")))

@@ -158,30 +158,53 @@ def source_cell(folder: Path, record: dict) -> str:
     return f"[records/{folder.name}](records/{folder.name}/results.md), commit {commit}, torch {torch_version}"
 
 
+def ladder_gpu_run(ladder: str) -> tuple[Path, dict[str, dict | None], list[str]] | None:
+    """The committed GPU run that finished most of a ladder: its folder, its stage records, the stages it finished.
+
+    Of runs that finished as many of its stages, the newest; None where no GPU run finished any."""
+    stages = stages_of(ladder)
+    records = {f: {s: read_record(f / f"{s}.json") for s in stages} for f in gpu_folders()}
+    finished = {f: [s for s in stages if ok(records[f][s])] for f in records}
+    if not any(finished.values()):
+        return None
+    folder = max(finished, key=lambda f: len(finished[f]))  # max keeps the first, the newest, of equals
+    return folder, records[folder], finished[folder]
+
+
 def gpu_memory_table() -> str:
     """Each ladder's peak GPU memory per process, stage by stage, from the committed GPU run that finished most of it.
 
-    Of runs that finished as many of its stages, the newest; one run a ladder, so that a row compares like with like."""
+    One run a ladder (ladder_gpu_run), so that a row compares like with like."""
     rows = []
     for ladder in timed_ladders():
         stages = stages_of(ladder)
-        records = {f: {s: read_record(f / f"{s}.json") for s in stages} for f in gpu_folders()}
-        finished = {f: [s for s in stages if ok(records[f][s])] for f in records}
         two = ", ".join(f"`{s}`" for s in stages if stage_config(s, "reference").world_size > 1) or "none"
-        if not any(finished.values()):
+        if (run := ladder_gpu_run(ladder)) is None:
             rows.append([ladder, "no committed GPU run has it", "", two])
             continue
-        folder, cells = max(finished, key=lambda f: len(finished[f])), []  # the newest of those that finished most
+        folder, records, finished = run
+        cells = []
         for stage in stages:
-            record = records[folder][stage]
+            record = records[stage]
             if record is None:
                 cells.append(f"`{stage}` not run")
             elif ok(record):
                 cells.append(f"`{stage}` {record['metrics']['peak_memory_mib'] / 1024:.1f}")
             else:
                 cells.append(f"`{stage}` {record['status']}")
-        rows.append([ladder, ", ".join(cells), source_cell(folder, records[folder][finished[folder][0]]), two])
+        rows.append([ladder, ", ".join(cells), source_cell(folder, records[finished[0]]), two])
     return "\n".join(["", *table(["ladder", "GiB per process", "from", "needs 2 GPUs"], rows), "", ""])
+
+
+def gpu_memory_peaks() -> str:
+    """Each ladder's largest peak GPU memory per process over the stages it finished (the GPU paragraph's summary)."""
+    parts = []
+    for ladder in timed_ladders():
+        if run := ladder_gpu_run(ladder):
+            _, records, finished = run
+            peak = max(records[s]["metrics"]["peak_memory_mib"] for s in finished) / 1024
+            parts.append(f"{ladder} up to {peak:.1f} GiB")
+    return ", ".join(parts) or "no committed GPU run"
 
 
 def gpu_speedrun_line() -> str:
@@ -296,6 +319,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "speedrun-table": speedrun_block(sr),
         "planner-headline": planner_headline(runs),
         "gpu-memory": gpu_memory_table(),
+        "gpu-memory-peaks": gpu_memory_peaks(),
         "gpu-speedrun": gpu_speedrun_line(),
         "gpu-batch": gpu_batch_line(),
         "models": models_table(runs),
