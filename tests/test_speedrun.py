@@ -298,6 +298,8 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
 
     monkeypatch.setattr(run_all, "run_stage", fake_run_stage)
     monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: calls.append(("noise_scale", a[-1], None)))
+    floor = lambda profile, target: calls.append(("floor", target, None)) or {}  # noqa: E731
+    monkeypatch.setattr(run_all.ngram_floor, "measure", floor)  # counting the floor needs the prepared data
     monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
     monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
     monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
@@ -308,8 +310,9 @@ def test_run_all_runs_the_baselines_seeds_then_the_speedrun_with_its_target(tmp_
     target = repr(max(2.0, 2.0, 2.0 + 0.1))  # the worst seed's final loss
     rest = calls[len(baseline) :]
     assert rest[0] == ("noise_scale", published_dir("cpu", "cpu") / "speedrun", None)  # the committed curve, if valid
-    assert [c[0] for c in rest[1:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
-    assert all(c[2] == target for c in rest[1:])
+    assert rest[1] == ("floor", 2.0 + 0.1, None)  # the n-gram floor, counted to the same target
+    assert [c[0] for c in rest[2:]] == SPEEDRUN[:-1] + [SPEEDRUN[-1]] * SPEEDRUN_SEEDS
+    assert all(c[2] == target for c in rest[2:])
     assert [c[1] for c in rest[-SPEEDRUN_SEEDS:]] == [None] + [3407 + i for i in range(1, SPEEDRUN_SEEDS)]
     assert "## Speedrun" in (tmp_path / "results.md").read_text()
     calls.clear()
@@ -337,6 +340,7 @@ def test_run_all_trains_the_speedruns_baseline_on_its_task_on_the_reference_prof
 
     monkeypatch.setattr(run_all, "run_stage", fake_run_stage)
     monkeypatch.setattr(run_all, "run_noise_scale", lambda *a: None)
+    monkeypatch.setattr(run_all.ngram_floor, "measure", lambda profile, target: {"target_loss": target})
     monkeypatch.setattr(run_all, "measure_cpu_peaks", lambda *a: None)
     monkeypatch.setattr(run_all, "remeasure_cpu_peak", lambda *a: None)
     monkeypatch.setattr(run_all, "prepare_data", lambda *a: None)
