@@ -485,6 +485,22 @@ def test_speedrun_8s_momentum_warm_up_is_in_steps_of_its_batch(profile):
     assert profile == "smoke" or cfg.muon_momentum_warmup_tokens == 76_800
 
 
+@pytest.mark.parametrize("profile", ["cpu", "reference"])
+def test_speedrun_14_doubles_adamws_rate_and_changes_nothing_else(profile):
+    """speedrun_14 doubles AdamW's peak and floor rates; the rest (Muon's rate too) is its parent's.
+
+    The schedule reads min_lr / lr for each group's share (gpt/optimizations/schedule.py), so with both doubled
+    Muon's groups follow the same curve as before; the CPU trace's wsd test checks that in a run."""
+    import dataclasses
+
+    parent = dataclasses.asdict(stage_config("speedrun_13_host_memory", profile))
+    child = dataclasses.asdict(stage_config("speedrun_14_adamw_rate", profile))
+    changed = {k for k in child if child[k] != parent[k]}
+    assert changed == {"lr", "min_lr"}
+    assert (child["lr"], child["min_lr"]) == (2 * parent["lr"], 2 * parent["min_lr"])
+    assert child["lr"] == pytest.approx(8e-3) and child["muon_lr"] == parent["muon_lr"]
+
+
 @pytest.fixture
 def torch_211_image(monkeypatch):
     """What a CUDA image with torch 2.11 and no optional kernel library offers.
