@@ -259,9 +259,13 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     # the first runs of the try, as docs/speedrun.md's log measured them (its commits named there)
     log = (REPO / "docs" / "speedrun.md").read_text()
     bf16_first = re.search(r"fresh XDG_CACHE_HOME and TORCHINDUCTOR_CACHE_DIR\):\n([\d.]+ s) \(training", log)
-    fp32_first = re.search(r"`speedrun_13`, first run on the machine .*\| ([\d.]+) \(imports", log)
-    assert f"A first run with empty caches took {bf16_first[1]} by `time`" in readme
-    assert f"and {fp32_first[1]} s on a 2-core EPYC without AVX-512" in readme
+    fp32_first = re.search(
+        r"speedrun_14_adamw_rate.py\s+--out\s+/tmp/try\s+--wandb\s+disabled`,\s+fresh\s+XDG_CACHE_HOME\s+and\s+"
+        r"TORCHINDUCTOR_CACHE_DIR,\s+the\s+machine\s+idle\):\s+([\d.]+ s)\s+by\s+`time`",
+        log,
+    )
+    assert f"A first run of it with empty caches took {fp32_first[1]} by\n`time` at commit 0fe9fac" in readme
+    assert f"its parent `speedrun_13` took\n{bf16_first[1]} at commit 724416c" in readme
     assert f"speed and fast ladders {speed_fast} (`run_all --only speed`" in readme
     assert f"`memory_0` to `memory_2` and part of `memory_3` {memory} (`--only memory` under a 370 s limit)" in readme
     assert (

@@ -132,7 +132,10 @@ def run_time(runs: Path) -> str:
     machine = read_record(runs / MACHINE_FILE) or {}
     peaks, cores = machine.get("cpu_peaks_gflops", {}), machine.get("cpu_count")
     fp32, bf16 = (peaks.get(f"{dtype} x{cores} threads") for dtype in ("float32", "bfloat16"))
-    bf16_text = f", whose bf16 matmuls ran {bf16 / fp32:.1f}x as fast as its fp32 ones" if fp32 and bf16 else ""
+    bf16_text = ""
+    if fp32 and bf16:  # a CPU without bf16 units emulates it, a hundred times slower
+        ratio = f"{bf16 / fp32:.1f}x as fast as" if bf16 >= fp32 else f"{fp32 / bf16:.0f}x slower than"
+        bf16_text = f", whose bf16 matmuls ran {ratio} its fp32 ones"
     device = next((r["device"]["name"] for r in map(read_record, sorted(runs.glob("*_*.json"))) if ok(r)), "a CPU")
     commit = machine.get("git_commit", "unknown")[:7]
     return f"{run_minutes(runs)}, on a {cores}-core {device}{bf16_text}, at commit {commit}"

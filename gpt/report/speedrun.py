@@ -310,12 +310,16 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
     return findings
 
 
+PEAK_NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # machine.json's keys name the dtype in full
+
+
 def floors_finding(sr: Speedrun) -> str | None:
     """The last stage that holds against its floors: tokens against the n-gram count, throughput against the peak.
 
     Tokens to the target against the fewest training characters with which a counted 5-gram reaches it
-    (gpt/ngram_floor.py's record); tokens a second and the model FLOP/s they make against the measured bf16 matmul
-    peak at the stage's threads (machine.json, a CPU's); and where its first seed's process spent its wall clock."""
+    (gpt/ngram_floor.py's record); tokens a second and the model FLOP/s they make against the fastest matmul peak
+    measured at the stage's threads (machine.json, a CPU's: bf16's where the CPU has bf16 units, else fp32's, whose
+    bf16 is emulated); and where its first seed's process spent its wall clock."""
     held = [s for s in sr.stages if sr.holds(s)]
     if not held:
         return None
@@ -330,14 +334,18 @@ def floors_finding(sr: Speedrun) -> str | None:
         )
     rates = [r["metrics"]["tokens_per_s"] for r in records]
     threads = records[0].get("device", {}).get("threads_per_process")
-    peak = sr.machine.get("cpu_peaks_gflops", {}).get(f"bfloat16 x{threads} threads")
+    peaks = {
+        k.split()[0]: v for k, v in sr.machine.get("cpu_peaks_gflops", {}).items() if k.endswith(f" x{threads} threads")
+    }
+    dtype, peak = max(peaks.items(), key=lambda kv: kv[1], default=(None, None))
     flops = records[0].get("model", {}).get("flops_per_token")
     parts.append(f"{_spread(rates)} tokens a second")
     if peak and flops:
         achieved = [rate * flops / 1e9 for rate in rates]
         parts[-1] += (
             f", {_spread(achieved)} model GFLOP/s at {flops / 1e6:.1f} MFLOP a token: "
-            f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s bf16 matmul peak measured here"
+            f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s {PEAK_NAMES.get(dtype, dtype)} "
+            "matmul peak measured here, its fastest"
         )
     m = records[0]["metrics"]
     if split := process_split(m):
