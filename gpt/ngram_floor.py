@@ -21,9 +21,7 @@ import numpy as np
 from gpt.errors import UserError, exit_on_user_error
 
 ORDER = 5
-RECORD_FILE = (
-    "ngram_floor.json"  # run_all's record of the counts, beside the speedrun's records (gpt/report/speedrun.py)
-)
+RECORD_FILE = "ngram_floor.json"  # run_all's record of the counts, beside the speedrun's (gpt/report/speedrun.py)
 FIRST_PREFIX = 10_000  # characters; each prefix doubles the one before, the last is the whole training split
 
 

@@ -13,9 +13,12 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
+import torch
+
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
+from gpt.flops import peak_label
 from gpt.formatting import table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.records import read_record, time_to_loss_dir
@@ -131,7 +134,7 @@ def run_time(runs: Path) -> str:
     """run_minutes, with the machine the run was on and its commit (the footnote under the README's commands)."""
     machine = read_record(runs / MACHINE_FILE) or {}
     peaks, cores = machine.get("cpu_peaks_gflops", {}), machine.get("cpu_count")
-    fp32, bf16 = (peaks.get(f"{dtype} x{cores} threads") for dtype in ("float32", "bfloat16"))
+    fp32, bf16 = (peaks.get(peak_label(dtype, cores)) for dtype in (torch.float32, torch.bfloat16))
     bf16_text = ""
     if fp32 and bf16:  # a CPU without bf16 units emulates it, a hundred times slower
         ratio = f"{bf16 / fp32:.1f}x as fast as" if bf16 >= fp32 else f"{fp32 / bf16:.0f}x slower than"

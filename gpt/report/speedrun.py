@@ -7,7 +7,10 @@ holds only where every seed it trained with reached the target.
 import statistics
 from pathlib import Path
 
+import torch
+
 from gpt import ngram_floor
+from gpt.flops import peak_label
 from gpt.formatting import fmt_num, table
 from gpt.ladder import declaration, parent_of, stages_of
 from gpt.loss_curve import baseline_model_loss, crossing
@@ -310,7 +313,7 @@ def speedrun_findings(sr: Speedrun) -> list[str]:
     return findings
 
 
-PEAK_NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # machine.json's keys name the dtype in full
+PEAK_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}  # the precisions whose CPU peaks machine.json holds
 
 
 def floors_finding(sr: Speedrun) -> str | None:
@@ -334,17 +337,17 @@ def floors_finding(sr: Speedrun) -> str | None:
         )
     rates = [r["metrics"]["tokens_per_s"] for r in records]
     threads = records[0].get("device", {}).get("threads_per_process")
-    peaks = {
-        k.split()[0]: v for k, v in sr.machine.get("cpu_peaks_gflops", {}).items() if k.endswith(f" x{threads} threads")
-    }
-    dtype, peak = max(peaks.items(), key=lambda kv: kv[1], default=(None, None))
+    measured = sr.machine.get("cpu_peaks_gflops", {})
+    labels = {peak_label(dt, threads): name for dt, name in PEAK_NAMES.items()}
+    peaks = [(measured[label], name) for label, name in labels.items() if label in measured]
+    peak, dtype = max(peaks, default=(None, None))
     flops = records[0].get("model", {}).get("flops_per_token")
     parts.append(f"{_spread(rates)} tokens a second")
     if peak and flops:
         achieved = [rate * flops / 1e9 for rate in rates]
         parts[-1] += (
             f", {_spread(achieved)} model GFLOP/s at {flops / 1e6:.1f} MFLOP a token: "
-            f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s {PEAK_NAMES.get(dtype, dtype)} "
+            f"{statistics.fmean(achieved) / peak:.0%} of the {fmt_num(peak)} GFLOP/s {dtype} "
             "matmul peak measured here, its fastest"
         )
     m = records[0]["metrics"]
