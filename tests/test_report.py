@@ -21,7 +21,7 @@ from gpt.ladder import ladder_of, parent_of, stage_config, stages_of
 from gpt.quick_run import NOT_PLANNED
 from gpt.records import record_path, write_record
 from gpt.report.document import write_report
-from gpt.report.readme import run_minutes, run_split
+from gpt.report.readme import run_minutes, run_split, run_time
 
 PNG = b"\x89PNG"
 SHARES = {
@@ -1110,6 +1110,19 @@ def test_the_committed_results_page_is_what_the_report_writes_from_the_committed
 
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+@pytest.mark.parametrize("folder", ["cpu-cpu", "cpu-epyc-bf16-2026-11-27"])  # bf16 emulated; bf16 units
+def test_the_run_time_footnote_compares_bf16_with_fp32_either_way(folder):
+    """The footnote says how bf16's measured matmul peak compares with fp32's, faster or slower, from machine.json.
+
+    On a CPU that emulates bf16 its peak is about a hundredth of fp32's: "Nx slower", not "0.0x as fast"."""
+    runs = REPO / "records" / folder
+    peaks = json.loads((runs / "machine.json").read_text())["cpu_peaks_gflops"]
+    fp32, bf16 = peaks["float32 x2 threads"], peaks["bfloat16 x2 threads"]
+    ratio = f"{bf16 / fp32:.1f}x as fast as" if bf16 >= fp32 else f"{fp32 / bf16:.0f}x slower than"
+    assert f"whose bf16 matmuls ran {ratio} its fp32 ones" in run_time(runs)
+    assert "0.0x" not in run_time(runs)
+
+
 def test_the_readmes_generated_blocks_are_what_the_report_writes_from_the_committed_records():
     """README.md's figures between generation markers equal what `python -m gpt.report` writes from records/cpu-cpu."""
     from gpt.report.readme import BLOCK, README_RECORDS, rewritten
