@@ -238,6 +238,26 @@ def test_the_gpu_speedrun_split_in_docs_speedrun_is_its_records():
         assert [float(c) for c in cells.split("|")[1:]] == [round(metrics[k], 1) for k in keys], stage
 
 
+def test_docs_running_quotes_each_gpus_dry_run_plan_and_its_h200_quick_runs_record(capsys, tmp_path):
+    """docs/running.md's GPU plans (their totals and GPU-test seconds) are what `--dry-run --gpu` prints today.
+
+    And its H200 quick run's 6 min 33 s is that run's quick_run.json. Fails once a GPU folder is added or changed
+    without the page (seen failing when records/h200-2026-11-28 came: the page still said 5 min 57 s for the H200)."""
+    from gpt import run_all
+    from gpt.quick_run import minutes
+
+    text = " ".join((REPO / "docs" / "running.md").read_text().split())
+    for kind, stages in (("H100", "seven"), ("H200", "nine")):
+        assert run_all.main(["--quick", "--dry-run", "--gpu", kind, "--out", str(tmp_path / kind)]) == 0
+        out = capsys.readouterr().out
+        total = re.search(r"^total: (.+)$", out, re.M)[1]
+        tests = re.search(r"^\s+(\d+) s  gpu tests: .*\((\w+)-", out, re.M)
+        assert f"the first {stages} speedrun stages ({total})" in text or f"the first {stages} ({total})" in text, kind
+        assert f"{tests[1]} s on the {kind}" in text, kind
+    runs = json.loads((REPO / "records" / "h200-2026-11-28" / "quick_run.json").read_text())["runs"]
+    assert f"ended at {minutes(runs[0]['wall_s'])} of its 7" in text
+
+
 def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200_note(capsys, tmp_path):
     """The README's typed run times: the CPU quick run's limit and plan, and the H200 ladders' wall clocks.
 

@@ -105,20 +105,31 @@ def planned(capsys, kind: str, out: Path) -> dict[tuple[str, str], tuple[int, st
     return {(m[2], m[3]): (seconds(m[1]), m[4]) for m in items}
 
 
+def test_the_gpu_tests_are_planned_at_their_cap_where_no_folder_of_the_kind_ran_them(tmp_path):
+    """Without a gpu_tests.json in this kind's folders the plan counts the GPU tests' cap; with one, its seconds."""
+    figures = quick_run.Figures(own=tmp_path, committed=[tmp_path], profile="reference", device="cuda")
+    assert figures.gpu_tests() == (quick_run.GPU_TESTS_CAP_S, "their cap")
+    write_record(tmp_path / quick_run.GPU_TESTS_FILE, {"seconds": 12.5})
+    assert figures.gpu_tests() == (12.5, f"{tmp_path.name}'s run of them")
+
+
 def test_a_gpu_plan_reads_every_folder_of_its_kind_newest_first_then_another_kinds_wall_clocks(tmp_path, capsys):
     """A GPU's plan reads every committed folder of its kind, newest first, then another kind's measured wall clocks.
 
     The H100's newest folder (records/h100-2026-11-27, a quick run's) lacks speed_5 and the fast ladder: they come from
-    records/h100-2026-11-24, not the H200's records. The H200's speedrun comes from the H100's measured wall clocks,
+    records/h100-2026-11-24, not the H200's records; the H200's newest (records/h200-2026-11-28, a quick run's) lacks
+    fast_4, which comes from its older one. speedrun_14, which no H100 ran, comes from the H200's measured wall clock,
     before rule 5's model (a third too slow on the H100). The GPU tests take the seconds of this kind's committed run of
     them (gpu_tests.json), else their cap; a stage that needs 2 GPUs costs its start-up and says why."""
     h100, h200 = (planned(capsys, kind, tmp_path / "q") for kind in ("H100", "H200"))
     for stage in ("speed_5_amp", "fast_1_pretokenized", "fast_5_fused_adamw"):
         assert h100[("speed" if stage.startswith("speed") else "fast", stage)][1].startswith("h100-2026-11-24: ")
     assert h100[("speed", "speed_1_batch_size")][1] == "h100-2026-11-27's wall clock"
-    assert h200[("speedrun", "speedrun_1_systems")] == (52, "h100-2026-11-27's wall clock")
+    assert h200[("speedrun", "speedrun_1_systems")] == (42, "h200-2026-11-28's wall clock")
+    assert h200[("fast", "fast_4_padded_vocab")][1].startswith("h200-2026-11-27: ")  # the newest folder lacks it
+    assert h100[("speedrun", "speedrun_14_adamw_rate")] == (12, "h200-2026-11-28's wall clock")  # no H100 has it
     assert h100[("gpu tests", "pytest")] == (37, "h100-2026-11-27's run of them")
-    assert h200[("gpu tests", "pytest")] == (90, "their cap")
+    assert h200[("gpu tests", "pytest")] == (29, "h200-2026-11-28's run of them")
     assert h100[("speed", "speed_6_ddp")] == (
         10,
         "start-up only, then it records itself skipped: needs 2 GPUs, planned for 1",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from gpt import quick_run
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
@@ -242,6 +243,48 @@ def gpu_speedrun_line() -> str:
     return "no committed GPU run has trained the speedrun"
 
 
+def newest_gpu_quick_run() -> tuple[Path, dict, list[dict]] | None:
+    """The newest committed GPU folder a quick run made: the folder, one of its stage records, quick_run.json's runs."""
+    for folder in gpu_folders():
+        runs = (read_record(folder / quick_run.RUN_FILE) or {}).get("runs")
+        record = next((r for p in sorted(folder.rglob("*.json")) if (r := read_record(p)) and "env" in r), None)
+        if runs and record:
+            return folder, record, runs
+    return None
+
+
+def gpu_quick_line() -> str:
+    """The one-GPU quick run's row: its newest committed run's plan and wall clock, from quick_run.json."""
+    if (found := newest_gpu_quick_run()) is None:
+        return "no committed GPU run has made one"
+    folder, record, runs = found
+    first = runs[0]
+    reflowed = sum(bool(item.get("reflowed")) for item in first["items"])
+    gpu = record["device"]["name"].removeprefix("NVIDIA ")
+    return (
+        f"its newest, on one {gpu} ([note](records/{folder.name}/note.md), "
+        f"commit {record['env']['git_commit'][:7]}), planned {quick_run.minutes(first['planned_s'])} and took "
+        f"{quick_run.minutes(first['wall_s'])}, {reflowed} stage runs more than planned in the time left"
+    )
+
+
+def gpu_quick_runs() -> str:
+    """The newest GPU quick run's commands: the first's wall clock and what ran, then each --resume's."""
+    if (found := newest_gpu_quick_run()) is None:
+        return "no committed GPU run has made one"
+
+    def ran(run: dict) -> str:
+        names = [item["name"] for item in run["items"] if item.get("ran") and item["section"] != "gpu tests"]
+        sections = ", ".join(dict.fromkeys(item["section"] for item in run["items"] if item.get("ran")))
+        return f"{quick_run.minutes(run['wall_s'])} ({len(names)} stage runs: {sections})"
+
+    _, _, runs = found
+    text = f"`--quick`: {ran(runs[0])} of its {quick_run.minutes(runs[0]['limit_s'])}"
+    if runs[1:]:
+        text += "; then `--quick --only <section> --resume`: " + ", ".join(ran(run) for run in runs[1:])
+    return text
+
+
 def gpu_batch_line() -> str:
     """The speed ladder's biggest change on GPUs: batch x8's change per sample, the book's and each GPU run's.
 
@@ -328,6 +371,8 @@ def blocks(runs: Path) -> dict[str, str]:
         "gpu-memory-peaks": gpu_memory_peaks(),
         "gpu-speedrun": gpu_speedrun_line(),
         "gpu-batch": gpu_batch_line(),
+        "gpu-quick": gpu_quick_line(),
+        "gpu-quick-runs": gpu_quick_runs(),
         "models": models_table(runs),
         "cpu-run-time": run_time(runs),
         "cpu-run-minutes": run_minutes(runs),
