@@ -292,3 +292,40 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
         f"the speed and fast ladders took {speed_fast} together, and 3 memory stages\nand part of a fourth {memory}"
         in readme
     )
+
+
+def tour_h200_figures(readme: str) -> list[tuple[str, str, str]]:
+    """The tour's "<change> on the H200" figures: (stage prefix, what, the typed figure), from each table row."""
+    tour = readme[readme.index("## A tour: each optimization") :]
+    found = []
+    for row in re.findall(r"^\| `(\w+?_\d+)`[^\n]*$", tour, re.M):
+        line = next(line for line in tour.splitlines() if line.startswith(f"| `{row}`"))
+        found += [(row, "change", figure) for figure in re.findall(r"(-?[\d.]+)% (?:on the H200|per sample)", line)]
+        found += [(row, "gpu idle", figure) for figure in re.findall(r"GPU idled ([\d.]+)%", line)]
+    return found
+
+
+def test_the_tours_h200_figures_are_the_h200_records_it_cites():
+    """The tour's per-stage H200 figures are records/h200-2026-11-27's, as the paragraph above the table says.
+
+    A speed or fast stage's change is its seconds per 10,240 samples against its parent's, a memory stage's its peak
+    memory against its parent's, each as the table rounds it (a whole percent from 10% on, else one decimal); the GPU
+    idle share is the parent's (the baseline's) profiled time breakdown. Seen failing on a README that said -29% for
+    speed_4."""
+    from gpt.ladder import stages_of, timed_ladders
+
+    readme = (REPO / "README.md").read_text()
+    assert "cites this project's H200 run ([records](records/h200-2026-11-27/results.md))" in readme
+    folder = REPO / "records" / "h200-2026-11-27"
+    stage_of = {"_".join(stage.split("_")[:2]): stage for ladder in timed_ladders() for stage in stages_of(ladder)}
+    figures = tour_h200_figures(readme)
+    assert len(figures) >= 10  # every row that cites the H200
+    for prefix, what, typed in figures:
+        record = json.loads((folder / f"{stage_of[prefix]}.json").read_text())
+        parent = json.loads((folder / f"{record['parent']}.json").read_text())
+        if what == "gpu idle":  # the parent's step, which the change attacks
+            assert typed == f"{parent['metrics']['time_breakdown_pct']['gpu_idle']:.0f}", prefix
+            continue
+        key = "peak_memory_mib" if record["ladder"] == "memory" else "seconds_mean"
+        change = 100 * (record["metrics"][key] / parent["metrics"][key] - 1)
+        assert typed == (f"{change:.0f}" if abs(change) >= 10 else f"{change:.1f}"), prefix
