@@ -1238,3 +1238,13 @@ def test_the_memory_figure_runs_on_into_the_lean_ladder(tmp_path, monkeypatch):
     for rungs in drawn.values():
         assert [r.stage for r in rungs] == stages_of("memory", "lean")
     assert "plots/lean" not in md
+
+
+def test_the_readmes_try_block_says_so_where_the_last_speedrun_stage_has_no_record(tmp_path):
+    """A stage added since the committed run has no record yet: the try's block says so instead of the report failing.
+
+    Seen failing (a TypeError on None) when speedrun_15 was added before the run that records it."""
+    from gpt.ladder import stages_of
+    from gpt.report.readme import try_output
+
+    assert f"no committed record of {stages_of('speedrun')[-1]}" in try_output(tmp_path)

@@ -503,6 +503,31 @@ def test_speedrun_14_doubles_adamws_rate_and_changes_nothing_else(profile):
     assert child["lr"] == pytest.approx(8e-3) and child["muon_lr"] == parent["muon_lr"]
 
 
+@pytest.mark.parametrize("profile", ["cpu", "reference"])
+def test_speedrun_15_decays_over_80_percent_and_changes_nothing_else(profile):
+    """speedrun_15 moves the wsd decay's start from 60% to 20% of the budget; every other setting is its parent's.
+
+    The learning rate at each step, from the schedule itself: the same through the warm-up, lower from 20% of the
+    budget on (its decay began), the same floor at the end."""
+    import dataclasses
+
+    from gpt.optimizations.schedule import learning_rate
+
+    parent, child = (stage_config(s, profile) for s in ("speedrun_14_adamw_rate", "speedrun_15_longer_decay"))
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
+    assert changed == {"lr_cooldown"} and (parent.lr_cooldown, child.lr_cooldown) == (0.4, 0.8)
+    budget, warmup = child.train_tokens, child.lr_warmup_tokens
+    for tokens in range(0, budget + 1, child.tokens_per_step):
+        before, after = learning_rate(parent, tokens), learning_rate(child, tokens)
+        if tokens <= max(warmup, 0.2 * budget):
+            assert after == pytest.approx(before), tokens
+        elif tokens < 0.6 * budget:
+            assert after < before == pytest.approx(parent.lr), tokens
+        else:
+            assert after <= before, tokens
+    assert learning_rate(child, budget) == pytest.approx(learning_rate(parent, budget)) == pytest.approx(child.min_lr)
+
+
 @pytest.fixture
 def torch_211_image(monkeypatch):
     """What a CUDA image with torch 2.11 and no optional kernel library offers.

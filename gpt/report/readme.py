@@ -353,6 +353,8 @@ def try_output(runs: Path) -> str:
     would show."""
     stage = stages_of(LADDER)[-1]
     record = read_record(time_to_loss_dir(runs, LADDER) / f"{stage}.json")
+    if record is None:  # a stage added since the committed run: its summary comes with the next whole run
+        return f"\n```\nno committed record of {stage}: a whole ./run_all.sh writes the one this block quotes\n```\n"
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         print_loss_summary(record, Path("/tmp/try") / LADDER)
