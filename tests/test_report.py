@@ -1110,7 +1110,7 @@ def test_the_committed_results_page_is_what_the_report_writes_from_the_committed
 
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
-@pytest.mark.parametrize("folder", ["cpu-cpu", "cpu-epyc-bf16-2026-11-27"])  # bf16 emulated; bf16 units
+@pytest.mark.parametrize("folder", ["cpu-cpu", "cpu-epyc-avx2-2026-11-28"])  # bf16 units; bf16 emulated
 def test_the_run_time_footnote_compares_bf16_with_fp32_either_way(folder):
     """The footnote says how bf16's measured matmul peak compares with fp32's, faster or slower, from machine.json.
 

@@ -734,7 +734,7 @@ def test_the_last_stages_optimizer_groups_follow_wsd_on_the_cpu(cpu_trace):
     check_the_groups_follow_wsd(cpu_trace)
 
 
-@pytest.mark.parametrize("folder", ["cpu-cpu", "cpu-epyc-bf16-2026-11-27"])  # an AVX2 EPYC's run, an AVX512-BF16 one's
+@pytest.mark.parametrize("folder", ["cpu-cpu", "cpu-epyc-avx2-2026-11-28"])  # an AVX512-BF16 EPYC's run, an AVX2 one's
 def test_the_last_stage_is_read_against_its_floors_from_its_records(tmp_path, folder):
     """The section's floors line: tokens against the n-gram count, throughput against the fastest measured peak.
 
