@@ -1248,3 +1248,29 @@ def test_the_readmes_try_block_says_so_where_the_last_speedrun_stage_has_no_reco
     from gpt.report.readme import try_output
 
     assert f"no committed record of {stages_of('speedrun')[-1]}" in try_output(tmp_path)
+
+
+def test_a_speedrun_row_slower_than_its_parent_says_why_it_stands():
+    """Slower than its parent: within the spread of speed_0's seeds, kept for its tokens, or see its docstring.
+
+    Seen failing on a version that compared with the parent's spread (one seed: no spread) instead of speed_0's."""
+    from types import SimpleNamespace
+
+    from gpt.report.speedrun import BASELINE, slower_than_parent
+
+    def run(seconds: dict, tokens: dict):
+        return SimpleNamespace(
+            seconds=lambda s: seconds[s],
+            mean_seconds=lambda s: sum(seconds[s]) / len(seconds[s]),
+            tokens=lambda s: tokens[s],
+        )
+
+    base = {BASELINE: [100.0, 110.0, 120.0]}  # a 1.20x spread
+    tokens = {"child": [90], "parent": [100]}
+    assert slower_than_parent(run({**base, "child": [5.0], "parent": [6.0]}, tokens), "child", "parent") == ""
+    within = slower_than_parent(run({**base, "child": [6.0], "parent": [5.5]}, tokens), "child", "parent")
+    assert within == f" (slower, within the 1.20x that `{BASELINE}`'s seeds span)"
+    beyond = run({**base, "child": [8.0], "parent": [5.0]}, tokens)
+    assert slower_than_parent(beyond, "child", "parent") == " (slower: kept for its tokens)"
+    more_tokens = run({**base, "child": [8.0], "parent": [5.0]}, {"child": [110], "parent": [100]})
+    assert "docstring" in slower_than_parent(more_tokens, "child", "parent")

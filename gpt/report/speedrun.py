@@ -154,6 +154,24 @@ def task_line(sr: Speedrun) -> str:
     )
 
 
+def slower_than_parent(sr: Speedrun, stage: str, parent: str) -> str:
+    """Where a stage trains slower than its parent, why it stands; "" where it is not slower.
+
+    Within the spread of speed_0's own seeds (the same settings, another seed), the difference is not the stage's;
+    beyond it, the stage is kept for what it gives instead: fewer tokens on the seed both trained, or its nature."""
+    ratio = sr.mean_seconds(parent) / sr.mean_seconds(stage)
+    if ratio >= 1:
+        return ""
+    base = [s for s in sr.seconds(BASELINE) if s]
+    spread = max(base) / min(base) if base else None
+    if spread and 1 / ratio <= spread:
+        return f" (slower, within the {spread:.2f}x that `{BASELINE}`'s seeds span)"
+    mine, theirs = sr.tokens(stage)[0], sr.tokens(parent)[0]
+    if mine is not None and theirs is not None and mine < theirs:
+        return " (slower: kept for its tokens)"
+    return " (slower: its docstring says what it is kept for)"
+
+
 def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
     """One stage's row (not the baseline's): failed, missing, not held (its seeds' final losses) or its figures."""
     declared = declaration(stage)
@@ -171,9 +189,9 @@ def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
         return [number, change, f"not reached (final val loss {finals}); {seeds}", wall_cell(sr, stage), "", "",
                 record_cell(sr, stage)]  # fmt: skip
     parent = parent_of(stage)
-    vs_parent = (
-        f"; {speedup_range(sr.seconds(parent), seconds)} vs parent" if parent != BASELINE and sr.holds(parent) else ""
-    )
+    vs_parent = ""
+    if parent != BASELINE and sr.holds(parent):
+        vs_parent = f"; {speedup_range(sr.seconds(parent), seconds)} vs parent" + slower_than_parent(sr, stage, parent)
     return [
         number,
         change,
