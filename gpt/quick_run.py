@@ -156,6 +156,42 @@ def ok_record(path: Path) -> dict | None:
     return record if record and record.get("status") == "ok" else None
 
 
+@dataclass(frozen=True)
+class Warmed:
+    """A recorded figure whose compile was warm: the stage run that fills the cache it loaded, and what a cold one adds.
+
+    `by` is None where no stage before it in its record's run is known to have compiled: it compiles cold wherever it
+    runs first (speedrun_1 on the CPU loads what the time-to-loss section of a whole run compiled)."""
+
+    by: Path | None  # the record, relative to its folder, of the stage whose compile it loaded
+    cold_s: float  # a cold compile's first step, less its own
+
+
+def first_step_cost(record: dict) -> float:
+    """A record's compile seconds: a timed stage's `compile_s`, a run to a loss's `first_step_s`."""
+    m = record["metrics"]
+    return m.get("compile_s") or m.get("first_step_s") or 0.0
+
+
+def warmed(record: dict, folder: Path, rel: Path) -> Warmed | None:
+    """Where `record` (at folder/rel) compiled warm: the stage before it that filled the cache, a cold compile's cost.
+
+    Its ancestors (parent, its parent, ...) in the same folder: the nearest that compiled cold filled it, at that
+    cost; without one, the furthest that compiled (warm itself, from outside the ladder) fills it in a run where it
+    goes first, and a cold compile costs the slowest cold one beside it."""
+    if record["metrics"].get("compile_cache") != "warm":
+        return None
+    own, ancestor, furthest = first_step_cost(record), record, None
+    while (parent := ancestor.get("parent")) and (ancestor := ok_record(folder / rel.parent / f"{parent}.json")):
+        state = ancestor["metrics"].get("compile_cache")
+        if state == "cold":
+            return Warmed(rel.parent / f"{parent}.json", max(0.0, first_step_cost(ancestor) - own))
+        furthest = rel.parent / f"{parent}.json" if state else furthest
+    beside = [r for path in sorted((folder / rel.parent).glob("*.json")) if (r := ok_record(path))]
+    colds = [first_step_cost(r) for r in beside if r.get("metrics", {}).get("compile_cache") == "cold"]
+    return Warmed(furthest, max(0.0, max(colds or compile_seconds(folder), default=0.0) - own))
+
+
 @dataclass
 class Figures:
     """Where a quick run's plan takes a stage run's expected seconds (launch to exit) from: the first rule that has one.
@@ -166,7 +202,8 @@ class Figures:
     3. the committed records of it on this kind of device, the newest folder first: its wall clock if it has one
        (records/cpu-cpu: a whole run's, with more repeats than a quick run's: an upper bound; a GPU's quick run's),
        else TIMED_REST_S + its warm-up (`warmup_s`, compilation included, over at least QUICK_WARMUP steps) +
-       QUICK_REPEATS x its `seconds_mean`;
+       QUICK_REPEATS x its `seconds_mean`; where that record compiled warm, from the cache a stage before it filled,
+       the plan adds a cold compile unless that stage runs before it in this run (Warmed, Plan);
     4. another GPU kind's committed record of it, as rule 3 reads it: a wall clock measured on another GPU is nearer
        than rule 5's model (which took the H100's speedrun for a third slower than it ran);
     5. on a GPU, a run to a loss no record has: its budget's steps at speed_0's recorded step time (this kind's newest
@@ -186,13 +223,16 @@ class Figures:
     planned_gpus: int | None = None  # a GPU planned from elsewhere (--dry-run --gpu): its GPUs; None: this machine's
     reasons: dict = field(default_factory=dict, repr=False)  # cannot_run's answers: the plan asks twice a stage
 
-    def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str]:
-        """A stage run's expected seconds and the rule they come from; `rel`: its record's path in the run's folder."""
+    def seconds(self, stage: str, rel: Path, to_a_loss: bool) -> tuple[float, str, Warmed | None]:
+        """A stage run's expected seconds, the rule they come from, and whether they assume a warm compile (Warmed).
+
+        `rel`: its record's path in the run's folder."""
         rules = (self.start_up_only, self.measured, self.recorded, self.elsewhere, self.trained_to_a_loss, self.slowest)
         for rule in rules:
             if found := rule(stage, rel, to_a_loss):
-                return found
-        return 0.0, "no figure: the limit bounds it"
+                seconds, why, *warm = found
+                return seconds, why, warm[0] if warm else None
+        return 0.0, "no figure: the limit bounds it", None
 
     def config(self, stage: str, rel: Path, to_a_loss: bool):
         """The stage's settings (a TrainConfig) in the run: on the speedrun's task where its record is in its folder."""
@@ -270,17 +310,21 @@ class Figures:
         return GPU_TESTS_CAP_S, "their cap"
 
 
-def committed_figure(stage: str, rel: Path, folders: list[Path]) -> tuple[float, str] | None:
-    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 3)."""
+def committed_figure(stage: str, rel: Path, folders: list[Path]) -> tuple[float, str, Warmed | None] | None:
+    """A stage run's expected seconds from the first of `folders` with a finished record of it (Figures' rule 3).
+
+    With them, where that record's first step loaded its compiled graphs from the cache a stage before it filled
+    (`warmed`): the plan adds a cold compile unless that stage runs before it (Plan)."""
     for folder in folders:
         record = ok_record(folder / rel)
         if record and (wall := record.get("run", {}).get("wall_s")):
-            return wall, f"{folder.name}'s wall clock"
+            return wall, f"{folder.name}'s wall clock", warmed(record, folder, rel)
         if record and (m := record["metrics"]).get("seconds_mean") is not None:
             rest = TIMED_REST_S[ladder_of(stage)]
             return (
                 rest + m["warmup_s"] + QUICK_REPEATS * m["seconds_mean"],
                 f"{folder.name}: {rest:g} + warm-up {m['warmup_s']:.1f} + {QUICK_REPEATS} x {m['seconds_mean']:.2f}",
+                warmed(record, folder, rel),
             )
     return None
 
@@ -314,6 +358,7 @@ class Item:
     cannot_run: str | None = None  # why it cannot run here: planned whatever the room, so that its record says why
     reflowed: bool = False  # the plan left it out, and it ran because the time left had room for it (Plan.fits_now)
     wall_s: float | None = None  # measured, launch to exit, where it ran
+    warmed: Warmed | None = None  # its seconds assume the compile cache its parent's run fills (Figures.seconds)
 
     def outcome(self) -> dict:
         """The item in quick_run.json: what was planned, whether it ran, and for how long."""
@@ -345,11 +390,31 @@ class Plan:
     def __post_init__(self):
         total = sum(item.seconds for item in self.items if item.cannot_run)
         rest, n = [item for item in self.items if not item.cannot_run], 0
-        while n < len(rest) and total + rest[n].seconds <= self.budget_s:
+        while n < len(rest) and total + self.cold_compile(rest[n], rest[:n]).seconds <= self.budget_s:
             total += rest[n].seconds
             n += 1
+        for item in rest[n + 1 :]:  # rest[n], if any, has been counted
+            self.cold_compile(item, rest[:n])
         self.kept = [item for item in self.items if item.cannot_run or item in rest[:n]]
         self.dropped = [item for item in self.items if item not in self.kept]
+
+    @staticmethod
+    def cold_compile(item: Item, ahead: list[Item]) -> Item:
+        """The item, a cold compile added where its seconds assume a warm one and what warms it does not run first.
+
+        A stage whose first step loaded what its parent compiled, planned without the parent before it."""
+        warm = item.warmed
+        if not warm or not warm.cold_s:
+            return item
+        if warm.by is None:
+            why = "no stage before it compiles its graphs"
+        elif item.record.parent / warm.by.name not in [i.record for i in ahead]:
+            why = f"{warm.by.stem}, which compiles its graphs, does not run before it"
+        else:
+            return item
+        item.seconds += warm.cold_s
+        item.why += f" + a cold compile {warm.cold_s:.0f} ({why})"
+        return item
 
     def item_of(self, record: Path | None) -> Item | None:
         """The item of a stage run's record (None: the GPU tests'), or None if the plan has none."""

@@ -702,9 +702,9 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
         if args.resume and not needs_run(read_record(job.record), profile, device, job):
             continue
         rel, command = job.record.relative_to(out), rerun_command(args, section)
-        seconds, why = figures.seconds(job.stage, rel, job.to_a_loss)
+        seconds, why, warmed = figures.seconds(job.stage, rel, job.to_a_loss)
         cannot_run = figures.cannot_run(job.stage, rel, job.to_a_loss)
-        items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run))
+        items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run, warmed=warmed))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
     plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
     folders = ", ".join(f"records/{folder.name}" for folder in committed) or "none"

@@ -247,9 +247,14 @@ def test_docs_running_quotes_each_gpus_dry_run_plan_and_its_h200_quick_runs_reco
     from gpt.quick_run import minutes
 
     text = " ".join((REPO / "docs" / "running.md").read_text().split())
+    page = (REPO / "docs" / "running.md").read_text()
+    excerpt = page[page.index("    ./run_all.sh --quick --dry-run --gpu H200\n") :].split("\n\n")[0].splitlines()[1:]
     for kind, stages in (("H100", "seven"), ("H200", "nine")):
         assert run_all.main(["--quick", "--dry-run", "--gpu", kind, "--out", str(tmp_path / kind)]) == 0
         out = capsys.readouterr().out
+        if kind == "H200":  # the page's excerpt of its plan, line for line
+            printed = [line.strip().replace(f" --out {tmp_path / kind}", "") for line in out.splitlines()]
+            assert [line for line in excerpt if line.strip() not in printed] == ["       ..."]
         total = re.search(r"^total: (.+)$", out, re.M)[1]
         tests = re.search(r"^\s+(\d+) s  gpu tests: ", out, re.M)
         assert f"the first {stages} speedrun stages ({total})" in text or f"the first {stages} ({total})" in text, kind

@@ -164,6 +164,7 @@ def test_the_limit_keeps_room_for_the_report_and_a_run_reads_its_earlier_wall_cl
     assert figures.seconds("speed_1_batch_size", Path("speed_1_batch_size.json"), False) == (
         10.0,
         "this folder's last quick run",
+        None,
     )
     assert figures.seconds("speed_2_num_workers", Path("speed_2_num_workers.json"), False)[1] == (
         "speed's slowest recorded stage"
@@ -176,6 +177,41 @@ def test_a_plan_keeps_what_fits_from_the_first_and_drops_the_rest():
     plan = quick_run.Plan(items, budget_s=92)
     assert [i.name for i in plan.kept] == ["0", "1"] and plan.dropped_item(Path("2")).name == "2"
     assert plan.dropped_item(Path("0")) is None and plan.runs("a")
+
+
+def test_a_figure_from_a_warm_compile_pays_a_cold_one_where_the_stage_that_warmed_it_does_not_run_first(tmp_path):
+    """A figure from a warm compile holds only where the stage that filled the cache runs before it in the plan.
+
+    A record whose first step loaded its graphs from the cache its parent filled (fast_5 after fast_4) plans that run
+    warm only where the parent runs before it; else its parent's cold compile less its own is added. Seen on the
+    H200 (records/h200-2026-11-28/note.md): fast_5 planned at 22 s from a warm record ran cold, 37 s."""
+    committed, out = tmp_path / "committed", tmp_path / "out"
+
+    def record(stage, parent, cache, compile_s):
+        metrics = {"compile_cache": cache, "compile_s": compile_s, "warmup_s": compile_s + 0.1, "seconds_mean": 0.5}
+        record = {"stage": stage, "parent": parent, "status": "ok", "metrics": metrics}
+        write_record(committed / f"{stage}.json", record)
+
+    record("fast_3_sdpa", "fast_2_bf16", "warm", 2.0)  # warm from a stage the folder lacks: none known fills it
+    record("fast_4_padded_vocab", "fast_3_sdpa", "cold", 20.0)
+    record("fast_5_fused_adamw", "fast_4_padded_vocab", "warm", 2.5)
+    figures = quick_run.Figures(out, [committed], "reference", "cuda")
+
+    def item(stage):
+        seconds, why, warmed = figures.seconds(stage, Path(f"{stage}.json"), False)
+        return quick_run.Item("fast", stage, seconds, why, "cmd", out / f"{stage}.json", warmed=warmed)
+
+    warm = quick_run.TIMED_REST_S["fast"] + 2.6 + quick_run.QUICK_REPEATS * 0.5
+    both = quick_run.Plan([item("fast_4_padded_vocab"), item("fast_5_fused_adamw")], budget_s=1000)
+    assert both.kept[1].seconds == pytest.approx(warm) and "cold" not in both.kept[1].why
+    alone = quick_run.Plan([item("fast_5_fused_adamw")], budget_s=1000).kept[0]
+    assert alone.seconds == pytest.approx(warm + 17.5)
+    assert alone.why.endswith("18 (fast_4_padded_vocab, which compiles its graphs, does not run before it)")
+    parent_left_out = quick_run.Plan([item("fast_4_padded_vocab"), item("fast_5_fused_adamw")], budget_s=30)
+    assert not parent_left_out.kept and parent_left_out.dropped[1].seconds == pytest.approx(warm + 17.5)
+    first = quick_run.Plan([item("fast_3_sdpa")], budget_s=1000).kept[0]  # the slowest cold compile beside it, 20 s
+    assert first.seconds == pytest.approx(quick_run.TIMED_REST_S["fast"] + 2.1 + 1.0 + 18.0)
+    assert first.why.endswith("(no stage before it compiles its graphs)")
 
 
 def test_a_left_out_item_runs_where_the_time_left_covers_it_and_the_planned_items_after_it():
