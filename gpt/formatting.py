@@ -35,6 +35,12 @@ def fmt_time(seconds: float | None) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
+def fmt_minutes(seconds: float) -> str:
+    """Seconds to the second in minutes and seconds: 6 min 1 s, 48 s (a plan's, a run's, a test suite's)."""
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
 def fmt_share(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}%" if x < 0.95 else f"{x:.0f}%"
 

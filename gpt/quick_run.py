@@ -35,6 +35,7 @@ import torch
 
 from gpt import optimizations
 from gpt.committed_records import PUBLISHED, published_dir
+from gpt.formatting import fmt_minutes as minutes
 from gpt.ladder import ladder_of, stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
 from gpt.records import read_record, write_record
@@ -74,11 +75,6 @@ TIMED_REST_S = {"speed": 19.0, "fast": 19.0, "memory": 35.0, "lean": 35.0}
 # A run to a loss's evaluations, as a share of its training: the reference profile's 40 evaluations of 512 windows
 # are forward passes only, 8.5% of its 2500 training steps of 32 windows (a forward pass a third of a step).
 EVAL_SHARE = 0.1
-
-
-def minutes(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    return f"{m} min {s} s" if m else f"{s} s"
 
 
 @dataclass

@@ -866,7 +866,7 @@ def quick_speed_ladder(stub_stages, monkeypatch, seconds_a_stage: float) -> list
     monkeypatch.setattr(
         run_all.quick_run.Figures,
         "seconds",
-        lambda self, stage, rel, to_a_loss: self.start_up_only(stage, rel, to_a_loss) or (60.0, "a minute"),
+        lambda self, stage, rel, to_a_loss: (*(self.start_up_only(stage, rel, to_a_loss) or (60.0, "a minute")), None),
     )
     advancing_clock(monkeypatch, seconds_a_stage)
     args = ["--profile", "smoke", "--device", "cpu", "--only", "speed", "--quick", "--time-limit", "2"]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from gpt import quick_run
+from gpt import quick_run, suite_time
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
 from gpt.flops import peak_label
-from gpt.formatting import table
+from gpt.formatting import fmt_minutes, table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
@@ -361,6 +361,27 @@ def try_output(runs: Path) -> str:
     return "\n```\n" + text.getvalue().lstrip("\n") + "```\n"
 
 
+def test_suite_time() -> str:
+    """The test suite's time from a fresh clone, per CPU kind, newest kind first (records/test_suite.json).
+
+    Each kind's newest timing, then its older ones as history, each with its commit (gpt/suite_time.py writes them)."""
+    entries = (read_record(suite_time.RECORD) or {}).get("runs", [])
+    kinds = list(dict.fromkeys(e["cpu"] for e in reversed(entries)))
+    parts = []
+    for kind in kinds:
+        mine = [e for e in reversed(entries) if e["cpu"] == kind]
+        newest, older = mine[0], mine[1:]
+        text = f"on a {newest['cores']}-core {kind}, {suite_time.summary(newest)}"
+        if older:
+            history = "; ".join(
+                f"{fmt_minutes(e['wall_s'])} at {e['commit']}" + (f", {e['note']}" if e.get("note") else "")
+                for e in older
+            )
+            text += f" (earlier: {history})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def blocks(runs: Path) -> dict[str, str]:
     """Each block's text, from the records in `runs`."""
     sr = Speedrun(runs)
@@ -380,6 +401,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "cpu-run-minutes": run_minutes(runs),
         "cpu-run-split": run_split(runs),
         "try-output": try_output(runs),
+        "test-suite-time": test_suite_time(),
     }
 
 

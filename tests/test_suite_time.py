@@ -1,0 +1,45 @@
+"""The test suite's timing record (gpt/suite_time.py) and the README's sentence made from it."""
+
+import json
+
+from gpt import suite_time
+from gpt.report import readme
+
+EPYC = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+
+
+def test_the_cpu_is_named_by_its_model_and_the_matrix_units_it_has():
+    assert suite_time.cpu_kind(EPYC) == "AMD EPYC with AVX512-BF16"
+    assert suite_time.cpu_kind(EPYC.replace(" avx512f avx512_bf16", "")) == "AMD EPYC without AVX-512"
+    xeon = "model name\t: Intel(R) Xeon(R)  Platinum\nflags\t\t: avx512f avx512_bf16 amx_tile\n"
+    assert suite_time.cpu_kind(xeon) == "Intel(R) Xeon(R) Platinum with AMX"
+
+
+def test_pytests_closing_line_gives_the_tally_and_its_seconds():
+    out = "....\n===== 1 failed, 782 passed, 50 skipped, 2 warnings in 308.12s (0:05:08) =====\n"
+    assert suite_time.closing_counts(out) == {
+        "failed": 1,
+        "passed": 782,
+        "skipped": 50,
+        "warnings": 2,
+        "pytest_s": 308.1,
+    }
+    assert suite_time.closing_counts("Traceback ...\n") == {}
+
+
+def test_the_readme_sentence_gives_each_cpus_newest_timing_then_its_history(tmp_path, monkeypatch):
+    """Newest CPU kind first; each kind's newest entry in full, its older ones by commit as history."""
+    entry = {"cores": 2, "command": "time .ci/run", "date": "2026-11-28"}
+    runs = [
+        {**entry, "commit": "aaaaaaa", "cpu": "B", "wall_s": 700, "note": "one test at a time"},
+        {**entry, "commit": "bbbbbbb", "cpu": "A", "wall_s": 361, "pytest_s": 308, "passed": 782, "skipped": 50},
+        {**entry, "commit": "ccccccc", "cpu": "B", "wall_s": 542, "pytest_s": 440},
+    ]
+    (tmp_path / "test_suite.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(suite_time, "RECORD", tmp_path / "test_suite.json")
+    assert readme.test_suite_time() == (
+        "on a 2-core B, 9 min 2 s in all, 7 min 20 s of them pytest's, at commit ccccccc (2026-11-28) "
+        "(earlier: 11 min 40 s at aaaaaaa, one test at a time); "
+        "on a 2-core A, 6 min 1 s in all, 5 min 8 s of them pytest's, at commit bbbbbbb (2026-11-28; 782 passed, "
+        "50 skipped)"
+    )
