@@ -528,6 +528,25 @@ def test_speedrun_15_decays_over_80_percent_and_changes_nothing_else(profile):
     assert learning_rate(child, budget) == pytest.approx(learning_rate(parent, budget)) == pytest.approx(child.min_lr)
 
 
+@pytest.mark.parametrize("profile", ["cpu", "reference"])
+def test_speedrun_16_keeps_muons_momentum_at_085_every_step_and_changes_nothing_else(profile):
+    """speedrun_16 sets Muon's momentum to 0.85; every other setting is its parent's.
+
+    The momentum at each step, from the schedule itself: the parent's rises from 0.85 to 0.95 over its warm-up; the
+    child's warm-up starts and ends at 0.85, so it is 0.85 at every step of the budget."""
+    import dataclasses
+
+    from gpt.optimizations.schedule import MUON_MOMENTUM_START, muon_momentum
+
+    parent, child = (stage_config(s, profile) for s in ("speedrun_15_longer_decay", "speedrun_16_muon_momentum"))
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
+    assert changed == {"muon_momentum"} and (parent.muon_momentum, child.muon_momentum) == (0.95, 0.85)
+    steps = range(0, child.train_tokens + 1, child.tokens_per_step)
+    assert [muon_momentum(child, tokens) for tokens in steps] == pytest.approx([MUON_MOMENTUM_START] * len(steps))
+    rising = [muon_momentum(parent, tokens) for tokens in steps]
+    assert rising[0] == pytest.approx(0.85) and rising[-1] == pytest.approx(0.95) and rising == sorted(rising)
+
+
 @pytest.fixture
 def torch_211_image(monkeypatch):
     """What a CUDA image with torch 2.11 and no optional kernel library offers.
