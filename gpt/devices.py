@@ -2,6 +2,7 @@
 
 import os
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -41,6 +42,26 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.machine()
+
+
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """This CPU as the records name it: its model and the matrix units the speedrun's choices turn on.
+
+    "AMD EPYC with AVX512-BF16", "... with AMX", "... with AVX-512", "... without AVX-512" (`cpuinfo`: /proc/cpuinfo's
+    text, read where not given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    flags = set(m[1].split()) if (m := re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)) else set()
+    name = " ".join(model[1].split()) if model else platform.machine()
+    if "amx_tile" in flags:
+        return f"{name} with AMX"
+    if "avx512_bf16" in flags:
+        return f"{name} with AVX512-BF16"
+    return f"{name} with AVX-512" if "avx512f" in flags else f"{name} without AVX-512"
 
 
 def synchronize(device: torch.device) -> None:

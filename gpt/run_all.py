@@ -34,7 +34,7 @@ from gpt import machine_cache, ngram_floor, optimizations, quick_run
 from gpt.command_line import add_shared_options
 from gpt.committed_records import publish, published_dir
 from gpt.data import REPO_ROOT, prepare_if_missing
-from gpt.devices import device_name, device_type, resolve_device
+from gpt.devices import cpu_kind, device_name, device_type, resolve_device
 from gpt.errors import UserError, exit_on_user_error
 from gpt.flops import calibrate_cpu_peaks, matmul_rate, peak_label
 from gpt.formatting import fmt_mib, fmt_num
@@ -205,6 +205,7 @@ def write_machine(out: Path, profile: str, device: str) -> None:
         out / MACHINE_FILE,
         {
             "cpu_count": os.cpu_count(),
+            "cpu": cpu_kind(),  # its model and matrix units: a first run (gpt/first_run.py) compares on the same kind
             "gpus": gpus,
             "python": env["python"],
             "torch": env["torch"],

@@ -8,7 +8,6 @@ commit, the CPU and its cores. Time it on an idle machine: nothing else may run 
 """
 
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -18,26 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpt.committed_records import PUBLISHED
+from gpt.devices import cpu_kind
 from gpt.formatting import fmt_minutes
 from gpt.records import read_record, write_record
 
 RECORD = PUBLISHED / "test_suite.json"
 # pytest's closing line: "== 783 passed, 50 skipped in 308.12s (0:05:08) ==" (failed, errors and the rest alike)
 CLOSING = re.compile(r"=+ (?P<counts>[^=]*?) in (?P<seconds>[\d.]+)s\b")
-
-
-def cpu_kind(cpuinfo: str | None = None) -> str:
-    """This CPU as the records name it: its model and the matrix units the speedrun's choices turn on."""
-    if cpuinfo is None:
-        cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-    flags = set((re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M) or [None, ""])[1].split())
-    name = " ".join(model[1].split()) if model else platform.processor() or platform.machine()
-    if "amx_tile" in flags:
-        return f"{name} with AMX"
-    if "avx512_bf16" in flags:
-        return f"{name} with AVX512-BF16"
-    return f"{name} with AVX-512" if "avx512f" in flags else f"{name} without AVX-512"
 
 
 def closing_counts(output: str) -> dict:

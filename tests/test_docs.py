@@ -281,21 +281,6 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     speed_fast, memory = re.search(r"Two commands on the same machine, (.+?) and (.+?):", note).groups()
     assert f"with the fast ladder, {speed_fast} on one H200" in readme
     assert f"{memory} for 3 stages and part of a fourth on one H200" in readme
-    # the first runs of the try, as docs/speedrun.md's log measured them (its commits named there)
-    log = (REPO / "docs" / "speedrun.md").read_text()
-
-    def first_run(stage: str) -> str:
-        return re.search(
-            stage + r".py\s+--out\s+/tmp/try\s+--wandb\s+disabled`,\s+fresh\s+XDG_CACHE_HOME\s+and\s+"
-            r"TORCHINDUCTOR_CACHE_DIR,\s+the\s+machine\s+idle\):\s+([\d.]+ s)\s+by\s+`time`",
-            log,
-        )[1]
-
-    assert (
-        f"A first run of it with empty caches took {first_run('speedrun_15_longer_decay')} by\n`time` at commit "
-        in readme
-    )
-    assert f"its parent `speedrun_14` took {first_run('speedrun_14_adamw_rate')} at\ncommit 0fe9fac" in readme
     assert f"speed and fast ladders {speed_fast} (`run_all --only speed`" in readme
     assert f"`memory_0` to `memory_2` and part of `memory_3` {memory} (`--only memory` under a 370 s limit)" in readme
     assert (

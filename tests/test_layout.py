@@ -133,6 +133,8 @@ LAYERS = [
             "gpt.quick_run",
             "gpt.ngram_floor",
             "gpt.supervision",
+            "gpt.suite_time",
+            "gpt.first_run",
         },
     ),
     # the memory planner: the stages' training code run on fake tensors

@@ -3,16 +3,17 @@
 import json
 
 from gpt import suite_time
+from gpt.devices import cpu_kind
 from gpt.report import readme
 
 EPYC = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
 
 
 def test_the_cpu_is_named_by_its_model_and_the_matrix_units_it_has():
-    assert suite_time.cpu_kind(EPYC) == "AMD EPYC with AVX512-BF16"
-    assert suite_time.cpu_kind(EPYC.replace(" avx512f avx512_bf16", "")) == "AMD EPYC without AVX-512"
+    assert cpu_kind(EPYC) == "AMD EPYC with AVX512-BF16"
+    assert cpu_kind(EPYC.replace(" avx512f avx512_bf16", "")) == "AMD EPYC without AVX-512"
     xeon = "model name\t: Intel(R) Xeon(R)  Platinum\nflags\t\t: avx512f avx512_bf16 amx_tile\n"
-    assert suite_time.cpu_kind(xeon) == "Intel(R) Xeon(R) Platinum with AMX"
+    assert cpu_kind(xeon) == "Intel(R) Xeon(R) Platinum with AMX"
 
 
 def test_pytests_closing_line_gives_the_tally_and_its_seconds():

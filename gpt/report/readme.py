@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
-from gpt import quick_run, suite_time
+from gpt import first_run, quick_run, suite_time
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
 from gpt.files import write_atomically
 from gpt.flops import peak_label
 from gpt.formatting import fmt_minutes, table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
+from gpt.optimizations.compilation import COMPILE_COSTS
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.rows import MACHINE_FILE, ok
 from gpt.report.speedrun import BASELINE, LADDER, Speedrun, speedrun_findings, speedrun_table, speedup_range
@@ -345,6 +346,65 @@ def speedrun_block(sr: Speedrun) -> str:
     return "\n".join(["", *speedrun_table(sr), "", *(f"- {line}" for line in speedrun_findings(sr)), "", ""])
 
 
+def compile_rule() -> str:
+    """speedrun_12's rule in figures: each device kind's cold compilation, its saving a step, and the steps it needs."""
+    parts = [
+        f"{cost.cold_s:g} s of cold compilation against at most {1e3 * cost.saving_per_step_s:g} ms saved a step on a "
+        f"{'GPU' if kind == 'cuda' else kind.upper()}: a run of {cost.pays_after_steps:,} steps or more compiles"
+        for kind, cost in COMPILE_COSTS.items()
+    ]
+    return "; ".join(parts)
+
+
+def host_memory_faults(runs: Path) -> str:
+    """speedrun_13's effect in the committed run: minor page faults a training step, its parent's and its own."""
+    folder = time_to_loss_dir(runs, LADDER)
+    faults = {}
+    for stage in ("speedrun_12_eager", "speedrun_13_host_memory"):
+        record = read_record(folder / f"{stage}.json")
+        faults[stage] = (record or {}).get("metrics", {}).get("minor_faults_per_step")
+    if None in faults.values():
+        return "its page faults a step are not in the committed run"
+    before, after = faults.values()
+    return f"{before:,.0f} minor page faults a training step before, {after:,.0f} after (the committed run, one seed)"
+
+
+def try_command() -> str:
+    """The README's try, fenced: the last speedrun stage's command (gpt/first_run.py:try_command)."""
+    return "\n```bash\n" + " ".join(first_run.try_command(stages_of(LADDER)[-1])) + "\n```\n"
+
+
+def try_first_run(runs: Path) -> str:
+    """A first run of the try, from records/first_run.json: the newest, with its split, then the one before it.
+
+    The newest's ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's
+    `cpu`); a first run of a stage that is no longer the last says which it was."""
+    entries = (read_record(first_run.RECORD) or {}).get("runs", [])
+    if not entries:
+        return "No first run of it has been timed yet"
+    newest, last = entries[-1], stages_of(LADDER)[-1]
+    who = "it" if newest["stage"] == last else f"`{newest['stage']}`, the last stage then,"
+    split = ", ".join(f"{words} {newest['split'][key]:.1f}" for key, words in first_run.SPLIT if key in newest["split"])
+    text = (
+        f"A first run of {who} with empty caches took {newest['wall_s']:.1f} s, launch to exit, at commit "
+        f"{newest['commit']} on a {newest['cores']}-core {newest['cpu']} ({split})"
+    )
+    base_walls, _ = Speedrun(runs).walls(BASELINE)
+    if base_walls and (read_record(runs / MACHINE_FILE) or {}).get("cpu") == newest["cpu"]:
+        base = statistics.fmean(base_walls)
+        text += (
+            f": {base / newest['wall_s']:.1f}x sooner than `{BASELINE}`'s whole process in the committed run "
+            f"({base:.0f} s, the mean of its {len(base_walls)} seeds)"
+        )
+    if len(entries) > 1:
+        before = entries[-2]
+        text += (
+            f"; before it `{before['stage']}` took {before['wall_s']:.1f} s at commit {before['commit']} on a "
+            f"{before['cores']}-core {before['cpu']}"
+        )
+    return text
+
+
 def try_output(runs: Path) -> str:
     """What the README's try prints after its progress bar: the last speedrun stage's summary, from its record.
 
@@ -401,6 +461,10 @@ def blocks(runs: Path) -> dict[str, str]:
         "cpu-run-minutes": run_minutes(runs),
         "cpu-run-split": run_split(runs),
         "try-output": try_output(runs),
+        "try-command": try_command(),
+        "compile-rule": compile_rule(),
+        "host-memory-faults": host_memory_faults(runs),
+        "try-first-run": try_first_run(runs),
         "test-suite-time": test_suite_time(),
     }
 

@@ -1,0 +1,81 @@
+"""A newcomer's first run of the README's try, timed: the last speedrun stage, empty caches (records/first_run.json).
+
+    .venv/bin/python -m gpt.first_run      # runs the last speedrun stage's script as the README's try does
+
+What it runs is the README's command (`try_command`), with XDG_CACHE_HOME and TORCHINDUCTOR_CACHE_DIR in an empty
+temporary folder, so that nothing a run before it cached (the machine's measured choices, compiled graphs) is
+reused. It keeps the process's wall clock, launch to exit (what `time` says), and the record's own split of it. The
+README's try paragraph is generated from the newest entry (gpt/report/readme.py). Time it on an idle machine.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpt.committed_records import PUBLISHED
+from gpt.data import REPO_ROOT
+from gpt.devices import cpu_kind
+from gpt.ladder import stages_of
+from gpt.records import read_record, time_to_loss_dir, write_record
+
+RECORD = PUBLISHED / "first_run.json"
+LADDER = "speedrun"
+TRY_OUT = "/tmp/try"  # the README's --out: the command as a user copies it
+# The record's split of the process, in the order the summary prints it: (its key, its words)
+SPLIT = (
+    ("import_setup_s", "imports and arguments"),
+    ("setup_s", "set-up"),
+    ("startup_s", "start-up"),
+    ("train_seconds", "training"),
+    ("eval_seconds", "evaluations"),
+)
+
+
+def try_command(stage: str, out: str = TRY_OUT) -> list[str]:
+    """The README's try: the stage's script, into `out`, without W&B."""
+    return [".venv/bin/python", f"stages/{stage}.py", "--out", out, "--wandb", "disabled"]
+
+
+def measure(stage: str) -> dict:
+    """Run `stage` as the try does, with empty caches, and return the timing entry (its record's split with it)."""
+    commit = subprocess.check_output(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=7", "HEAD"], text=True)
+    with tempfile.TemporaryDirectory(prefix="first-run-") as tmp:
+        out, caches = Path(tmp) / "try", Path(tmp) / "caches"
+        env = {**os.environ, "XDG_CACHE_HOME": str(caches), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+        cmd = [sys.executable, *try_command(stage, str(out))[1:]]
+        print(f"[first run] {' '.join(try_command(stage))}, with empty caches (in {tmp})", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode
+        wall_s = time.perf_counter() - t0
+        record = read_record(time_to_loss_dir(out, LADDER) / f"{stage}.json") or {}
+    metrics = record.get("metrics", {})
+    return {
+        "stage": stage,
+        "commit": commit.strip(),
+        "date": datetime.now(UTC).date().isoformat(),
+        "cpu": cpu_kind(),
+        "cores": os.cpu_count(),
+        "command": " ".join(try_command(stage)) + " (empty XDG_CACHE_HOME and TORCHINDUCTOR_CACHE_DIR)",
+        "exit_code": rc,
+        "wall_s": round(wall_s, 1),
+        "split": {key: round(metrics[key], 1) for key, _ in SPLIT if metrics.get(key) is not None},
+        "tokens_to_target": round(t) if (t := (metrics.get("target") or {}).get("tokens")) else None,
+        "source": "measured by python -m gpt.first_run",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    stage = stages_of(LADDER)[-1]
+    entry = measure(stage)
+    runs = (read_record(RECORD) or {}).get("runs", [])
+    write_record(RECORD, {"runs": [*runs, entry]})
+    print(f"[first run] {stage} at {entry['commit']}: {entry['wall_s']} s, launch to exit -> {RECORD}", flush=True)
+    return 0 if entry["exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,60 @@
+"""The first run of the README's try (gpt/first_run.py) and the README's sentence made from its record."""
+
+import json
+
+import pytest
+
+from gpt import first_run
+from gpt.ladder import stages_of
+from gpt.records import write_record
+from gpt.report import readme
+
+
+def test_the_try_is_the_last_speedrun_stage_into_tmp_try_without_wandb():
+    last = stages_of("speedrun")[-1]
+    assert first_run.try_command(last) == [
+        ".venv/bin/python",
+        f"stages/{last}.py",
+        "--out",
+        "/tmp/try",
+        "--wandb",
+        "disabled",
+    ]
+    assert readme.try_command() == f"\n```bash\n{' '.join(first_run.try_command(last))}\n```\n"
+
+
+@pytest.fixture
+def committed_run(tmp_path):
+    """A committed run whose speed_0 took 120 and 130 s, launch to exit, on an "EPYC with AVX512-BF16"."""
+    runs = tmp_path / "runs"
+    write_record(runs / "machine.json", {"cpu": "EPYC with AVX512-BF16"})
+    for seed, wall in ((3407, 120.0), (3408, 130.0)):
+        name = "speed_0_baseline" + ("" if seed == 3407 else f".seed{seed}")
+        record = {"stage": "speed_0_baseline", "status": "ok", "config": {"seed": seed}, "run": {"wall_s": wall}}
+        metrics = {"train_seconds": 100.0, "val_loss_final": 1.9}
+        write_record(runs / "time_to_loss" / f"{name}.json", {**record, "metrics": metrics})
+    return runs
+
+
+def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the_one_before(
+    tmp_path, monkeypatch, committed_run
+):
+    """The ratio to speed_0's whole process only where the first run and the committed run had one kind of CPU."""
+    last = stages_of("speedrun")[-1]
+    entry = {"commit": "abc1234", "cores": 2, "split": {"import_setup_s": 2.0, "train_seconds": 5.0}}
+    runs = [
+        {**entry, "stage": "speedrun_1_systems", "cpu": "EPYC without AVX-512", "wall_s": 30.0},
+        {**entry, "stage": last, "cpu": "EPYC with AVX512-BF16", "wall_s": 12.5},
+    ]
+    (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(first_run, "RECORD", tmp_path / "first_run.json")
+    text = readme.try_first_run(committed_run)
+    assert text.startswith(
+        "A first run of it with empty caches took 12.5 s, launch to exit, at commit abc1234 on a 2-core EPYC with "
+        "AVX512-BF16 (imports and arguments 2.0, training 5.0): 10.0x sooner than `speed_0_baseline`'s whole process "
+        "in the committed run (125 s, the mean of its 2 seeds); before it `speedrun_1_systems` took 30.0 s"
+    )
+    runs[-1] = {**runs[-1], "cpu": "Xeon with AMX", "stage": "speedrun_1_systems"}
+    (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
+    text = readme.try_first_run(committed_run)
+    assert "sooner" not in text and text.startswith("A first run of `speedrun_1_systems`, the last stage then, with")
