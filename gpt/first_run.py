@@ -20,7 +20,7 @@ from gpt.committed_records import PUBLISHED
 from gpt.data import REPO_ROOT
 from gpt.devices import cpu_kind
 from gpt.ladder import stages_of
-from gpt.records import read_record, time_to_loss_dir, write_record
+from gpt.records import append_run, read_record, time_to_loss_dir
 
 RECORD = PUBLISHED / "first_run.json"
 LADDER = "speedrun"
@@ -71,8 +71,7 @@ def measure(stage: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     stage = stages_of(LADDER)[-1]
     entry = measure(stage)
-    runs = (read_record(RECORD) or {}).get("runs", [])
-    write_record(RECORD, {"runs": [*runs, entry]})
+    append_run(RECORD, entry)
     print(f"[first run] {stage} at {entry['commit']}: {entry['wall_s']} s, launch to exit -> {RECORD}", flush=True)
     return 0 if entry["exit_code"] == 0 else 1
 

@@ -57,6 +57,11 @@ def write_record(path: Path, record: dict) -> Path:
     return write_atomically(path, json.dumps(record, indent=1, default=str) + "\n")
 
 
+def append_run(path: Path, entry: dict) -> Path:
+    """Add `entry` to the `runs` list of the record at `path`: a history of timings (a test suite's, a first run's)."""
+    return write_record(path, {"runs": [*(read_record(path) or {}).get("runs", []), entry]})
+
+
 def read_record(path: Path) -> dict | None:
     """The record at `path`, or None if there is none or it is not a JSON object (one warning)."""
     path = Path(path)

@@ -19,7 +19,7 @@ from pathlib import Path
 from gpt.committed_records import PUBLISHED
 from gpt.devices import cpu_kind
 from gpt.formatting import fmt_minutes
-from gpt.records import read_record, write_record
+from gpt.records import append_run
 
 RECORD = PUBLISHED / "test_suite.json"
 # pytest's closing line: "== 783 passed, 50 skipped in 308.12s (0:05:08) ==" (failed, errors and the rest alike)
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD"]).returncode:
         print("[suite time] the clone takes HEAD: uncommitted changes here are not timed", flush=True)
     entry = measure(checkout)
-    runs = (read_record(RECORD) or {}).get("runs", [])
-    write_record(RECORD, {"runs": [*runs, entry]})
+    append_run(RECORD, entry)
     print(f"[suite time] {entry['cpu']}, {entry['cores']} cores: {summary(entry)} -> {RECORD}", flush=True)
     return 0 if entry["exit_code"] == 0 else 1
 

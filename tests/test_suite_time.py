@@ -44,3 +44,11 @@ def test_the_readme_sentence_gives_each_cpus_newest_timing_then_its_history(tmp_
         "on a 2-core A, 6 min 1 s in all, 5 min 8 s of them pytest's, at commit bbbbbbb (2026-11-28; 782 passed, "
         "50 skipped)"
     )
+
+
+def test_a_timing_is_added_to_the_records_runs_keeping_the_earlier_ones(tmp_path):
+    from gpt.records import append_run, read_record
+
+    append_run(tmp_path / "t.json", {"commit": "a"})
+    append_run(tmp_path / "t.json", {"commit": "b"})
+    assert read_record(tmp_path / "t.json") == {"runs": [{"commit": "a"}, {"commit": "b"}]}
