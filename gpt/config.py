@@ -97,6 +97,7 @@ class TrainConfig:
     architecture: str = "gpt2"  # "modern": today's small-GPT blocks (gpt/optimizations/architecture.py)
     bigram_embedding: bool = False  # a learned table per (previous token, token) pair added to the token embedding
     trigram_embedding: bool = False  # a learned table of hashed (token-2, token-1, token) triples, beside the bigram's
+    fourgram_embedding: bool = False  # a learned table of hashed (token-3, ..., token) four-grams, beside the trigram's
     x0_shortcut: bool = False  # each block's input a learned mix of the residual stream and the embedding (x0)
     muon_lr_warmup: bool = True  # False: Muon's groups start at their peak rate (no warm-up; AdamW's keeps its own)
     muon_momentum_warmup_tokens: int = 0  # >0: Muon's momentum rises linearly from 0.85 to muon_momentum over these

@@ -47,6 +47,7 @@ class GPTConfig:
     positions: str = "learned"  # "rotary": no wpe table; each head's q and k rotated by their position
     bigram_rows: int = 0  # >0: a zero-initialised table of (previous token, token) embeddings added to wte's (bigram)
     trigram_rows: int = 0  # >0: a zero-initialised table of hashed (token-2, token-1, token) embeddings
+    fourgram_rows: int = 0  # >0: a zero-initialised table of hashed (token-3, ..., token) embeddings
     x0_shortcut: bool = False  # each block's input a_i * x + b_i * x0 (x0: the embedding), learned, a = 1, b = 0 first
 
     @property
@@ -55,7 +56,7 @@ class GPTConfig:
 
     def __post_init__(self):
         # Validate here so that every way of building a config (preset, checkpoint, by hand) is checked.
-        for name in ("bigram_rows", "trigram_rows"):
+        for name in ("bigram_rows", "trigram_rows", "fourgram_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{name} must be a non-negative integer, got {value!r}")
@@ -111,14 +112,31 @@ def bigram_index(idx, vocab_size: int, rows: int):
     return torch.bitwise_xor(prev * 36313, idx * 27191) % rows  # nanochat's and modded-nanogpt's style of hash
 
 
+# The hash's multiplier for the token k places back (k = 0: the position's own), nanochat's and modded-nanogpt's style
+NGRAM_HASH = (27191, 36313, 10007, 7919)
+
+
+def hashed_ngram_index(idx, vocab_size: int, rows: int, n: int):
+    """Each position of idx (B, T)'s row in a table of `rows`: the n tokens ending there, hashed.
+
+    The xor of each token times its place's multiplier (NGRAM_HASH), modulo `rows`; before the window's start, the
+    token is vocab_size (never a token), so nothing leaks from outside the window."""
+    row = idx * NGRAM_HASH[0]
+    for back in range(1, n):
+        row = torch.bitwise_xor(row, F.pad(idx[:, :-back], (back, 0), value=vocab_size) * NGRAM_HASH[back])
+    return row % rows
+
+
 def trigram_index(idx, vocab_size: int, rows: int):
     """The trigram table's row of each position of idx (B, T): its (token-2, token-1, token) triple hashed into `rows`.
 
-    Always hashed (an exact table would have (vocab_size + 1)^2 * vocab_size rows); before the window's start,
-    vocab_size."""
-    prev = F.pad(idx[:, :-1], (1, 0), value=vocab_size)
-    prev2 = F.pad(idx[:, :-2], (2, 0), value=vocab_size)
-    return torch.bitwise_xor(torch.bitwise_xor(prev2 * 10007, prev * 36313), idx * 27191) % rows
+    Always hashed: an exact table would have (vocab_size + 1)^2 * vocab_size rows."""
+    return hashed_ngram_index(idx, vocab_size, rows, 3)
+
+
+def fourgram_index(idx, vocab_size: int, rows: int):
+    """The four-gram table's row of each position of idx (B, T): the four tokens ending there, hashed into `rows`."""
+    return hashed_ngram_index(idx, vocab_size, rows, 4)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -238,6 +256,7 @@ class GPT(nn.Module):
                     wte=nn.Embedding(vocab, config.n_embd),
                     bigram=nn.Embedding(config.bigram_rows, config.n_embd) if config.bigram_rows else None,
                     trigram=nn.Embedding(config.trigram_rows, config.n_embd) if config.trigram_rows else None,
+                    fourgram=nn.Embedding(config.fourgram_rows, config.n_embd) if config.fourgram_rows else None,
                     wpe=nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None,
                     drop=nn.Dropout(config.dropout),
                     h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
@@ -261,8 +280,8 @@ class GPT(nn.Module):
         """GPT-2 initialisation (also after `to_empty()` from the meta device: it refills the naive mask)."""
         vocab = self.config.vocab_size
         for module in self.modules():
-            if module is self.transformer.bigram or module is self.transformer.trigram:  # zero below, and off the
-                continue  # random stream: the other weights are drawn as in the model without the tables
+            if any(module is table for table in self.ngram_tables()):  # zero below, and off the random stream:
+                continue  # the other weights are drawn as in the model without the tables
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 weight = module.weight
                 if weight is self.transformer.wte.weight:  # only the real rows: padding rows start (and stay) 0,
@@ -274,10 +293,8 @@ class GPT(nn.Module):
                 module.reset_parameters()  # weight ones, bias zeros
             elif isinstance(module, CausalSelfAttention) and module.attention == "naive":
                 module.mask.copy_(torch.ones_like(module.mask).tril())
-        if self.transformer.bigram is not None:  # zero: the model starts as the one without it
-            self.transformer.bigram.weight.zero_()
-        if self.transformer.trigram is not None:
-            self.transformer.trigram.weight.zero_()
+        for table in self.ngram_tables():  # zero: the model starts as the one without them
+            table.weight.zero_()
         if self.config.x0_shortcut:  # the model starts as the one without the shortcut
             self.resid_scales.fill_(1.0)
             self.x0_scales.zero_()
@@ -302,6 +319,8 @@ class GPT(nn.Module):
             x = x + self.transformer.bigram(bigram_index(idx, self.config.vocab_size, self.config.bigram_rows))
         if self.transformer.trigram is not None:
             x = x + self.transformer.trigram(trigram_index(idx, self.config.vocab_size, self.config.trigram_rows))
+        if self.transformer.fourgram is not None:
+            x = x + self.transformer.fourgram(fourgram_index(idx, self.config.vocab_size, self.config.fourgram_rows))
         if self.transformer.wpe is not None:  # rotary positions: the attention rotates q and k instead
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
         x = x0 = self.transformer.drop(x)
@@ -336,9 +355,14 @@ class GPT(nn.Module):
         return n
 
     def _lookup_params(self):
-        """The tables only looked up, never multiplied: the position, the bigram and the trigram embeddings."""
-        tables = (self.transformer.wpe, self.transformer.bigram, self.transformer.trigram)
+        """The tables only looked up, never multiplied: the position and the n-gram embeddings."""
+        tables = (self.transformer.wpe, *self.ngram_tables())
         return sum(t.weight.numel() for t in tables if t is not None)
+
+    def ngram_tables(self) -> list[nn.Embedding]:
+        """The n-gram embedding tables the model has (bigram, trigram, four-gram): zero at the start."""
+        tables = (self.transformer.bigram, self.transformer.trigram, self.transformer.fourgram)
+        return [t for t in tables if t is not None]
 
     def flops_per_token(self):
         """Training FLOPs per token, forward and backward: 6 N + 12 n_layer n_embd T (docs/measurement.md, MFU)."""
@@ -356,7 +380,7 @@ class GPT(nn.Module):
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"
-            for name in (*ARCHITECTURE_FIELDS, "bigram_rows", "trigram_rows", "x0_shortcut")
+            for name in (*ARCHITECTURE_FIELDS, "bigram_rows", "trigram_rows", "fourgram_rows", "x0_shortcut")
             if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)
         ]
         if not_gpt2:

@@ -547,6 +547,20 @@ def test_speedrun_16_keeps_muons_momentum_at_085_every_step_and_changes_nothing_
     assert rising[0] == pytest.approx(0.85) and rising[-1] == pytest.approx(0.95) and rising == sorted(rising)
 
 
+@pytest.mark.parametrize("profile", ["cpu", "reference"])
+def test_speedrun_17_adds_the_four_gram_table_and_changes_nothing_else(profile):
+    """speedrun_17 switches the hashed four-gram table on; every other setting and table is its parent's."""
+    import dataclasses
+
+    from gpt.optimizations.ngram_embedding import FOURGRAM_ROWS
+
+    parent, child = (stage_config(s, profile) for s in ("speedrun_16_muon_momentum", "speedrun_17_fourgram"))
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
+    assert changed == {"fourgram_embedding"}
+    before, after = (optimizations.model_settings(c, "cpu", 65) for c in (parent, child))
+    assert after == {**before, "fourgram_rows": FOURGRAM_ROWS}
+
+
 @pytest.fixture
 def torch_211_image(monkeypatch):
     """What a CUDA image with torch 2.11 and no optional kernel library offers.

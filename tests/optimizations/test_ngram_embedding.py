@@ -5,13 +5,14 @@ has no previous token, and a large vocabulary is hashed into a bounded table."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpt import optimizations, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.model import GPT, GPTConfig, bigram_index, trigram_index
+from gpt.model import GPT, GPTConfig, bigram_index, fourgram_index, trigram_index
 from gpt.optimizations.architecture import MODERN
-from gpt.optimizations.ngram_embedding import BIGRAM_MAX_ROWS, TRIGRAM_ROWS, bigram_rows
+from gpt.optimizations.ngram_embedding import BIGRAM_MAX_ROWS, FOURGRAM_ROWS, TRIGRAM_ROWS, bigram_rows
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=11, block_size=16, dropout=0.0, **MODERN)
 
@@ -114,81 +115,107 @@ def test_a_hugging_face_checkpoint_cannot_load_with_the_table(tmp_path):
         GPT.from_hf(tmp_path, bigram_rows=4)
 
 
-# ---- the hashed trigram table (speedrun_10), beside the bigram one -------------------------------------------------
+# ---- the hashed trigram (speedrun_10) and four-gram (speedrun_17) tables, beside the bigram one --------------------
+
+# name: (its rows, its index, the tokens it reads, its setting, the tables of the model it is added to)
+HASHED = {
+    "trigram": (TRIGRAM_ROWS, trigram_index, 3, "trigram_embedding", {}),
+    "fourgram": (FOURGRAM_ROWS, fourgram_index, 4, "fourgram_embedding", {"trigram_rows": TRIGRAM_ROWS}),
+}
 
 
-def trigram_pair(seed=0):
-    """The model with the bigram table, and with the trigram table beside it, built from the same seed."""
+def hashed_pair(name, seed=0):
+    """The model the table is added to (the bigram table, and the trigram's before the four-gram), and with it."""
+    rows, _, _, _, before = HASHED[name]
+    tables = dict(bigram_rows=bigram_rows(TINY["vocab_size"]), **before)
     torch.manual_seed(seed)
-    plain = GPT(GPTConfig(**TINY, bigram_rows=bigram_rows(TINY["vocab_size"])))
+    plain = GPT(GPTConfig(**TINY, **tables))
     torch.manual_seed(seed)
-    tri = GPT(GPTConfig(**TINY, bigram_rows=bigram_rows(TINY["vocab_size"]), trigram_rows=TRIGRAM_ROWS))
-    return plain, tri
+    return plain, GPT(GPTConfig(**TINY, **tables, **{f"{name}_rows": rows}))
 
 
-def test_the_trigram_setting_makes_a_hashed_table_of_8192_rows():
-    cfg = optimizations.validate(TrainConfig(trigram_embedding=True))
-    assert TRIGRAM_ROWS == 8192 and optimizations.model_settings(cfg, "cpu", 80)["trigram_rows"] == 8192
-    assert "trigram_rows" not in optimizations.model_settings(TrainConfig(), "cpu", 80)
-    with pytest.raises(UserError, match="trigram_embedding must be true or false"):
-        optimizations.validate(TrainConfig(trigram_embedding=1))
-    with pytest.raises(UserError, match="trigram_rows must be a non-negative integer"):
-        GPTConfig(**TINY, trigram_rows=-1)
-    with pytest.raises(UserError, match="trigram_rows=4"):
-        GPT.from_hf("/nonexistent", trigram_rows=4)
+def test_the_trigram_hash_is_the_one_speedrun_10_trained_with():
+    """hashed_ngram_index's three-token case is speedrun_10's closed form, row for row (its records stay valid)."""
+    idx = torch.randint(0, 65, (4, 64))
+    prev, prev2 = F.pad(idx[:, :-1], (1, 0), value=65), F.pad(idx[:, :-2], (2, 0), value=65)
+    closed_form = torch.bitwise_xor(torch.bitwise_xor(prev2 * 10007, prev * 36313), idx * 27191) % TRIGRAM_ROWS
+    assert torch.equal(trigram_index(idx, 65, TRIGRAM_ROWS), closed_form)
 
 
-def test_the_trigram_table_starts_at_zero_and_the_first_forward_is_the_parents_exactly():
-    plain, tri = trigram_pair()
-    assert tri.transformer.trigram.weight.abs().sum() == 0
+@pytest.mark.parametrize("name", HASHED)
+def test_a_hashed_setting_makes_its_table_and_refuses_bad_values(name):
+    rows, _, _, setting, _ = HASHED[name]
+    cfg = optimizations.validate(TrainConfig(**{setting: True}))
+    assert optimizations.model_settings(cfg, "cpu", 80)[f"{name}_rows"] == rows
+    assert f"{name}_rows" not in optimizations.model_settings(TrainConfig(), "cpu", 80)
+    with pytest.raises(UserError, match=f"{setting} must be true or false"):
+        optimizations.validate(TrainConfig(**{setting: 1}))
+    with pytest.raises(UserError, match=f"{name}_rows must be a non-negative integer"):
+        GPTConfig(**TINY, **{f"{name}_rows": -1})
+    with pytest.raises(UserError, match=f"{name}_rows=4"):
+        GPT.from_hf("/nonexistent", **{f"{name}_rows": 4})
+
+
+def test_the_table_sizes_are_the_tried_ones():
+    assert (TRIGRAM_ROWS, FOURGRAM_ROWS) == (8192, 65536)
+
+
+@pytest.mark.parametrize("name", HASHED)
+def test_a_hashed_table_starts_at_zero_and_the_first_forward_is_the_parents_exactly(name):
+    plain, model = hashed_pair(name)
+    table = model.transformer[name].weight
+    assert table.abs().sum() == 0
     idx = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]))
-    assert torch.equal(plain(idx, idx)[1], tri(idx, idx)[1])
-    assert tri.num_params() == plain.num_params() + TRIGRAM_ROWS * TINY["n_embd"]
-    assert tri.flops_per_token() == plain.flops_per_token()  # a lookup: no matmul
+    assert torch.equal(plain(idx, idx)[1], model(idx, idx)[1])
+    assert model.num_params() == plain.num_params() + HASHED[name][0] * TINY["n_embd"]
+    assert model.flops_per_token() == plain.flops_per_token()  # a lookup: no matmul
 
 
-def test_the_trigram_index_reads_the_triple_ending_at_each_position_and_nothing_later():
-    """The trigram index reads the triple ending at each position and nothing later.
+@pytest.mark.parametrize("name", HASHED)
+def test_a_hashed_index_reads_the_tokens_ending_at_each_position_and_nothing_later(name):
+    """A hashed index reads the n tokens ending at each position and nothing later.
 
-    Each position's row depends on its own token and the two before it only (padded with the 'none' index at a window's
-    start), so no token reaches an earlier position, and the same triple reads the same row."""
+    Each position's row depends on its own token and the n - 1 before it only (the 'none' index before a window's
+    start), so no token reaches an earlier position, and the same n tokens read the same row."""
+    rows, index, n, _, _ = HASHED[name]
     vocab = TINY["vocab_size"]
-    window = torch.tensor([[4, 7, 1, 2, 9, 4, 7, 1]])
-    rows = trigram_index(window, vocab, TRIGRAM_ROWS)
-    assert rows.min() >= 0 and rows.max() < TRIGRAM_ROWS
-    assert rows[0, 2] == rows[0, 7]  # (4, 7, 1) twice
+    window = torch.tensor([[4, 7, 1, 2, 4, 7, 1, 2, 9, 5]])
+    read = index(window, vocab, rows)
+    assert read.min() >= 0 and read.max() < rows
+    assert read[0, 3] == read[0, 7]  # (4, 7, 1, 2) twice: its last n tokens
     changed = window.clone()
     changed[0, 4] = 3
-    other = trigram_index(changed, vocab, TRIGRAM_ROWS)
-    assert torch.equal(rows[0, :4], other[0, :4]) and torch.equal(rows[0, 7:], other[0, 7:])
-    assert not torch.equal(rows[0, 4:7], other[0, 4:7])  # positions 4, 5, 6 see token 4
-    _, model = trigram_pair()
+    other = index(changed, vocab, rows)
+    assert torch.equal(read[0, :4], other[0, :4]) and torch.equal(read[0, 4 + n :], other[0, 4 + n :])
+    assert (read[0, 4 : 4 + n] != other[0, 4 : 4 + n]).all()  # the n positions that read token 4
+    _, model = hashed_pair(name)
     with torch.no_grad():
-        model.transformer.trigram.weight.normal_()  # trained-like, so the table matters
+        model.transformer[name].weight.normal_()  # trained-like, so the table matters
     (a, _), (b, _) = model(window), model(changed)
     assert torch.equal(a[:, :4], b[:, :4]) and not torch.allclose(a[:, 4], b[:, 4])
 
 
-def test_the_trigram_table_is_adamws_without_weight_decay_never_muons(char_data):
+@pytest.mark.parametrize("name", HASHED)
+def test_a_hashed_table_is_adamws_without_weight_decay_never_muons(name, char_data):
+    rows, index, _, setting, _ = HASHED[name]
     cfg = optimizations.validate(
         TrainConfig(
             data_dir=str(char_data),
             matrix_optimizer="muon",
-            bigram_embedding=True,
-            trigram_embedding=True,
             architecture="modern",
             n_layer=2,
+            **{"bigram_embedding": True, "trigram_embedding": True, setting: True},
         )
     )
     raw, model, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
-    table = raw.transformer.trigram.weight
-    assert table.shape == (TRIGRAM_ROWS, raw.config.n_embd)
+    table = raw.transformer[name].weight
+    assert table.shape == (rows, raw.config.n_embd)
     [group] = [g for g in optimizer.adamw.param_groups if any(p is table for p in g["params"])]
     assert group["weight_decay"] == 0.0
     assert not any(p is table for g in optimizer.muon.param_groups for p in g["params"])
     idx = torch.randint(0, 65, (2, 16))
     model(idx, idx)[1].backward()
-    used = trigram_index(idx, 65, TRIGRAM_ROWS).unique()
-    unused = torch.ones(TRIGRAM_ROWS, dtype=torch.bool)
+    used = index(idx, 65, rows).unique()
+    unused = torch.ones(rows, dtype=torch.bool)
     unused[used] = False
     assert table.grad[used].abs().sum(1).gt(0).all() and table.grad[unused].abs().sum() == 0  # the rows read only
