@@ -327,20 +327,34 @@ def test_the_tours_h200_figures_are_the_h200_records_it_cites():
 
 
 def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
-    """docs/speedrun.md's paragraph judging speedrun_15 in the full run quotes the committed records.
+    """docs/speedrun.md's paragraph judging the last stage in the committed full run quotes that run's records.
 
-    Its speedups are the README's generated headline's (itself the records'), its tokens the records' range. Seen
-    failing with 18.90x typed for 18.89x."""
+    It is found by the run's commit (machine.json); its speedups are the README's generated headline's (itself the
+    records'), its tokens the records' range. Seen failing with 18.90x typed for 18.89x, and when the run of a new last
+    stage came (the paragraph named the run before)."""
+    from gpt.ladder import stages_of
     from gpt.report.speedrun import Speedrun
 
+    folder, last = REPO / "records" / "cpu-cpu", stages_of("speedrun")[-1]
+    commit = json.loads((folder / "machine.json").read_text())["git_commit"][:7]
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
-    paragraph = log[log.index("Judged in the full `./run_all.sh` of 256f556") :][:900]
+    paragraph = log[log.index(f"Judged in the full `./run_all.sh` of {commit}") :][:900]
     readme = (REPO / "README.md").read_text()
     headline = re.search(
-        r"<!-- generated: speedrun-headline -->`speedrun_15_longer_decay` reaches it (.+?) sooner in "
+        rf"<!-- generated: speedrun-headline -->`{last}` reaches it (.+?) sooner in "
         r"training seconds \(3 seeds against 3\), (.+?) in the whole process",
         readme,
     )
     assert f"{headline[1]} sooner than `speed_0` in training seconds, {headline[2]} in the whole process" in paragraph
-    tokens = sorted(round(t) for t in Speedrun(REPO / "records" / "cpu-cpu").tokens("speedrun_15_longer_decay"))
+    tokens = sorted(round(t) for t in Speedrun(folder).tokens(last))
     assert f"{tokens[0]:,}-{tokens[-1]:,} tokens to the target" in paragraph
+
+
+def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
+    """The finding's "Seventeen speedrun stages" is the ladder's length (it said fifteen after two more were added)."""
+    from gpt.ladder import stages_of
+
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    words += "seventeen eighteen nineteen twenty"
+    count = words.split()[len(stages_of("speedrun"))].capitalize()
+    assert f"**The baseline's model, sooner.** {count} speedrun stages (" in (REPO / "README.md").read_text()
