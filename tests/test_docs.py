@@ -330,10 +330,12 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     """docs/speedrun.md's paragraph judging the last stage in the committed full run quotes that run's records.
 
     It is found by the run's commit (machine.json); its speedups are the README's generated headline's (itself the
-    records'), its tokens the records' range. Seen failing with 18.90x typed for 18.89x, and when the run of a new last
-    stage came (the paragraph named the run before)."""
+    records'), its tokens the records' range, its gain on its parent the records', its first run the newest of
+    records/first_run.json, and the lead after it the records' tokens a second and page faults. Seen failing with
+    18.90x typed for 18.89x, and when the run of a new last stage came (the paragraph named the run before)."""
+    from gpt import first_run
     from gpt.ladder import stages_of
-    from gpt.report.speedrun import Speedrun
+    from gpt.report.speedrun import Speedrun, speedup_range
 
     folder, last = REPO / "records" / "cpu-cpu", stages_of("speedrun")[-1]
     commit = json.loads((folder / "machine.json").read_text())["git_commit"][:7]
@@ -346,8 +348,22 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         readme,
     )
     assert f"{headline[1]} sooner than `speed_0` in training seconds, {headline[2]} in the whole process" in paragraph
-    tokens = sorted(round(t) for t in Speedrun(folder).tokens(last))
+    sr = Speedrun(folder)
+    tokens = sorted(round(t) for t in sr.tokens(last))
     assert f"{tokens[0]:,}-{tokens[-1]:,} tokens to the target" in paragraph
+    parent = stages_of("speedrun")[-2]
+    assert f"against `{parent[: parent.index('_', len('speedrun_'))]}`'s one seed " in paragraph
+    assert f"seed {speedup_range(sr.seconds(parent), sr.seconds(last))}" in paragraph
+    # its first run: the newest of records/first_run.json, as the README's generated sentence gives it
+    first = json.loads((REPO / "records" / "first_run.json").read_text())["runs"][-1]
+    assert first["stage"] == last and f"{first['wall_s']:.1f} s, launch to exit (" in paragraph
+    split = ", ".join(f"{words} {first['split'][k]:.1f}" for k, words in first_run.SPLIT if k in first["split"])
+    assert split in paragraph
+    # the lead after it: the last stage's and its parent's tokens a second and page faults a step, from the records
+    lead = log[log.index("**The next lead, measured in that run") :][:600]
+    for stage in (last, parent):
+        metrics = json.loads((folder / "speedrun" / f"{stage}.json").read_text())["metrics"]
+        assert f"{metrics['tokens_per_s']:,.0f}" in lead and f"{metrics['minor_faults_per_step']:,.0f}" in lead, stage
 
 
 def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():

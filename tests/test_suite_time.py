@@ -18,13 +18,9 @@ def test_the_cpu_is_named_by_its_model_and_the_matrix_units_it_has():
 
 def test_pytests_closing_line_gives_the_tally_and_its_seconds():
     out = "....\n===== 1 failed, 782 passed, 50 skipped, 2 warnings in 308.12s (0:05:08) =====\n"
-    assert suite_time.closing_counts(out) == {
-        "failed": 1,
-        "passed": 782,
-        "skipped": 50,
-        "warnings": 2,
-        "pytest_s": 308.1,
-    }
+    tally = {"failed": 1, "passed": 782, "skipped": 50, "warnings": 2, "pytest_s": 308.1}
+    assert suite_time.closing_counts(out) == tally
+    assert suite_time.closing_counts("== 3 failed in 9.0s ==\n" + out) == tally  # the last closing line counts
     assert suite_time.closing_counts("Traceback ...\n") == {}
 
 
@@ -33,16 +29,16 @@ def test_the_readme_sentence_gives_each_cpus_newest_timing_then_its_history(tmp_
     entry = {"cores": 2, "command": "time .ci/run", "date": "2026-11-28"}
     runs = [
         {**entry, "commit": "aaaaaaa", "cpu": "B", "wall_s": 700, "note": "one test at a time"},
-        {**entry, "commit": "bbbbbbb", "cpu": "A", "wall_s": 361, "pytest_s": 308, "passed": 782, "skipped": 50},
         {**entry, "commit": "ccccccc", "cpu": "B", "wall_s": 542, "pytest_s": 440},
+        {**entry, "commit": "bbbbbbb", "cpu": "A", "wall_s": 361, "pytest_s": 308, "passed": 782, "skipped": 50},
     ]
     (tmp_path / "test_suite.json").write_text(json.dumps({"runs": runs}))
     monkeypatch.setattr(suite_time, "RECORD", tmp_path / "test_suite.json")
     assert readme.test_suite_time() == (
-        "on a 2-core B, 9 min 2 s in all, 7 min 20 s of them pytest's, at commit ccccccc (2026-11-28) "
-        "(earlier: 11 min 40 s at aaaaaaa, one test at a time); "
         "on a 2-core A, 6 min 1 s in all, 5 min 8 s of them pytest's, at commit bbbbbbb (2026-11-28; 782 passed, "
-        "50 skipped)"
+        "50 skipped); "
+        "on a 2-core B, 9 min 2 s in all, 7 min 20 s of them pytest's, at commit ccccccc (2026-11-28) "
+        "(earlier: 11 min 40 s at aaaaaaa, one test at a time)"
     )
 
 
