@@ -385,13 +385,14 @@ class Plan:
 
     def __post_init__(self):
         total = sum(item.seconds for item in self.items if item.cannot_run)
-        rest, n = [item for item in self.items if not item.cannot_run], 0
-        while n < len(rest) and total + self.cold_compile(rest[n], rest[:n]).seconds <= self.budget_s:
-            total += rest[n].seconds
-            n += 1
-        for item in rest[n + 1 :]:  # rest[n], if any, has been counted
-            self.cold_compile(item, rest[:n])
-        self.kept = [item for item in self.items if item.cannot_run or item in rest[:n]]
+        ahead, full = [], False  # the stage runs kept so far; whether one has not fit (the rest are left out)
+        for item in (item for item in self.items if not item.cannot_run):
+            self.cold_compile(item, ahead)
+            full = full or total + item.seconds > self.budget_s
+            if not full:
+                total += item.seconds
+                ahead.append(item)
+        self.kept = [item for item in self.items if item.cannot_run or item in ahead]
         self.dropped = [item for item in self.items if item not in self.kept]
 
     @staticmethod

@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpt.committed_records import PUBLISHED
+from gpt.data import REPO_ROOT
 from gpt.devices import cpu_kind
 from gpt.formatting import fmt_minutes
-from gpt.records import append_run
+from gpt.records import append_run, git_commit
 
 RECORD = PUBLISHED / "test_suite.json"
 # pytest's closing line: "== 783 passed, 50 skipped in 308.12s (0:05:08) ==" (failed, errors and the rest alike)
@@ -72,10 +73,9 @@ def summary(entry: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    checkout = Path(__file__).resolve().parent.parent
-    if subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD"]).returncode:
+    if git_commit().endswith("-dirty"):
         print("[suite time] the clone takes HEAD: uncommitted changes here are not timed", flush=True)
-    entry = measure(checkout)
+    entry = measure(REPO_ROOT)
     append_run(RECORD, entry)
     print(f"[suite time] {entry['cpu']}, {entry['cores']} cores: {summary(entry)} -> {RECORD}", flush=True)
     return 0 if entry["exit_code"] == 0 else 1
