@@ -6,7 +6,7 @@ change (the same arithmetic, bit for bit): the target stays speed_0's final loss
 What held the parent back: running eager, each step allocates and frees its activations, and glibc hands every block
 over its mmap threshold back to the kernel when it is freed, so the next step's block is fresh pages, zeroed on first
 touch: about 10,000 minor page faults a step, measured at this shape on a 2-core EPYC (33-77 with this change). PyTorch
-has a caching allocator for CUDA and none for the CPU; mallopt gives glibc's heap that role for blocks up to 32 MiB.
+has a caching allocator for CUDA and none for the CPU; mallopt gives glibc's heap that role for blocks of every size.
 Code: gpt/optimizations/host_memory.py.
 """
 

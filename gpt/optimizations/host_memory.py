@@ -2,8 +2,9 @@
 
 glibc serves every block above its mmap threshold with a fresh mmap and unmaps it when freed, so an eager step that
 allocates and frees the same activations faults in new zeroed pages each time. A CUDA run has its own caching
-allocator; this is the CPU's missing one, set with mallopt for the whole process: blocks up to 32 MiB come from a
-heap that is never trimmed. The arithmetic is untouched. Measured: docs/design.md#the-figures-behind-the-rules.
+allocator; this is the CPU's missing one, set with mallopt for the whole process: every block comes from a heap that
+is never trimmed, none from mmap (the threshold alone stops at 32 MiB, glibc's largest, and speedrun_17's four-gram
+gradient is a 32 MiB block). The arithmetic is untouched. Measured: docs/design.md#the-figures-behind-the-rules.
 """
 
 import ctypes
@@ -15,8 +16,9 @@ import torch
 from gpt.config import TrainConfig
 from gpt.optimizations.optimization import Optimization, check_flag
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-MMAP_THRESHOLD = 32 << 20  # glibc's largest: HEAP_MAX_SIZE / 2 on 64-bit; larger blocks are still mmapped
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: HEAP_MAX_SIZE / 2 on 64-bit; blocks of it and over need M_MMAP_MAX
+NO_MMAP = 0  # M_MMAP_MAX: how many blocks may be mmapped at once; none, so a 32 MiB block is the heap's too
 NEVER_TRIM = 2**31 - 1  # the heap's free top is never given back to the OS
 
 
@@ -40,9 +42,10 @@ def keep_freed_host_memory(cfg: TrainConfig, device: torch.device) -> str | None
     if not cfg.keep_host_memory or _why_not(cfg, device):
         return None
     libc = _glibc()
-    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
+    settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_MMAP_MAX, NO_MMAP), (M_TRIM_THRESHOLD, NEVER_TRIM))
+    if not all(libc.mallopt(parameter, value) for parameter, value in settings):
         raise OSError("mallopt refused glibc's documented parameters")
-    return f"glibc keeps freed blocks up to {MMAP_THRESHOLD >> 20} MiB in its never-trimmed heap (mallopt)"
+    return "glibc keeps every freed block in its never-trimmed heap, none mmapped (mallopt)"
 
 
 def _why_not(cfg: TrainConfig, device: torch.device) -> str | None:
