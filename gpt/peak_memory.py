@@ -1,13 +1,12 @@
 """How a run measures memory: its peak, and one instrumented step's memory-over-time curve and breakdown.
 
-MemTracker on the CPU, the CUDA caching allocator's statistics and history on a GPU (docs/measurement.md, peak memory).
+MemTracker on the CPU (gpt/timeline_tracker.py), the CUDA caching allocator's statistics and history on a GPU (docs/measurement.md, peak memory).
 """
 
 import math
 from pathlib import Path
 
 import torch
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
 from gpt import allocator_snapshot
 from gpt.allocator_snapshot import MiB
@@ -21,48 +20,13 @@ TIMELINE_POINTS = 400  # a record's memory curve keeps at most about this many p
 # the peak, and how it is measured
 
 
-class TimelineMemTracker(MemTracker):
-    """PyTorch's MemTracker that also records the total after every op, for a memory-over-time curve.
-
-    It counts live tensor storage by category, as the dispatcher sees it (on the CPU within ~0.1 MiB of the allocator
-    for eager code), and under FakeTensorMode without allocating."""
-
-    def __init__(self):
-        super().__init__()
-        self.timeline: list[int] = []
-
-    def _pre_fw_hook(self, module, inputs):
-        # The root's second forward in one tracked step is the next micro-batch (gradient accumulation).
-        # MemTracker keeps per-module statistics for a single call and refuses a second; only the running
-        # totals are used here, so the per-module statistics start afresh.
-        if module in self.memory_tracking and not self._mod_tracker.is_bw:
-            name = self._mod_tracker.get_known_fqn(module)
-            if set(self._mod_tracker.parents) - {name} == {"Global"}:
-                self.reset_mod_stats()
-        super()._pre_fw_hook(module, inputs)
-
-    def _update_peak_stats(self, peak_state) -> None:
-        # Only the global peak is read (memory_breakdown). MemTracker also updates the peak of every active
-        # module after every op, O(modules) per op: it made a tracked step of the cpu profile's 36-layer
-        # model 4x slower than an untracked one, and the planner's estimates take minutes.
-        for dev, snap in self._curr_mem_snap.items():
-            if snap[_TOTAL_KEY] > self._peak_mem.get(dev, 0):
-                self._peak_mem[dev] = snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = dict(snap)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        res = super().__torch_dispatch__(func, types, args, kwargs)
-        self.timeline.append(sum(snap[_TOTAL_KEY] for snap in self._curr_mem_snap.values()))
-        return res
-
-
 # The parts of a memory breakdown (a record's memory_breakdown_mib, with 'total'), on the CPU and on CUDA alike,
 # and their MemTracker names.
 MEMORY_PARTS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "other")
 _MEMTRACKER_NAMES = dict(zip(("PARAM", "BUFFER", "GRAD", "OPT", "ACT", "TEMP", "OTH"), MEMORY_PARTS))
 
 
-def memory_breakdown(tracker: MemTracker) -> dict:
+def memory_breakdown(tracker) -> dict:
     """Peak snapshot of a tracker as {'parameters': MiB, ..., 'total': MiB}, summed over devices."""
     names = {**_MEMTRACKER_NAMES, "Total": "total"}
     out = dict.fromkeys(names.values(), 0.0)
@@ -127,6 +91,8 @@ def cpu_step_memory(step, model, optimizer) -> dict:
 
     A compiled model runs this step eager, with dynamo kept away ("force_eager"): a frame it met under the tracker's
     dispatch mode would be marked "skip" for good, and every later step would run eager too."""
+    from gpt.timeline_tracker import TimelineMemTracker  # here: importing MemTracker imports Dynamo (its module)
+
     tracker = TimelineMemTracker()
     tracker.track_external(model, optimizer)
     with torch.compiler.set_stance("force_eager"), tracker:

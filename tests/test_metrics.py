@@ -16,6 +16,7 @@ from gpt.flops import GPU_PEAK_TFLOPS, gpu_board, peak_flops
 from gpt.ladder import stage_config, stages_of
 from gpt.optimizations.compilation import compile_mode
 from gpt.peak_memory import StepMarks, memory_method, peak_breakdown, traced_memory
+from gpt.timeline_tracker import TimelineMemTracker
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here runs on it
 
@@ -310,7 +311,7 @@ def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
                 opt.zero_grad()
         return tracker
 
-    ours, theirs = tracked(peak_memory.TimelineMemTracker), tracked(MemTracker)
+    ours, theirs = tracked(TimelineMemTracker), tracked(MemTracker)
     assert peak_memory.memory_breakdown(ours) == peak_memory.memory_breakdown(theirs)
     assert peak_memory.memory_breakdown(ours)["optimizer_state"] > 0 and peak_memory.memory_breakdown(ours)["total"] > 0
     assert ours.get_tracker_snapshot("peak") == theirs.get_tracker_snapshot("peak")

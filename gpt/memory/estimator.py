@@ -26,7 +26,8 @@ from gpt.errors import UserError
 from gpt.memory.recorder import StepRecorder
 from gpt.optimizations import chunked_loss, fused_attention, parallel, precision
 from gpt.optimizations.optimization import SimulationPlan
-from gpt.peak_memory import TimelineMemTracker, memory_breakdown
+from gpt.peak_memory import memory_breakdown
+from gpt.timeline_tracker import TimelineMemTracker
 from gpt.train import build_model, train_step
 
 TARGET_DEVICES = ("cuda", "cpu")  # whose memory an estimate predicts
