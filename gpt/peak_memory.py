@@ -1,6 +1,7 @@
 """How a run measures memory: its peak, and one instrumented step's memory-over-time curve and breakdown.
 
-MemTracker on the CPU (gpt/timeline_tracker.py), the CUDA caching allocator's statistics and history on a GPU (docs/measurement.md, peak memory).
+MemTracker on the CPU (gpt/timeline_tracker.py), the CUDA caching allocator's statistics and history on a GPU
+(docs/measurement.md, peak memory).
 """
 
 import math
