@@ -8,6 +8,7 @@ reused. It keeps the process's wall clock, launch to exit (what `time` says), an
 README's try paragraph is generated from the newest entry (gpt/report/readme.py). Time it on an idle machine.
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def measure(stage: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # no options: --help says what it runs, and anything else is refused before a minute of work is recorded
+    argparse.ArgumentParser(prog="python -m gpt.first_run", description=__doc__.splitlines()[0]).parse_args(argv)
     stage = stages_of(LADDER)[-1]
     entry = measure(stage)
     append_run(RECORD, entry)

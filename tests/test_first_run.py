@@ -58,3 +58,16 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
     text = readme.try_first_run(committed_run)
     assert "sooner" not in text and text.startswith("A first run of `speedrun_1_systems`, the last stage then, with")
+
+
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--seed", "1"], 2)])
+def test_first_run_takes_no_options_and_runs_nothing_when_given_one(monkeypatch, capsys, argv, code):
+    """`--help` says what it runs and anything else is refused, before the stage runs or the record is touched.
+
+    Seen failing before it parsed its arguments: `--help` ran the stage for 15 s and appended an entry."""
+    monkeypatch.setattr(first_run, "measure", lambda stage: pytest.fail("the stage ran"))
+    monkeypatch.setattr(first_run, "append_run", lambda *a: pytest.fail("the record was written"))
+    with pytest.raises(SystemExit) as ended:
+        first_run.main(argv)
+    assert ended.value.code == code
+    assert code != 0 or "first run" in capsys.readouterr().out
