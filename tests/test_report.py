@@ -1274,3 +1274,18 @@ def test_a_speedrun_row_slower_than_its_parent_says_why_it_stands():
     assert slower_than_parent(beyond, "child", "parent") == " (slower: kept for its tokens)"
     more_tokens = run({**base, "child": [8.0], "parent": [5.0]}, {"child": [110], "parent": [100]})
     assert "docstring" in slower_than_parent(more_tokens, "child", "parent")
+
+
+def test_the_models_table_says_why_the_cpus_speed_model_is_the_larger_from_the_records():
+    """The sentence under the README's models table: the CPU model's token embedding in its parameters, or nothing.
+
+    Seen failing on a version that gave the rest of the parameters in the embedding's place."""
+    from gpt.report.readme import larger_speed_model
+
+    def record(vocab: int, width: int, params: int) -> dict:
+        return {"status": "ok", "model": {"vocab_size": vocab, "n_embd": width, "params": params}}
+
+    said = larger_speed_model(record(50257, 192, 12_307_200), record(80, 192, 2_700_000))
+    assert "(50,257 x 192, shared with the output layer) holds 9.6M of its 12.3M parameters" in said
+    assert larger_speed_model(record(80, 192, 2_700_000), record(80, 192, 2_700_000)) == ""
+    assert larger_speed_model(record(50257, 192, 12_307_200), None) == ""

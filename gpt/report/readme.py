@@ -327,8 +327,9 @@ def models_table(runs: Path) -> str:
         return model_cell(found[1]) if found else "no GPU run committed"
 
     task = model_cell(read_record(time_to_loss_dir(runs) / f"{BASELINE}.json"))
+    cpu_speed, gpu_speed = read_record(runs / f"{BASELINE}.json"), newest_gpu_record(f"{BASELINE}.json")
     rows = [
-        ["speed and fast ladders", model_cell(read_record(runs / f"{BASELINE}.json")), on_gpu(f"{BASELINE}.json")],
+        ["speed and fast ladders", model_cell(cpu_speed), on_gpu(f"{BASELINE}.json")],
         [
             "memory and lean ladders",
             model_cell(read_record(runs / "memory_0_baseline.json")),
@@ -336,8 +337,23 @@ def models_table(runs: Path) -> str:
         ],
         ["time to loss, speedrun", task, "the speedrun: the same; the time to loss: the speed ladder's"],
     ]
+    why = larger_speed_model(cpu_speed, gpu_speed[1] if gpu_speed else None)
     return "\n".join(
-        ["", *table(["trains", "on 2 CPU cores (`cpu` profile)", "on one GPU (`reference` profile)"], rows), "", ""]
+        ["", *table(["trains", "on 2 CPU cores (`cpu` profile)", "on one GPU (`reference` profile)"], rows), "", why, ""]
+    )
+
+
+def larger_speed_model(cpu: dict | None, gpu: dict | None) -> str:
+    """Why the CPU's speed model has more parameters than the GPU's: its vocabulary's token embedding, in figures."""
+    if not (ok(cpu) and ok(gpu)) or cpu["model"]["vocab_size"] <= gpu["model"]["vocab_size"]:
+        return ""
+    m = cpu["model"]
+    embedding = m["vocab_size"] * m["n_embd"]
+    return (
+        f"The CPU's speed model is the larger for its vocabulary: the `cpu` profile's speed ladder reads GPT-2's BPE "
+        f"tokens, and their embedding ({m['vocab_size']:,} x {m['n_embd']}, shared with the output layer) holds "
+        f"{embedding / 1e6:.1f}M of its {m['params'] / 1e6:.1f}M parameters; the `reference` profile reads characters."
+        "\n"
     )
 
 
