@@ -338,9 +338,8 @@ def models_table(runs: Path) -> str:
         ["time to loss, speedrun", task, "the speedrun: the same; the time to loss: the speed ladder's"],
     ]
     why = larger_speed_model(cpu_speed, gpu_speed[1] if gpu_speed else None)
-    return "\n".join(
-        ["", *table(["trains", "on 2 CPU cores (`cpu` profile)", "on one GPU (`reference` profile)"], rows), "", why, ""]
-    )
+    header = ["trains", "on 2 CPU cores (`cpu` profile)", "on one GPU (`reference` profile)"]
+    return "\n".join(["", *table(header, rows), "", why, ""])
 
 
 def larger_speed_model(cpu: dict | None, gpu: dict | None) -> str:
