@@ -1289,3 +1289,31 @@ def test_the_models_table_says_why_the_cpus_speed_model_is_the_larger_from_the_r
     assert "(50,257 x 192, shared with the output layer) holds 9.6M of its 12.3M parameters" in said
     assert larger_speed_model(record(80, 192, 2_700_000), record(80, 192, 2_700_000)) == ""
     assert larger_speed_model(record(50257, 192, 12_307_200), None) == ""
+
+
+def test_the_thesis_figures_labels_cover_no_other_label_from_the_committed_records(monkeypatch, tmp_path):
+    """The thesis figure's stage labels, as saved from the committed records, overlap no other label.
+
+    Seen failing when the labels were placed before the layout shrank the axes for the legend and the y label
+    ("12 eager" over "7 budget" in the run of 5659470), and when a layout after the placement moved the points."""
+    from gpt.report import figures
+    from gpt.report.speedrun import Speedrun
+    from gpt.report.time_to_loss import LossRuns
+
+    saved = []
+    monkeypatch.setattr(
+        figures, "save_figure", lambda fig, path, layout=True: (layout and fig.tight_layout(), saved.append(fig))
+    )
+    runs = REPO / "records" / "cpu-cpu"
+    assert figures.plot_thesis(LossRuns(runs), Speedrun(runs), tmp_path / "thesis.png")
+    (fig,) = saved
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = [a for a in fig.axes if a.get_xscale() == "log"]
+    from matplotlib.text import Text
+
+    # each label's own text box (an annotation's extent includes its line to the point)
+    labels = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts if t.get_text()[:1].isdigit()]
+    assert len(labels) >= 17  # every stage that reaches the target, the baseline included
+    crossed = [(a, b) for i, (a, box) in enumerate(labels) for b, other in labels[:i] if box.overlaps(other)]
+    assert crossed == []

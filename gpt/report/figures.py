@@ -84,38 +84,51 @@ def plot_thesis(runs: LossRuns, sr: Speedrun, path: Path) -> bool:
     ax.text(-0.01, floor, "not\nreached", transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8)
     ax.set_xlim(low, high)
     ax.set_ylim(floor / 1.8, high)
-    label_apart(ax, [(short(s), x, y) for s, _, x, y in points if y])
     ax.set_xlabel(f"speedup per sample against {BASELINE} (tokens/s over its tokens/s)")
     ax.set_ylabel(f"speedup to the target against {BASELINE} (its seconds over the stage's)", labelpad=30)
     ax.set_title("Per-sample speedup against speedup to the target, stage by stage")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    save_figure(fig, path)
+    fig.tight_layout()  # the axes at their final size first: labels are placed in points, and a layout moves points
+    label_apart(ax, [(short(s), x, y) for s, _, x, y in points if y])
+    save_figure(fig, path, layout=False)
     return True
 
 
 def label_apart(ax, labels: list[tuple[str, float, float]], size: float = 7) -> None:
     """Name each point beside it where the label covers no other label or point, with a line to it where moved.
 
-    Tried in order: right of the point and level with it, then left, then further up or down each side; in display
-    points (the axes' limits and scales set first), a label about `size` high and 0.6 `size` wide a character."""
+    Tried in order: right of the point and level with it, then left, then further up or down each side. Each label's
+    box is the one the renderer draws (the axes' limits, scales and layout set first), not one estimated from its
+    length."""
+    from matplotlib.text import Text  # here: the report imports matplotlib only where it draws
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+
+    def text_box(label):  # where the label's text is drawn now, without its line to the point
+        label.update_positions(renderer)
+        return Text.get_window_extent(label, renderer)
+
     to_pt = 72 / ax.figure.dpi
-    points = [tuple(v * to_pt for v in ax.transData.transform((x, y))) for _, x, y in labels]
-    boxes = [(px - 4, py - 4, 8, 8) for px, py in points]  # (left, bottom, width, height): the markers
+    points = [ax.transData.transform((x, y)) for _, x, y in labels]
+    marker = 4 / to_pt  # a marker's half-width, in pixels
+    taken = [Bbox.from_extents(px - marker, py - marker, px + marker, py + marker) for px, py in points]
     shifts = [0.0] + [sign * step * size * 1.3 for step in range(1, 12) for sign in (1, -1)]
-
-    def free(box) -> bool:
-        left, bottom, width, height = box
-        return not any(
-            left < x + w and x < left + width and bottom < y + h and y < bottom + height for x, y, w, h in boxes
-        )
-
-    for (text, x, y), (px, py) in sorted(zip(labels, points), key=lambda lp: -lp[1][1]):
-        width = 0.6 * size * len(text)
+    for text, x, y in sorted(labels, key=lambda label: -label[2]):  # from the top down
+        probe = ax.annotate(text, (x, y), textcoords="offset points", xytext=(6.0, -size / 2), fontsize=size)
+        width = text_box(probe).width * to_pt
         candidates = [(dx, dy - size / 2) for dy in shifts for dx in (6.0, -6.0 - width)]
-        dx, dy = next((c for c in candidates if free((px + c[0], py + c[1], width, size))), candidates[0])
-        boxes.append((px + dx, py + dy, width, size))
-        line = dict(arrowstyle="-", color="0.6", lw=0.5) if abs(dy + size / 2) > size else None
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=size, arrowprops=line)
+        chosen, box = candidates[0], None
+        for candidate in candidates:
+            probe.set_position(candidate)
+            box = text_box(probe)
+            if not any(box.overlaps(other) for other in taken):
+                chosen = candidate
+                break
+        probe.remove()
+        line = dict(arrowstyle="-", color="0.6", lw=0.5) if abs(chosen[1] + size / 2) > size else None
+        placed = ax.annotate(text, (x, y), textcoords="offset points", xytext=chosen, fontsize=size, arrowprops=line)
+        taken.append(text_box(placed))
 
 
 def thesis_lines(rel: str) -> list[str]:

@@ -30,9 +30,10 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path) -> None:
-    """Write a figure to `path` (110 dpi) and free it."""
-    fig.tight_layout()
+def save_figure(fig, path, layout: bool = True) -> None:
+    """Write a figure to `path` (110 dpi) and free it; `layout`: tight_layout first (False: the caller laid it out)."""
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
 
