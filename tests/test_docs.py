@@ -374,3 +374,16 @@ def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
     words += "seventeen eighteen nineteen twenty"
     count = words.split()[len(stages_of("speedrun"))].capitalize()
     assert f"**The baseline's model, sooner.** {count} speedrun stages (" in (REPO / "README.md").read_text()
+
+
+def test_the_readmes_word_list_gives_both_targets_as_the_committed_records_do():
+    """The README's word list names the two targets with the committed run's values, read from its records.
+
+    Seen failing with the time-to-loss target typed as 1.934."""
+    from gpt.report.speedrun import Speedrun
+    from gpt.report.time_to_loss import LossRuns
+
+    runs = REPO / "records" / "cpu-cpu"
+    words = " ".join((REPO / "README.md").read_text().split())
+    assert f"(the *time-to-loss target*, {LossRuns(runs).target:.3f} in the committed run)" in words
+    assert f"(the *speedrun target*, {Speedrun(runs).target:.3f} in the committed run)" in words
