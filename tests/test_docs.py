@@ -7,6 +7,7 @@ of the book's stages to its torch call (docs/design.md's table, the stages' `Cod
 import ast
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -332,7 +333,8 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     It is found by the run's commit (machine.json); its speedups are the README's generated headline's (itself the
     records'), its tokens the records' range, its gain on its parent the records', its first run the newest of
     records/first_run.json, and the lead after it the records' tokens a second and page faults. Seen failing with
-    18.90x typed for 18.89x, and when the run of a new last stage came (the paragraph named the run before)."""
+    18.90x typed for 18.89x, and when the run of a new last stage came (the paragraph named the run before); the
+    machine's pace it gives, with 121 s typed for speed_0's 120 and 17,732 tokens/s for the parent's 17,731."""
     from gpt import first_run
     from gpt.ladder import stages_of
     from gpt.report.speedrun import Speedrun, speedup_range
@@ -359,6 +361,11 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     assert first["stage"] == last and f"{first['wall_s']:.1f} s, launch to exit (" in paragraph
     split = ", ".join(f"{words} {first['split'][k]:.1f}" for k, words in first_run.SPLIT if k in first["split"])
     assert split in paragraph
+    # the machine's pace in that run, where the paragraph gives it: speed_0's mean seconds, the parent's tokens a second
+    if "`speed_0` " in paragraph and " s of training against " in paragraph:
+        assert f"`speed_0` {statistics.mean(sr.seconds('speed_0_baseline')):.0f} s of training against " in paragraph
+        pace = json.loads((folder / "speedrun" / f"{parent}.json").read_text())["metrics"]["tokens_per_s"]
+        assert f"`{parent[: parent.index('_', len('speedrun_'))]}` {pace:,.0f} tokens/s against " in paragraph
     # the lead after it: the last stage's and its parent's tokens a second and page faults a step, from the records
     lead = log[log.index("**The next lead, measured in that run") :][:600]
     for stage in (last, parent):
