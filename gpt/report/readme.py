@@ -322,18 +322,17 @@ def model_cell(record: dict | None) -> str:
 def models_table(runs: Path) -> str:
     """Which model each part of the project trains on 2 CPU cores and on a GPU, from the committed records."""
 
-    def on_gpu(name: str) -> str:
-        found = newest_gpu_record(name)
+    def on_gpu(found: tuple | None) -> str:  # newest_gpu_record's answer
         return model_cell(found[1]) if found else "no GPU run committed"
 
     task = model_cell(read_record(time_to_loss_dir(runs) / f"{BASELINE}.json"))
     cpu_speed, gpu_speed = read_record(runs / f"{BASELINE}.json"), newest_gpu_record(f"{BASELINE}.json")
     rows = [
-        ["speed and fast ladders", model_cell(cpu_speed), on_gpu(f"{BASELINE}.json")],
+        ["speed and fast ladders", model_cell(cpu_speed), on_gpu(gpu_speed)],
         [
             "memory and lean ladders",
             model_cell(read_record(runs / "memory_0_baseline.json")),
-            on_gpu("memory_0_baseline.json"),
+            on_gpu(newest_gpu_record("memory_0_baseline.json")),
         ],
         ["time to loss, speedrun", task, "the speedrun: the same; the time to loss: the speed ladder's"],
     ]
