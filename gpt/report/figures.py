@@ -109,6 +109,10 @@ def label_apart(ax, labels: list[tuple[str, float, float]], size: float = 7) -> 
         label.update_positions(renderer)
         return Text.get_window_extent(label, renderer)
 
+    def fits(label, offset) -> bool:  # the label, moved to `offset`, covers nothing placed
+        label.set_position(offset)
+        return not any(text_box(label).overlaps(other) for other in taken)
+
     to_pt = 72 / ax.figure.dpi
     points = [ax.transData.transform((x, y)) for _, x, y in labels]
     marker = 4 / to_pt  # a marker's half-width, in pixels
@@ -118,13 +122,7 @@ def label_apart(ax, labels: list[tuple[str, float, float]], size: float = 7) -> 
         probe = ax.annotate(text, (x, y), textcoords="offset points", xytext=(6.0, -size / 2), fontsize=size)
         width = text_box(probe).width * to_pt
         candidates = [(dx, dy - size / 2) for dy in shifts for dx in (6.0, -6.0 - width)]
-        chosen, box = candidates[0], None
-        for candidate in candidates:
-            probe.set_position(candidate)
-            box = text_box(probe)
-            if not any(box.overlaps(other) for other in taken):
-                chosen = candidate
-                break
+        chosen = next((c for c in candidates if fits(probe, c)), candidates[0])
         probe.remove()
         line = dict(arrowstyle="-", color="0.6", lw=0.5) if abs(chosen[1] + size / 2) > size else None
         placed = ax.annotate(text, (x, y), textcoords="offset points", xytext=chosen, fontsize=size, arrowprops=line)
