@@ -604,6 +604,21 @@ def test_the_summary_says_in_one_sentence_why_per_sample_gains_do_not_reach_the_
     )
 
 
+def test_the_summary_has_no_time_to_loss_finding_where_only_the_baseline_trained_to_a_loss(tmp_path):
+    """Where only the baseline trained to a loss (a speedrun-only run: its seeds set the target), nothing is compared.
+
+    The summary then says nothing of the time to loss; it said "no stage reaches ... sooner than it does", true of no
+    stage at all (records/cpu-epyc-avx2-2026-12-01's page, before)."""
+    from gpt.report.summary import loss_sentence
+
+    runs = write_loss_records(
+        tmp_path,
+        ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.0)),
+        ("speed_0_baseline", 100.0, 80, (4.0, 3.0, 2.5, 2.2, 2.01), ".seed1"),
+    )
+    assert runs.to_target("speed_0_baseline") and loss_sentence(runs) is None
+
+
 def test_a_stage_with_no_effect_only_when_trained_to_a_loss_says_why_beside_its_timed_gain(tmp_path):
     """A stage with no effect only when trained to a loss says why, beside its timed gain.
 

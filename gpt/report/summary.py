@@ -41,11 +41,14 @@ def ladder_line(name: str, rungs: list[Rung]) -> str:
 
 
 def loss_sentence(runs: LossRuns) -> str | None:
-    """What training to a loss found, in one sentence (no final stop); None without a finished baseline."""
+    """What training to a loss found, in one sentence (no final stop).
+
+    None without a finished baseline, or without a stage to set beside it (a speedrun-only run trains the baseline
+    alone, for the speedrun's target)."""
     base = runs.to_target(BASELINE)
-    if not base:
-        return None
     others = [s for s in runs.stages if s != BASELINE and runs.records.get(s)]
+    if not base or not others:
+        return None
     sooner = {s: t["seconds"] for s in others if (t := runs.to_target(s)) and t["seconds"] < base["seconds"]}
     if sooner:
         best = min(sooner, key=sooner.get)
