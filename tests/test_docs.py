@@ -377,8 +377,8 @@ def test_docs_speedrun_quotes_the_speedrun_on_an_epyc_without_avx512_from_its_re
     """The log of 2026-12-01 quotes records/cpu-epyc-avx2-2026-12-01 and the runs it sets beside it, from their records.
 
     The last stage's speedups and tokens, its gain on its parent, speedrun_14's, the machines' pace (speed_0's mean
-    seconds, the fp32 peaks) and the bf16 rate that kept it in fp32, each recomputed here. Seen failing with 17.59x
-    typed for 17.58x and 163 s for speed_0's 162."""
+    seconds, the fp32 peaks) and the bf16 rate that kept it in fp32, each recomputed here, and the README's wall clock
+    of that run. Seen failing with 17.59x typed for 17.58x, 163 s for speed_0's 162 and 35 min for 34."""
     from gpt.ladder import stages_of
     from gpt.report.speedrun import Speedrun, speedrun_findings, speedup_range
 
@@ -406,6 +406,10 @@ def test_docs_speedrun_quotes_the_speedrun_on_an_epyc_without_avx512_from_its_re
     peaks = [json.loads((f / "machine.json").read_text())["cpu_peaks_gflops"] for f in (here, before)]
     assert f"fp32 peak {peaks[0]['float32 x2 threads']} against {peaks[1]['float32 x2 threads']} GFLOP/s" in paragraph
     assert f"bf16 matmuls measured at {peaks[0]['bfloat16 x2 threads']} GFLOP/s against fp32's " in paragraph
+    # the README's machine table gives that run's wall clock, from its machine.json
+    minutes = round(json.loads((here / "machine.json").read_text())["wall_s"] / 60)
+    row = next(line for line in (REPO / "README.md").read_text().splitlines() if "cpu-epyc-avx2-2026-12-01" in line)
+    assert f"took {minutes} min on a slower machine of the kind" in row and minutes > 0
 
 
 def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
