@@ -106,7 +106,14 @@ def measured_record(stage: str, data_dir, out) -> dict:
     return json.loads((out / f"{stage}.json").read_text())
 
 
-@pytest.mark.parametrize("stage", IN_PROCESS + TWO_PROCESSES)
+# The lean stages' two-process runs, ~25 s each on 2 busy cores, run on demand (`pytest -m slow`): memory_4_fsdp's,
+# the FSDP run they add bf16 parameters and the chunked loss to, keeps the two-process comparison in the default suite.
+ON_DEMAND = {"lean_1_fsdp_bf16", "lean_2_chunked_loss"}
+
+
+@pytest.mark.parametrize(
+    "stage", [pytest.param(s, marks=pytest.mark.slow) if s in ON_DEMAND else s for s in IN_PROCESS + TWO_PROCESSES]
+)
 def test_estimate_matches_the_measured_smoke_peak(stage, char_data, tmp_path):
     if stage_config(stage, "smoke").loss == "chunked" and not TORCH_CHUNKED_LOSS:
         pytest.skip(NO_TORCH_CHUNKED_LOSS)
@@ -798,9 +805,13 @@ def test_compare_holds_each_h100_record_against_the_figure_that_holds_what_is_es
     assert compared_peak(newer) == (3900.0, "max_memory_allocated over warm-up (graph pool in)")
 
 
+@pytest.mark.slow
 @needs_h100_records
 def test_the_planner_lands_within_its_bounds_on_the_h100_records():
     """The planner lands within its bounds on the H100 records: 2% for eager ones, 10% for CUDA-graph ones.
+
+    About a minute on 2 busy cores, so on demand (`pytest -m slow`); the traced H100 steps' estimate is checked in the
+    default suite (test_reference_estimate_matches_the_traced_step).
 
     Every eager record within 2% of its max_memory_allocated (the cuBLAS workspaces, 64 MiB, included: without them
     speed_0 was 12% short), every CUDA-graph record within 10% of the peak that holds its pool."""
