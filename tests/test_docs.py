@@ -386,22 +386,22 @@ def test_docs_speedrun_quotes_the_speedrun_on_an_epyc_without_avx512_from_its_re
     paragraph = log[log.index("**The speedrun on this CPU kind, to its last stage.**") :][:1700]
     folders = ("cpu-epyc-avx2-2026-12-01", "cpu-cpu", "cpu-epyc-avx2-2026-11-28")
     here, bf16, before = (REPO / "records" / f for f in folders)
+    runs = {folder: Speedrun(folder) for folder in (here, bf16, before)}
     last, parent = stages_of("speedrun")[-1], stages_of("speedrun")[-2]
     for folder in (here, bf16):
-        sr = Speedrun(folder)
+        sr = runs[folder]
         found = re.search(r"training on each .+?: (.+?) sooner\..+?whole budget: (.+?)\.$", speedrun_findings(sr)[0])
-        assert f"{found[1]}" in paragraph and f"{found[2]}" in paragraph, folder
+        assert found[1] in paragraph and found[2] in paragraph, folder
         assert speedup_range(sr.seconds(parent), sr.seconds(last)) in paragraph, folder
-    sr = Speedrun(here)
-    tokens = sorted(round(t) for t in sr.tokens(last))
+    tokens = sorted(round(t) for t in runs[here].tokens(last))
     assert f"on {tokens[0]:,}-{tokens[-1]:,} tokens" in paragraph
-    fourteen = speedup_range(sr.seconds("speed_0_baseline"), sr.seconds("speedrun_14_adamw_rate"))
-    assert f"`speedrun_14` is {fourteen}" in paragraph
-    assert speedrun_findings(Speedrun(before))[0].startswith("`speedrun_14_adamw_rate`")
-    assert speedup_range(*(Speedrun(before).seconds(s) for s in ("speed_0_baseline", "speedrun_14_adamw_rate"))) in (
-        paragraph
-    )
-    paces = [statistics.mean(Speedrun(f).seconds("speed_0_baseline")) for f in (here, before)]
+    fourteen = {
+        f: speedup_range(runs[f].seconds("speed_0_baseline"), runs[f].seconds("speedrun_14_adamw_rate"))
+        for f in (here, before)
+    }
+    assert f"`speedrun_14` is {fourteen[here]}" in paragraph
+    assert speedrun_findings(runs[before])[0].startswith("`speedrun_14_adamw_rate`") and fourteen[before] in paragraph
+    paces = [statistics.mean(runs[f].seconds("speed_0_baseline")) for f in (here, before)]
     assert f"`speed_0` {paces[0]:.0f} s of training against {paces[1]:.0f}" in paragraph
     peaks = [json.loads((f / "machine.json").read_text())["cpu_peaks_gflops"] for f in (here, before)]
     assert f"fp32 peak {peaks[0]['float32 x2 threads']} against {peaks[1]['float32 x2 threads']} GFLOP/s" in paragraph
