@@ -103,6 +103,7 @@ class TrainConfig:
     muon_momentum_warmup_tokens: int = 0  # >0: Muon's momentum rises linearly from 0.85 to muon_momentum over these
     keep_host_memory: bool = False  # CPU: glibc keeps freed blocks for reuse (no page faults for each new tensor)
     compile_if_it_pays: bool = False  # compile only where it pays within the run: a short CPU run to a loss stays eager
+    muon_batched: bool = False  # Muon's Newton-Schulz iterations once per shape on the stacked matrices (same result)
 
     # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"

@@ -478,6 +478,15 @@ def test_a_muon_step_on_cuda_matches_float32_on_the_cpu(char_data, monkeypatch):
     check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cuda", monkeypatch)
 
 
+@quick
+def test_a_batched_muon_step_on_cuda_matches_float32_on_the_cpu(char_data, monkeypatch):
+    """speedrun_18's BatchedMuon on CUDA, within the bf16 bound of torch's own Muon there.
+
+    On the CPU it is torch's step to the last bit (tests/optimizations/test_muon.py); cuBLAS's batched products need
+    not add in the same order as its single ones, so on CUDA it is held to the bound torch's own bf16 step meets."""
+    check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cuda", monkeypatch, muon_batched=True)
+
+
 @pytest.fixture(scope="module")
 def speedrun_on_cuda(char_data):
     """speedrun_5_wsd's run to a loss on CUDA, watched (tests/test_speedrun.py: trace_last_stage)."""

@@ -561,6 +561,17 @@ def test_speedrun_17_adds_the_four_gram_table_and_changes_nothing_else(profile):
     assert after == {**before, "fourgram_rows": FOURGRAM_ROWS}
 
 
+@pytest.mark.parametrize("profile", ["cpu", "reference"])
+def test_speedrun_18_batches_muon_and_changes_nothing_else(profile):
+    """speedrun_18 switches Muon's batched Newton-Schulz on; every other setting, and the model, is its parent's."""
+    import dataclasses
+
+    parent, child = (stage_config(s, profile) for s in ("speedrun_17_fourgram", "speedrun_18_batched_muon"))
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
+    assert changed == {"muon_batched"} and child.muon_batched
+    assert optimizations.model_settings(child, "cpu", 65) == optimizations.model_settings(parent, "cpu", 65)
+
+
 @pytest.fixture
 def torch_211_image(monkeypatch):
     """What a CUDA image with torch 2.11 and no optional kernel library offers.

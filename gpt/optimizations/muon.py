@@ -3,19 +3,23 @@
 Muon (Keller Jordan, 2024; torch.optim.Muon) replaces a matrix's momentum update by its nearest semi-orthogonal
 matrix (Newton-Schulz iterations), so every direction moves by about as much; it is defined for 2-D hidden matrices
 only, so the embeddings, norms and biases keep AdamW, as in the modded-nanogpt speedruns.
+
+torch's Muon orthogonalises one matrix at a time; BatchedMuon (speedrun_18) stacks the matrices of each shape and runs
+the same iterations once per shape, one batched product where there were as many small ones as layers.
 """
 
 import contextlib
 import math
-from collections import ChainMap
+from collections import ChainMap, defaultdict
 
 import torch
 import torch.nn as nn
+from torch.optim import _muon
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.adamw import make_optimizer as make_adamw
-from gpt.optimizations.optimization import Optimization
+from gpt.optimizations.optimization import Optimization, check_flag
 from gpt.optimizations.precision import bf16_is_fast
 
 OPTIMIZERS = ("adamw", "muon")
@@ -72,22 +76,68 @@ def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return {"lr": optimizer.param_groups[0]["lr"]}
 
 
+def newton_schulz(
+    grads: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch's Newton-Schulz iteration on a stack of same-shaped matrices (k, rows, cols) at once, in `dtype`.
+
+    Matrix by matrix it is torch/optim/_muon.py's _zeropower_via_newtonschulz: the same quintic with the same
+    coefficients and steps, each matrix normalised by its own norm; torch's runs in bfloat16, hard-coded. Each batched
+    product multiplies every matrix of the stack as the unbatched one does (tests/optimizations/test_muon.py: equal
+    to the last bit on the CPU)."""
+    a, b, c = ns_coefficients
+    x = grads.to(dtype)
+    tall = x.size(-2) > x.size(-1)
+    x = x.mT if tall else x
+    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
+    for _ in range(ns_steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
 def newton_schulz_fp32(
     grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float
 ) -> torch.Tensor:
-    """torch's Newton-Schulz iteration in float32 instead of its hard-coded bfloat16.
+    """torch's Newton-Schulz iteration on one matrix in float32 instead of its hard-coded bfloat16 (a stack of one)."""
+    return newton_schulz(grad[None], ns_coefficients, ns_steps, eps, torch.float32)[0]
 
-    The iteration is torch/optim/_muon.py's _zeropower_via_newtonschulz: the same quintic with the same coefficients and
-    steps."""
-    a, b, c = ns_coefficients
-    x = grad.float()
-    tall = x.size(0) > x.size(1)
-    x = x.T if tall else x
-    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+
+# A torch without Muon (before 2.9) still imports this module; it never builds one (MUON.cannot_run says why).
+class BatchedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
+    """torch.optim.Muon whose Newton-Schulz iterations run once per shape, on the stacked matrices of that shape.
+
+    The step is torch's _single_tensor_muon (momentum, Nesterov, decoupled weight decay, the lr adjustment) with the
+    orthogonalisation moved out of the per-matrix loop: the blocks' 4 shapes make 4 batched iterations where torch
+    runs one per matrix (16 for speedrun_17's 4 blocks)."""
+
+    def __init__(self, params, newton_schulz_dtype: torch.dtype = torch.bfloat16, **settings):
+        super().__init__(params, **settings)
+        self.newton_schulz_dtype = newton_schulz_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise NotImplementedError("BatchedMuon: no closure (MuonWithAdamW evaluates it)")
+        for group in self.param_groups:
+            params, grads, momentum_buffers = [], [], []
+            self._init_group(group, params, grads, momentum_buffers)
+            lr, momentum = group["lr"], group["momentum"]
+            updates = []
+            for grad, buf in zip(grads, momentum_buffers):
+                buf.lerp_(grad, 1 - momentum)
+                updates.append(grad.lerp(buf, momentum) if group["nesterov"] else buf)
+            by_shape = defaultdict(list)
+            for i, p in enumerate(params):
+                by_shape[p.shape].append(i)
+            for shape, members in by_shape.items():
+                stacked = torch.stack([updates[i] for i in members])
+                orthogonal = newton_schulz(
+                    stacked, group["ns_coefficients"], group["ns_steps"], group["eps"], self.newton_schulz_dtype
+                )
+                for i, update in zip(members, orthogonal):
+                    params[i].mul_(1 - lr * group["weight_decay"])
+                    params[i].add_(update, alpha=-_muon._adjust_lr(lr, group["adjust_lr_fn"], shape))
 
 
 @contextlib.contextmanager
@@ -99,8 +149,6 @@ def newton_schulz_in(dtype: torch.dtype):
     if dtype == torch.bfloat16:
         yield
         return
-    from torch.optim import _muon
-
     original = _muon._zeropower_via_newtonschulz
     _muon._zeropower_via_newtonschulz = newton_schulz_fp32
     try:
@@ -118,10 +166,16 @@ def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     """Muon for the hidden matrices and AdamW for the rest, as one optimizer.
 
     Muon's settings are passed explicitly (torch's default weight decay, 0.1, is not this project's); AdamW has
-    make_optimizer's groups. torch's default lr adjustment keeps the update's RMS alike across rectangular matrices."""
+    make_optimizer's groups. torch's default lr adjustment keeps the update's RMS alike across rectangular matrices.
+    With cfg.muon_batched (speedrun_18) BatchedMuon takes torch's place: the same step, one iteration per shape."""
     hidden = hidden_matrices(model)
-    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
-    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), newton_schulz_dtype(hidden[0].device.type))
+    dtype = newton_schulz_dtype(hidden[0].device.type)
+    settings = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+    if cfg.muon_batched:
+        muon = BatchedMuon(hidden, newton_schulz_dtype=dtype, **settings)  # speedrun_18: one iteration per shape
+    else:
+        muon = torch.optim.Muon(hidden, **settings)
+    return MuonWithAdamW(muon, make_adamw(model, cfg, skip=hidden), dtype)
 
 
 def _check_optimizer(cfg: TrainConfig) -> None:
@@ -133,6 +187,9 @@ def _check_optimizer(cfg: TrainConfig) -> None:
         raise UserError(f"muon_momentum must be in [0, 1), got {cfg.muon_momentum}")
     if not cfg.muon_weight_decay >= 0:  # also refuses nan
         raise UserError(f"muon_weight_decay must be >= 0, got {cfg.muon_weight_decay}")
+    check_flag(cfg, "muon_batched")
+    if cfg.muon_batched and cfg.matrix_optimizer != "muon":
+        raise UserError("muon_batched batches Muon's Newton-Schulz iterations: it needs matrix_optimizer='muon'")
     # A settings conflict on every machine, so an error, not a skip: FSDP shards each matrix across the ranks, and
     # Muon's orthogonalisation needs the whole matrix (on a shard it would orthogonalise the wrong thing).
     if cfg.matrix_optimizer == "muon" and cfg.distributed == "fsdp":
@@ -147,7 +204,7 @@ def _cannot_run(cfg: TrainConfig, device_type: str) -> str | None:
 
 MUON = Optimization(
     name="Muon",
-    fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"),
+    fields=("matrix_optimizer", "muon_lr", "muon_momentum", "muon_weight_decay", "muon_batched"),
     code="gpt/optimizations/muon.py:make_muon",
     time_targets=("optimizer",),
     memory_targets=("optimizer_state",),

@@ -18,7 +18,7 @@ from test_time_to_loss import smoke_to_a_loss
 from gpt import optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optimizations.muon import MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
+from gpt.optimizations.muon import BatchedMuon, MuonWithAdamW, newton_schulz_fp32, newton_schulz_in
 from gpt.optimizations.schedule import learning_rate, set_learning_rates
 
 # The blocks' matrices, named independently of the code under test.
@@ -104,6 +104,36 @@ def test_steps_equal_torch_muon_and_adamw_built_by_hand(char_data):
 
 
 @needs_muon
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])  # a CPU with fast bf16, and one without
+def test_batched_newton_schulz_steps_equal_torch_muon_bit_for_bit(char_data, bf16, monkeypatch):
+    """speedrun_18's BatchedMuon steps the blocks' matrices exactly as torch's Muon does, to the last bit.
+
+    Bit-identical: each matrix of a stack is normalised by its own norm and multiplied by the same products, only
+    batched, so the tolerance is zero; an error in the stacking (one norm for the whole stack, a transpose lost, a
+    matrix's update given to another of its shape) moves every matrix by about the step itself. The optimizers
+    build_model makes with and without muon_batched, from the same weights and gradients, three steps (Muon's momentum
+    counts), at gpt-mini's 2 blocks: 8 matrices of 4 shapes, two of each, a tall, a wide and a square among them."""
+    monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (bf16, "as parametrized"))
+    _, reference, torch_muon = built(char_data, n_layer=2)
+    _, raw, batched = built(char_data, n_layer=2, muon_batched=True)
+    assert isinstance(batched.muon, BatchedMuon) and type(torch_muon.muon) is torch.optim.Muon
+    assert batched.muon.newton_schulz_dtype == (torch.bfloat16 if bf16 else torch.float32)
+    shapes = [p.shape for g in batched.muon.param_groups for p in g["params"]]
+    assert len(shapes) == 8 and len(set(shapes)) == 4
+    generator = torch.Generator().manual_seed(0)
+    for step in range(3):
+        before = [p.detach().clone() for p in raw.parameters()]
+        for p, q in zip(reference.parameters(), raw.parameters()):
+            p.grad = torch.randn(p.shape, generator=generator)
+            q.grad = p.grad.clone()
+        torch_muon.step()
+        batched.step()
+        for (name, p), q, b in zip(reference.named_parameters(), raw.parameters(), before):
+            assert torch.equal(p, q), f"step {step}: {name}"
+            assert not torch.equal(q, b), f"step {step}: {name} did not move"
+
+
+@needs_muon
 def test_grad_scaler_unscales_and_steps_both_optimizers(char_data):
     """fp16's GradScaler reaches Muon's and AdamW's gradients through the one optimizer.
 
@@ -170,6 +200,8 @@ BAD_SETTINGS = [
     (dict(matrix_optimizer="muon", muon_lr=math.inf), "muon_lr must be a positive number, got inf"),
     (dict(matrix_optimizer="muon", muon_momentum=1.0), "muon_momentum must be in [0, 1), got 1.0"),
     (dict(matrix_optimizer="muon", muon_weight_decay=-0.1), "muon_weight_decay must be >= 0, got -0.1"),
+    (dict(matrix_optimizer="muon", muon_batched="yes"), "muon_batched must be true or false, got 'yes'"),
+    (dict(muon_batched=True), "muon_batched batches Muon's Newton-Schulz iterations: it needs matrix_optimizer='muon'"),
     (dict(lr_schedule="step"), "unknown lr_schedule 'step' (choose cosine or wsd)"),
     (dict(lr_schedule="wsd"), "wsd needs 0 < lr_cooldown <= 1"),
     (dict(lr_schedule="wsd", lr_cooldown=1.5), "wsd needs 0 < lr_cooldown <= 1"),
@@ -325,7 +357,7 @@ def check_newton_schulz_in_bf16(device: str) -> None:
         assert torch.linalg.matrix_norm(out - fp32, ord=2).item() < NEWTON_SCHULZ_BF16, shape
 
 
-def check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, device: str, monkeypatch) -> None:
+def check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, device: str, monkeypatch, **overrides) -> None:
     """One step of the optimizer build_model makes, Newton-Schulz in bf16 on `device`, against float32 on the CPU.
 
     The model is gpt-mini with 2 blocks; both steps start from the same weights and gradients. A Muon matrix moves by
@@ -339,7 +371,7 @@ def check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, device: str, monke
     assert reference_optimizer.newton_schulz_dtype == torch.float32
     if device == "cpu":  # the CPU twin: bf16 Newton-Schulz on the CPU, as a CPU with fast bf16 runs it
         monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (True, "bf16 on the CPU"))
-    _, raw, optimizer = built(char_data, device, n_layer=2)
+    _, raw, optimizer = built(char_data, device, n_layer=2, **overrides)  # overrides: on the device's side only
     assert optimizer.newton_schulz_dtype == torch.bfloat16
     generator = torch.Generator().manual_seed(0)
     before = {}
@@ -368,5 +400,6 @@ def test_newton_schulz_in_bf16_on_the_cpu_is_near_orthogonal_and_near_float32():
 
 
 @needs_muon
-def test_a_muon_step_with_bf16_newton_schulz_matches_float32(char_data, monkeypatch):
-    check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cpu", monkeypatch)
+@pytest.mark.parametrize("batched", [False, True], ids=["torch", "batched"])  # tests/test_gpu.py runs both on CUDA
+def test_a_muon_step_with_bf16_newton_schulz_matches_float32(char_data, monkeypatch, batched):
+    check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cpu", monkeypatch, muon_batched=batched)
