@@ -120,13 +120,17 @@ class BatchedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
         if closure is not None:
             raise NotImplementedError("BatchedMuon: no closure (MuonWithAdamW evaluates it)")
         for group in self.param_groups:
-            params, grads, momentum_buffers = [], [], []
-            self._init_group(group, params, grads, momentum_buffers)
+            # torch's own _init_group is private and its signature has changed between releases: gathered here
+            params = [p for p in group["params"] if p.grad is not None]
             lr, momentum = group["lr"], group["momentum"]
             updates = []
-            for grad, buf in zip(grads, momentum_buffers):
-                buf.lerp_(grad, 1 - momentum)
-                updates.append(grad.lerp(buf, momentum) if group["nesterov"] else buf)
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:  # torch's state key, zero at the first step
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
             by_shape = defaultdict(list)
             for i, p in enumerate(params):
                 by_shape[p.shape].append(i)
