@@ -17,6 +17,7 @@ from gpt.data import WindowSampler
 from gpt.model import GPT, GPTConfig
 from gpt.optimizations.adamw import make_optimizer
 from gpt.optimizations.checkpointing import checkpoint_blocks
+from gpt.optimizations.collector import freeze_live_objects
 from gpt.optimizations.compilation import compile_mode, compile_model
 from gpt.optimizations.feeding import make_loader, to_device, training_data
 from gpt.optimizations.host_memory import keep_freed_host_memory
@@ -155,6 +156,7 @@ class Trainer:
 def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> Trainer:
     """Data, model, optimizer, precision, and a sampler that draws exactly the `steps` batches the run will take."""
     rank = distributed.rank()
+    freeze_live_objects(cfg)  # speedrun_19: the imports' objects, out of the collector's reach
     # before the run's first tensors: every block freed from here is kept
     host_allocator = keep_freed_host_memory(cfg, device)
     dataset = training_data(cfg)
@@ -164,4 +166,5 @@ def prepare(cfg: TrainConfig, device: torch.device, steps: int, label: str) -> T
     sampler = WindowSampler(len(dataset), cfg.batch_size, steps, cfg.seed, rank, cfg.world_size)
     batches = iter(make_loader(dataset, sampler, cfg, device))  # speed_1, speed_2, speed_3: a DataLoader
     progress = tqdm(total=steps, desc=label, unit="step", disable=rank != 0, dynamic_ncols=True)
+    freeze_live_objects(cfg)  # speedrun_19: and the set-up's, torch._dynamo's modules among them
     return Trainer(cfg, device, rank, raw, model, optimizer, batches, choices, progress)

@@ -562,14 +562,21 @@ def test_speedrun_17_adds_the_four_gram_table_and_changes_nothing_else(profile):
 
 
 @pytest.mark.parametrize("profile", ["cpu", "reference"])
-def test_speedrun_18_batches_muon_and_changes_nothing_else(profile):
-    """speedrun_18 switches Muon's batched Newton-Schulz on; every other setting, and the model, is its parent's."""
+@pytest.mark.parametrize(
+    "parent, stage, flag",
+    [
+        ("speedrun_17_fourgram", "speedrun_18_batched_muon", "muon_batched"),
+        ("speedrun_18_batched_muon", "speedrun_19_gc_freeze", "gc_freeze"),
+    ],
+)
+def test_a_systems_stage_after_17_switches_one_flag_on_and_changes_nothing_else(profile, parent, stage, flag):
+    """speedrun_18 (Muon batched) and speedrun_19 (gc.freeze) each switch one flag on; all else, the model too, kept."""
     import dataclasses
 
-    parent, child = (stage_config(s, profile) for s in ("speedrun_17_fourgram", "speedrun_18_batched_muon"))
-    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
-    assert changed == {"muon_batched"} and child.muon_batched
-    assert optimizations.model_settings(child, "cpu", 65) == optimizations.model_settings(parent, "cpu", 65)
+    before, child = stage_config(parent, profile), stage_config(stage, profile)
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(before, k)}
+    assert changed == {flag} and getattr(child, flag) is True
+    assert optimizations.model_settings(child, "cpu", 65) == optimizations.model_settings(before, "cpu", 65)
 
 
 @pytest.fixture
