@@ -5,7 +5,9 @@ own age, read from the OS, splits a run to a loss's wall clock (gpt/time_to_loss
 """
 
 import os
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,6 +73,34 @@ class FeedClock:
     def copy_s(self) -> list[float]:
         """Seconds of each copy; call after synchronize()."""
         return self._copy.durations()[::2]
+
+
+def race(
+    calls: Sequence[Callable[[], None]], wait: Callable[[], None] = lambda: None, rounds: int = 5, seconds: float = 0.6
+) -> list[float]:
+    """The median milliseconds of each of `calls`, timed in turns until their times no longer overlap, or `seconds`.
+
+    A round times each call once (`wait()` after it: a GPU's queued kernels). After at least `rounds` rounds the race
+    stops as soon as the call of the lowest median has every time under every other call's fastest: two calls equally
+    fast look that far apart after 5 rounds once in 252 (the order of 10 times drawn alike; samples that overlap once
+    overlap from then on), and then either is the right choice. A per-machine decision between kernels 2x apart
+    takes 5 rounds; close ones take up to `seconds`."""
+    times: list[list[float]] = [[] for _ in calls]
+    end = time.perf_counter() + seconds
+    while True:
+        for call, taken in zip(calls, times):
+            t0 = time.perf_counter()
+            call()
+            wait()
+            taken.append(time.perf_counter() - t0)
+        if len(times[0]) >= rounds:
+            medians = [statistics.median(t) for t in times]
+            fastest = medians.index(min(medians))
+            slowest_of_fastest = max(times[fastest])
+            if time.perf_counter() >= end or all(
+                min(t) > slowest_of_fastest for i, t in enumerate(times) if i != fastest
+            ):
+                return [1e3 * m for m in medians]
 
 
 def process_age_s(proc: Path = Path("/proc")) -> float | None:

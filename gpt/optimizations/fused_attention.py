@@ -7,13 +7,12 @@ otherwise keeps the explicit attention, with both times as the record's `no_effe
 """
 
 import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from gpt import machine_cache
+from gpt.clocks import race
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
 from gpt.optimizations.compilation import compile_mode, cuda_graphs_rule
@@ -104,7 +103,8 @@ def time_attentions(
 ) -> list[float]:
     """Milliseconds of one forward and backward of each attention (explicit, fused) on `device`.
 
-    Each the median of ~0.3 s of calls after warm-up, on real tensors (also under the planner's FakeTensorMode), with
+    Each the median of its calls after warm-up, the two timed in turns until their times are apart (gpt/clocks.py:race:
+    5 rounds for kernels 2x apart, at most 0.6 s), on real tensors (also under the planner's FakeTensorMode), with
     the random state put back as it was."""
     device = device or torch.device("cpu")
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -114,29 +114,26 @@ def time_attentions(
         drop = torch.nn.Dropout(dropout)
         explicit = lambda q, k, v: explicit_attention(q, k, v, mask, drop)  # noqa: E731
         fused = lambda q, k, v: fused_attention(q, k, v, dropout)  # noqa: E731
-        return [
-            _time_one(torch.compile(fn) if compiled else fn, (batch, heads, positions, head_size), dtype, device)
-            for fn in (explicit, fused)
+        shape = (batch, heads, positions, head_size)
+        steps = [
+            _attention_step(torch.compile(fn) if compiled else fn, shape, dtype, device) for fn in (explicit, fused)
         ]
+        return race(steps, wait=lambda: synchronize(device))
 
 
-def _time_one(fn, shape: tuple, dtype: torch.dtype, device: torch.device, seconds: float = 0.3) -> float:
+def _attention_step(fn, shape: tuple, dtype: torch.dtype, device: torch.device, warmup: int = 3):
+    """One forward and backward of `fn` on its own q, k, v of `shape`, warmed up `warmup` times: a call to time."""
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
 
     def step():
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             y = fn(q, k, v)
         y.float().sum().backward()
-        synchronize(device)  # a GPU's kernels are queued: the clock must wait for them
 
-    for _ in range(3):
+    for _ in range(warmup):
         step()
-    times, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 5:
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    synchronize(device)
+    return step
 
 
 def _model_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:

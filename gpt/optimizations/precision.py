@@ -81,9 +81,9 @@ def cpu_bf16_is_faster() -> tuple[bool, str]:
     from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
 
     # A decision needs only which is faster, and the CPUs measured differ by 2x or more either way: a 1024 x 1024
-    # matmul timed for 0.3 s each answers it (docs/design.md, "Deciding bf16 on a CPU quickly"). The MFU's peaks are
+    # matmul timed for 0.05 s each answers it (docs/design.md, "Deciding bf16 on a CPU quickly"). The MFU's peaks are
     # the 2048 x 2048 ones, measured apart.
-    bf16, fp32 = (measure_cpu_matmul_flops(dt, n=1024, seconds=0.3) / 1e9 for dt in (torch.bfloat16, torch.float32))
+    bf16, fp32 = (measure_cpu_matmul_flops(dt, n=1024, seconds=0.05) / 1e9 for dt in (torch.bfloat16, torch.float32))
     return bf16 > fp32, f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s (1024 x 1024)"
 
 
