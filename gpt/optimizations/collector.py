@@ -1,13 +1,11 @@
 """Python's cyclic garbage collector kept off the set-up's objects (speedrun): `gc.freeze()` before and after set-up.
 
-A full (oldest-generation) collection scans every object the collector tracks. A stage process keeps about 167,000
-alive from `import torch` on, and about 288,000 once its set-up has imported `torch._dynamo` (torch.optim's
-`add_param_group` is wrapped by `torch._disable_dynamo`, which imports it, even in a run that never compiles). On a
-2-core EPYC (Zen 5) three full collections ran inside the set-up of a speedrun stage, 0.33 s, and the one at exit
-with the interpreter's teardown took ~0.7 s of a process of ~6 s. `gc.freeze()` moves every object alive into a
-permanent generation that no collection scans: the objects the steps make afterwards are collected as before, and
-nothing the set-up made was garbage to begin with (it lives until the process ends). The arithmetic is untouched.
-Measured: docs/speedrun.md, the log of 2026-12-02.
+A full (oldest-generation) collection scans every object the collector tracks, and a stage process keeps a few hundred
+thousand alive from its imports and set-up on, `torch._dynamo`'s modules among them (torch.optim's `add_param_group`
+is wrapped by `torch._disable_dynamo`, which imports it, even in a run that never compiles); full collections ran
+inside the set-up and at exit. `gc.freeze()` moves every object alive into a permanent generation that no collection
+scans: the objects the steps make afterwards are collected as before, and nothing the set-up made was garbage to begin
+with (it lives until the process ends). The arithmetic is untouched. Measured: docs/speedrun.md, the log of 2026-12-02.
 """
 
 import gc
