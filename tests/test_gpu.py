@@ -514,3 +514,21 @@ def test_the_noise_scale_measures_on_cuda(char_data, tmp_path):
     record = measure_smoke(char_data, "cuda", tmp_path / "noise.json")
     check_smoke_measurement(record)
     assert record["device"] == torch.cuda.get_device_name()
+
+
+@quick
+def test_the_attention_race_on_cuda_times_both_kernels_and_keeps_the_random_states():
+    """The attention decision on CUDA (gpt/clocks.py:race, which synchronises after each call) at the speedrun's shape.
+
+    Two finite, positive times, and the CPU's and CUDA's random states as they were (a stage measures this right after
+    seeding its model). Not yet run on a GPU."""
+    import math
+
+    from gpt.optimizations.fused_attention import time_attentions
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    cpu_state, cuda_state = torch.get_rng_state(), torch.cuda.get_rng_state(device)
+    times = time_attentions(48, 4, 64, 32, torch.bfloat16, 0.0, compiled=False, device=device)
+    assert len(times) == 2 and all(math.isfinite(t) and t > 0 for t in times), times
+    assert torch.equal(torch.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(device), cuda_state)
