@@ -45,10 +45,11 @@ def cpu_model() -> str:
 
 
 def cpu_kind(cpuinfo: str | None = None) -> str:
-    """This CPU as the records name it: its model and the matrix units the speedrun's choices turn on.
+    """This CPU as the records name it: its model, the matrix units the speedrun's choices turn on, its generation.
 
-    "AMD EPYC with AVX512-BF16", "... with AMX", "... with AVX-512", "... without AVX-512" (`cpuinfo`: /proc/cpuinfo's
-    text, read where not given)."""
+    "AMD EPYC with AVX512-BF16 (family 26, model 2)": "with AMX", "with AVX512-BF16", "with AVX-512" or "without
+    AVX-512", then x86's family and model where /proc/cpuinfo gives them, since one model name and one set of units
+    spans generations whose speeds differ (`cpuinfo`: /proc/cpuinfo's text, read where not given)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -58,10 +59,27 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
     flags = set(m[1].split()) if (m := re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)) else set()
     name = " ".join(model[1].split()) if model else platform.machine()
     if "amx_tile" in flags:
-        return f"{name} with AMX"
-    if "avx512_bf16" in flags:
-        return f"{name} with AVX512-BF16"
-    return f"{name} with AVX-512" if "avx512f" in flags else f"{name} without AVX-512"
+        units = "with AMX"
+    elif "avx512_bf16" in flags:
+        units = "with AVX512-BF16"
+    else:
+        units = "with AVX-512" if "avx512f" in flags else "without AVX-512"
+    family = re.search(r"^cpu family\s*:\s*(\d+)$", cpuinfo, re.M)
+    number = re.search(r"^model\s*:\s*(\d+)$", cpuinfo, re.M)
+    generation = f" (family {family[1]}, model {number[1]})" if family and number else ""
+    return f"{name} {units}{generation}"
+
+
+def same_cpu_kind(a: str | None, b: str | None, *, strict: bool = False) -> bool:
+    """Whether two records' `cpu` (cpu_kind) name one kind of CPU, so that their seconds compare.
+
+    Records made before cpu_kind gave the generation name only the model and units: those match any generation of
+    them, unless `strict`, which asks for the same generation named on both."""
+    if a is None or b is None:
+        return False
+    if a == b:
+        return not strict or " (family " in a
+    return not strict and (a.startswith(b + " (family ") or b.startswith(a + " (family "))
 
 
 def synchronize(device: torch.device) -> None:

@@ -3,7 +3,7 @@
 import json
 
 from gpt import suite_time
-from gpt.devices import cpu_kind
+from gpt.devices import cpu_kind, same_cpu_kind
 from gpt.report import readme
 
 EPYC = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
@@ -14,6 +14,22 @@ def test_the_cpu_is_named_by_its_model_and_the_matrix_units_it_has():
     assert cpu_kind(EPYC.replace(" avx512f avx512_bf16", "")) == "AMD EPYC without AVX-512"
     xeon = "model name\t: Intel(R) Xeon(R)  Platinum\nflags\t\t: avx512f avx512_bf16 amx_tile\n"
     assert cpu_kind(xeon) == "Intel(R) Xeon(R) Platinum with AMX"
+
+
+def test_the_cpu_kind_names_x86s_family_and_model_and_older_records_match_any_generation():
+    """One model name and one set of units spans generations (Zen 4 and Zen 5 EPYCs both "with AVX512-BF16").
+
+    Seen failing with `strict` ignored (the README then compared a Zen 5 first run with a Zen 4 one)."""
+    zen5 = EPYC + "cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+    assert cpu_kind(zen5) == "AMD EPYC with AVX512-BF16 (family 26, model 2)"
+    zen4 = cpu_kind(zen5.replace("26", "25").replace(": 2\n", ": 17\n"))
+    assert zen4 == "AMD EPYC with AVX512-BF16 (family 25, model 17)"
+    old = cpu_kind(EPYC)  # a record made before the generation was named
+    assert same_cpu_kind(cpu_kind(zen5), cpu_kind(zen5), strict=True)
+    assert not same_cpu_kind(cpu_kind(zen5), zen4)
+    assert same_cpu_kind(old, zen4) and same_cpu_kind(zen4, old) and same_cpu_kind(old, old)
+    assert not same_cpu_kind(old, zen4, strict=True) and not same_cpu_kind(old, old, strict=True)
+    assert not same_cpu_kind(old, "AMD EPYC without AVX-512 (family 25, model 1)") and not same_cpu_kind(None, None)
 
 
 def test_pytests_closing_line_gives_the_tally_and_its_seconds():

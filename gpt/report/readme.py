@@ -18,6 +18,7 @@ import torch
 from gpt import first_run, quick_run, suite_time
 from gpt.committed_records import PUBLISHED, published_dir
 from gpt.data import REPO_ROOT
+from gpt.devices import same_cpu_kind
 from gpt.files import write_atomically
 from gpt.flops import peak_label
 from gpt.formatting import fmt_minutes, table
@@ -392,7 +393,8 @@ def try_first_run(runs: Path) -> str:
     """A first run of the try, from records/first_run.json: the newest, with its split, then the one before it.
 
     The newest's ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's
-    `cpu`); a first run of a stage that is no longer the last says which it was."""
+    `cpu`; gpt/devices.py:same_cpu_kind), and the one before it only where both name the same generation; a first run
+    of a stage that is no longer the last says which it was."""
     entries = (read_record(first_run.RECORD) or {}).get("runs", [])
     if not entries:
         return "No first run of it has been timed yet"
@@ -400,18 +402,17 @@ def try_first_run(runs: Path) -> str:
     who = "it" if newest["stage"] == last else f"`{newest['stage']}`, the last stage then,"
     split = ", ".join(f"{words} {newest['split'][key]:.1f}" for key, words in first_run.SPLIT if key in newest["split"])
     text = (
-        f"A first run of {who} with empty caches took {newest['wall_s']:.1f} s, launch to exit, at commit "
-        f"{newest['commit']} on a {newest['cores']}-core {newest['cpu']} ({split})"
+        f"A first run of {who} with empty caches took {newest['wall_s']:.1f} s, launch to exit ({split}), at commit "
+        f"{newest['commit']} on a {newest['cores']}-core {newest['cpu']}"
     )
     base_walls, _ = Speedrun(runs).walls(BASELINE)
-    if base_walls and (read_record(runs / MACHINE_FILE) or {}).get("cpu") == newest["cpu"]:
+    if base_walls and same_cpu_kind((read_record(runs / MACHINE_FILE) or {}).get("cpu"), newest["cpu"]):
         base = statistics.fmean(base_walls)
         text += (
             f": {base / newest['wall_s']:.1f}x sooner than `{BASELINE}`'s whole process in the committed run "
             f"({base:.0f} s, the mean of its {len(base_walls)} seeds)"
         )
-    if len(entries) > 1:
-        before = entries[-2]
+    if before := next((e for e in reversed(entries[:-1]) if same_cpu_kind(e["cpu"], newest["cpu"], strict=True)), None):
         text += (
             f"; before it `{before['stage']}` took {before['wall_s']:.1f} s at commit {before['commit']} on a "
             f"{before['cores']}-core {before['cpu']}"
