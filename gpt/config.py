@@ -99,6 +99,7 @@ class TrainConfig:
     trigram_embedding: bool = False  # a learned table of hashed (token-2, token-1, token) triples, beside the bigram's
     fourgram_embedding: bool = False  # a learned table of hashed (token-3, ..., token) four-grams, beside the trigram's
     x0_shortcut: bool = False  # each block's input a learned mix of the residual stream and the embedding (x0)
+    untied_head: bool = False  # the output head its own matrix, not the token embedding's (GPT-2 ties them)
     muon_lr_warmup: bool = True  # False: Muon's groups start at their peak rate (no warm-up; AdamW's keeps its own)
     muon_momentum_warmup_tokens: int = 0  # >0: Muon's momentum rises linearly from 0.85 to muon_momentum over these
     keep_host_memory: bool = False  # CPU: glibc keeps freed blocks for reuse (no page faults for each new tensor)

@@ -49,6 +49,7 @@ class GPTConfig:
     trigram_rows: int = 0  # >0: a zero-initialised table of hashed (token-2, token-1, token) embeddings
     fourgram_rows: int = 0  # >0: a zero-initialised table of hashed (token-3, ..., token) embeddings
     x0_shortcut: bool = False  # each block's input a_i * x + b_i * x0 (x0: the embedding), learned, a = 1, b = 0 first
+    untied_head: bool = False  # the output head its own matrix, drawn as every Linear is, after every other weight
 
     @property
     def padded_vocab_size(self) -> int:
@@ -75,7 +76,7 @@ class GPTConfig:
         ):
             if getattr(self, name) not in choices:
                 raise UserError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
-        for name in ("qk_norm", "zero_init_proj", "x0_shortcut"):
+        for name in ("qk_norm", "zero_init_proj", "x0_shortcut", "untied_head"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
@@ -268,7 +269,9 @@ class GPT(nn.Module):
             self.resid_scales = nn.Parameter(torch.ones(config.n_layer))
             self.x0_scales = nn.Parameter(torch.zeros(config.n_layer))
         # Weight tying (as GPT-2): the output head reuses the token embedding, saving vocab x n_embd params.
-        self.lm_head.weight = self.transformer.wte.weight
+        # untied_head (speedrun_20): the head keeps its own matrix; reading a token and predicting one stop sharing it.
+        if not config.untied_head:
+            self.lm_head.weight = self.transformer.wte.weight
         # Padding rows (vocab_multiple) are never a target: a -inf logit bias gives them probability 0, so the
         # softmax over the real tokens, the loss and every real row's gradient are those of the unpadded model.
         mask = torch.zeros(vocab) if vocab > config.vocab_size else None
@@ -284,8 +287,8 @@ class GPT(nn.Module):
                 continue  # the other weights are drawn as in the model without the tables
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 weight = module.weight
-                if weight is self.transformer.wte.weight:  # only the real rows: padding rows start (and stay) 0,
-                    weight = weight[:vocab]  # and the random stream, so every weight, is the unpadded model's
+                if weight is self.transformer.wte.weight or weight is self.lm_head.weight:  # only the real rows:
+                    weight = weight[:vocab]  # padding rows start (and stay) 0, every weight is the unpadded model's
                 nn.init.normal_(weight, mean=0.0, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
@@ -300,6 +303,7 @@ class GPT(nn.Module):
             self.x0_scales.zero_()
         if self.vocab_mask is not None:
             self.transformer.wte.weight[vocab:].zero_()
+            self.lm_head.weight[vocab:].zero_()  # the same rows where the head is tied
             self.vocab_mask.zero_()[vocab:] = float("-inf")
         # Each block adds two c_proj outputs to the residual stream; scaling them by 1/sqrt(2 * n_layer)
         # keeps the variance of the residual stream from growing with depth (GPT-2 paper, section 2.3).
@@ -380,7 +384,14 @@ class GPT(nn.Module):
         _check_field_names(overrides)
         not_gpt2 = [
             f"{name}={overrides[name]!r}"
-            for name in (*ARCHITECTURE_FIELDS, "bigram_rows", "trigram_rows", "fourgram_rows", "x0_shortcut")
+            for name in (
+                *ARCHITECTURE_FIELDS,
+                "bigram_rows",
+                "trigram_rows",
+                "fourgram_rows",
+                "x0_shortcut",
+                "untied_head",
+            )
             if overrides.get(name, getattr(GPTConfig, name)) != getattr(GPTConfig, name)
         ]
         if not_gpt2:

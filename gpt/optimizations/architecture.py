@@ -43,6 +43,25 @@ X0_SHORTCUT = Optimization(
 )
 
 
+def _check_untied(cfg: TrainConfig) -> None:
+    check_flag(cfg, "untied_head")
+
+
+def _untied_settings(cfg: TrainConfig, device_type: str, vocab_size: int) -> dict:
+    return {"untied_head": True} if cfg.untied_head else {}
+
+
+# The untied head (speedrun_20): the output head its own vocab x n_embd matrix instead of the token embedding's
+# (modded-nanogpt and nanochat untie it; docs/speedrun.md#the-models-changes-and-their-sources).
+UNTIED_HEAD = Optimization(
+    name="untied output head (the head its own matrix, not the token embedding)",
+    fields=("untied_head",),
+    code="gpt/model.py:GPT.__init__ (GPTConfig.untied_head: no tying; GPT.init_weights draws the head last)",
+    checks=_check_untied,
+    model=_untied_settings,
+)
+
+
 MODERN_ARCHITECTURE = Optimization(
     name="today's small-GPT architecture (ReLU², RMSNorm, QK-norm, zero-init projections, rotary)",
     fields=("architecture",),

@@ -304,6 +304,52 @@ def test_the_x0_scales_are_adamws_without_weight_decay_never_muons(char_data):
     assert scales <= {id(p) for g in no_decay for p in g["params"]}
 
 
-def test_the_x0_shortcut_is_refused_on_a_hugging_face_checkpoint(tmp_path):
-    with pytest.raises(UserError, match="x0_shortcut"):
-        GPT.from_hf(tmp_path, x0_shortcut=True)
+@pytest.mark.parametrize("field", ["x0_shortcut", "untied_head"])
+def test_the_x0_shortcut_and_the_untied_head_are_refused_on_a_hugging_face_checkpoint(tmp_path, field):
+    with pytest.raises(UserError, match=field):
+        GPT.from_hf(tmp_path, **{field: True})
+
+
+# ---- the untied head (speedrun_20): the output head its own matrix -------------------------------------------------
+
+
+def test_the_untied_head_starts_as_the_tied_matrix_and_every_other_weight_as_the_tied_models():
+    """From one seed, the untied head is the tied model's matrix and every block weight is the tied model's.
+
+    Its token embedding is a draw of its own (the one the tied model overwrote); padding rows are zero in both.
+
+    Seen failing with the head left at nn.Linear's default draw (not the tied matrix) and with its padding rows not
+    zeroed (they kept that default draw)."""
+    config = dict(**MODERN, vocab_multiple=64)  # 97 real rows, 31 of padding
+    torch.manual_seed(0)
+    tied = GPT(tiny(**config))
+    torch.manual_seed(0)
+    untied = GPT(tiny(**config, untied_head=True))
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert torch.equal(untied.lm_head.weight, tied.lm_head.weight)
+    assert not torch.equal(untied.transformer.wte.weight[:97], tied.transformer.wte.weight[:97])
+    for name in ("lm_head.weight", "transformer.wte.weight"):
+        assert not untied.get_parameter(name)[97:].any()
+    blocks = dict(tied.transformer.h.named_parameters())
+    assert all(torch.equal(p, blocks[n]) for n, p in untied.transformer.h.named_parameters())
+    assert untied.num_params() == tied.num_params() + untied.lm_head.weight.numel()
+
+
+def test_the_untied_head_learns_apart_from_the_embedding_and_is_adamws_with_weight_decay(char_data):
+    """Both matrices get their own gradient; AdamW updates the head with the Linear weights' decay, Muon never."""
+    from gpt import train
+    from gpt.config import TrainConfig
+
+    cfg = optimizations.validate(
+        TrainConfig(data_dir=str(char_data), device="cpu", matrix_optimizer="muon", untied_head=True)
+    )
+    raw, _, optimizer = train.build_model(cfg, 65, torch.device("cpu"))
+    head, wte = raw.lm_head.weight, raw.transformer.wte.weight
+    assert head is not wte and raw.config.untied_head
+    assert id(head) not in {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
+    decay = [g for g in optimizer.adamw.param_groups if g["weight_decay"] == cfg.weight_decay > 0]
+    assert id(head) in {id(p) for g in decay for p in g["params"]}
+    x = torch.randint(0, 65, (2, 8))
+    raw(x, x)[1].backward()
+    assert head.grad.abs().sum() > 0 and wte.grad.abs().sum() > 0 and not torch.equal(head.grad, wte.grad)
