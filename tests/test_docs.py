@@ -415,6 +415,38 @@ def test_docs_speedrun_quotes_the_speedrun_on_an_epyc_without_avx512_from_its_re
     assert f"took {minutes} min on a slower machine of the kind" in row and minutes > 0
 
 
+def test_docs_speedrun_quotes_speedrun_20_on_an_epyc_without_avx512_from_its_records():
+    """The log of 2026-12-02 (morning) quotes records/cpu-epyc-avx2-2026-12-02, recomputed from its records.
+
+    The last stage's speedups, tokens and gain on its parent, the parent's tokens and the seeds' pace, speedrun_18
+    against speedrun_17 and speedrun_17's speedup, and the README's wall clock of that run. Seen failing with 21.83x
+    typed for 21.82x and 9,523 tokens a second for the parent's 9,522."""
+    from gpt.report.speedrun import Speedrun, speedrun_findings, speedup_range
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    paragraph = log[log.index("**The speedrun on this CPU kind, to `speedrun_20`.**") :][:1400]
+    here = REPO / "records" / "cpu-epyc-avx2-2026-12-02"
+    sr, last, parent = Speedrun(here), "speedrun_20_untied_head", "speedrun_19_gc_freeze"
+    found = re.search(r"training on each .+?: (.+?) sooner\..+?whole budget: (.+?)\.$", speedrun_findings(sr)[0])
+    assert f"{found[1]} sooner than `speed_0` in training seconds, {found[2]} in the whole process" in paragraph
+    tokens = sorted(round(t) for t in sr.tokens(last))
+    assert f"on {tokens[0]:,}-{tokens[-1]:,} tokens" in paragraph
+    assert f"against `speedrun_19`'s {round(sr.tokens(parent)[0]):,} on its one seed" in paragraph
+    assert f"Against `speedrun_19` in seconds {speedup_range(sr.seconds(parent), sr.seconds(last))}" in paragraph
+    paces = sorted(
+        round(json.loads(path.read_text())["metrics"]["tokens_per_s"]) for path in (here / "speedrun").glob(f"{last}*")
+    )
+    pace = round(json.loads((here / "speedrun" / f"{parent}.json").read_text())["metrics"]["tokens_per_s"])
+    assert f"trained {paces[0]:,}-{paces[-1]:,} tokens a second against the parent's {pace:,}" in paragraph
+    seventeen, eighteen = "speedrun_17_fourgram", "speedrun_18_batched_muon"
+    assert f"`speedrun_18` {speedup_range(sr.seconds(seventeen), sr.seconds(eighteen))} `speedrun_17`" in paragraph
+    assert f"{speedup_range(sr.seconds('speed_0_baseline'), sr.seconds(seventeen))}" in paragraph
+    minutes = round(json.loads((here / "machine.json").read_text())["wall_s"] / 60)
+    assert f"at 5fce2f5, {minutes} min" in paragraph
+    row = next(line for line in (REPO / "README.md").read_text().splitlines() if "cpu-epyc-avx2-2026-12-02" in line)
+    assert f"to `speedrun_20` {minutes} min (2026-12-02, commit 5fce2f5" in row
+
+
 def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
     """The finding's "Seventeen speedrun stages" is the ladder's length (it said fifteen after two more were added)."""
     from gpt.ladder import stages_of

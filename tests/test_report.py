@@ -1183,6 +1183,32 @@ def test_the_page_opens_with_its_summary_and_no_table_is_wider_than_seven_column
 
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="records/cpu-cpu is missing from this checkout")
+@pytest.mark.parametrize("folder", ["cpu-cpu", "h200-2026-11-28"])
+def test_the_waterfalls_labels_stay_apart_and_inside_on_the_committed_runs(folder):
+    """Every label of a committed run's waterfall is clear of every other and inside the axes; the title inside.
+
+    Seen failing on the waterfall before it (four lines a bar at 7 pt: its factors, tokens and margins ran into their
+    neighbours' on records/cpu-cpu's twenty stages)."""
+    import itertools
+
+    from gpt.report.speedrun import Speedrun, draw_waterfall
+
+    sr = Speedrun(REPO / "records" / folder)
+    fig = draw_waterfall(sr)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = [text.get_window_extent(renderer) for text in ax.texts]
+    assert len(boxes) == 1 + len(sr.stages)  # speed_0's and one a stage, run or not
+    crossing = [(a.get_text(), b.get_text()) for a, b in itertools.combinations(ax.texts, 2)
+                if a.get_window_extent(renderer).overlaps(b.get_window_extent(renderer))]  # fmt: skip
+    assert not crossing
+    inside = ax.get_window_extent(renderer)
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes)
+    title = ax.title.get_window_extent(renderer)
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.x1 and title.y1 <= fig.bbox.y1
+
+
 def test_the_page_draws_the_thesis_the_waterfall_and_one_change_across_machines(committed_page):
     """The page draws the thesis, the waterfall and one change across machines, from the records.
 

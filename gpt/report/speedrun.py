@@ -256,10 +256,22 @@ WATERFALL = "speedrun_waterfall.png"
 def plot_waterfall(sr: Speedrun, path: Path) -> bool:
     """A waterfall of training seconds to the target: speed_0's, then each speedrun stage's change from its parent's.
 
-    Labelled with its factor against its parent, its tokens and its margin; False: no baseline or no stage holds."""
+    False where there is no baseline or no stage holds; else draw_waterfall's figure, written to `path`."""
+    fig = draw_waterfall(sr)
+    if fig is None:
+        return False
+    save_figure(fig, path, layout=False)
+    return True
+
+
+def draw_waterfall(sr: Speedrun):
+    """The waterfall's figure, laid out: each bar labelled with its seconds and its factor against its parent.
+
+    Two short lines a bar, so that twenty bars' labels never overlap (tests/test_report.py renders the committed
+    run's and checks); the tokens and margins are the table's. None: no baseline or no stage holds."""
     held = [s for s in sr.stages if sr.holds(s)]
     if not sr.holds(BASELINE) or not held:
-        return False
+        return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 5.6))
     stages = [BASELINE, *sr.stages]
@@ -268,34 +280,33 @@ def plot_waterfall(sr: Speedrun, path: Path) -> bool:
     for i, stage in enumerate(stages):
         seconds = sr.mean_seconds(stage)
         if seconds is None:
-            ax.text(i, level, "not reached" if sr.stages.get(stage) else "not run", ha="center", va="bottom",
-                    fontsize=8, color="tab:red")  # fmt: skip
+            ax.text(i, level + 0.01 * top, "not\nreached" if sr.stages.get(stage) else "not\nrun", ha="center",
+                    va="bottom", fontsize=7, color="tab:red")  # fmt: skip
             continue
-        found = margin(sr, stage)
-        tokens = f"{statistics.fmean(sr.tokens(stage)) / 1e3:,.0f}k tokens" + (
-            f"\n{found[1]:.0%} of {found[0] / 1e3:,.0f}k left" if found else ""
-        )
         if stage in (BASELINE, held[-1]):  # the start and the end, whole
             ax.bar(i, seconds, color="0.35" if stage == BASELINE else "tab:blue", alpha=1 if stage == BASELINE else 0.5)
         if stage != BASELINE:  # the change, from its parent's level
             ax.bar(i, level - seconds, bottom=seconds, color="tab:green" if seconds <= level else "tab:red")
         parent = parent_of(stage) if stage != BASELINE else None
-        factor = f"{sr.mean_seconds(parent) / seconds:.2f}x vs parent\n" if parent and sr.holds(parent) else ""
-        ax.text(i, max(level, seconds) + 0.01 * top, f"{fmt_num(seconds)} s\n{factor}{tokens}", ha="center",
-                va="bottom", fontsize=7)  # fmt: skip
+        factor = f"\n{sr.mean_seconds(parent) / seconds:.2f}x" if parent and sr.holds(parent) else ""
+        ax.text(i, max(level, seconds) + 0.01 * top, f"{fmt_num(seconds)} s{factor}", ha="center", va="bottom",
+                fontsize=7)  # fmt: skip
         if i:
             ax.plot([i - 1.4, i + 0.4], [level, level], color="0.6", lw=0.8, ls=":")
         level = seconds
     ax.set_xticks(range(len(stages)), [s.replace("speedrun_", "").replace("_", " ") for s in stages], rotation=20,
                   ha="right", fontsize=8)  # fmt: skip
-    ax.set_ylim(0, top * 1.35)
+    ax.set_xlim(-0.7, len(stages) - 0.3)  # the last bar's label inside too, "not run" or not
+    ax.set_ylim(0, top * 1.15)
     ax.set_ylabel("training seconds to the target (mean over seeds)")
     ax.set_title(
         f"Speedrun waterfall: {BASELINE}'s training seconds to its model, change by change "
-        f"({top / sr.mean_seconds(held[-1]):.2f}x to {held[-1]})"
+        f"({top / sr.mean_seconds(held[-1]):.2f}x to {held[-1]})\nabove each bar: its seconds, then its factor on "
+        "its parent's",
+        fontsize=10,
     )
-    save_figure(fig, path)
-    return True
+    fig.tight_layout()
+    return fig
 
 
 def speedrun_findings(sr: Speedrun) -> list[str]:
