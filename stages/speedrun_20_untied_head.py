@@ -8,9 +8,10 @@ What held the parent back: its tokens. Its step is the four-gram table's and the
 systems stages since speedrun_17 moved seconds, not tokens), and the one tied matrix serves two jobs that pull apart:
 as the embedding it says what a character is, as the head which character comes next. Untied, the head starts as the
 parent's tied matrix (GPT.init_weights draws it last, as the tied one's last draw was) and the embedding as a draw
-of its own; AdamW updates both at the parent's rate and weight decay, Muon neither (not a block's matrix). On the
-tuning seeds it took 13-18% fewer tokens; tied heads zero at the start, or drawn with another seed, were tried
-(docs/speedrun.md, the log of 2026-12-02, morning). Code: gpt/model.py (GPTConfig.untied_head), switched on by
+of its own; AdamW updates both at the parent's rate, the head with the Linear weights' decay and the embedding,
+no longer a Linear's weight, without; Muon neither (not a block's matrix). On the tuning seeds it took 13-18% fewer
+tokens; untied heads zero at the start, or drawn with another seed, were tried (docs/speedrun.md, the log of
+2026-12-02, morning). Code: gpt/model.py (GPTConfig.untied_head), switched on by
 gpt/optimizations/architecture.py:UNTIED_HEAD.
 """
 
