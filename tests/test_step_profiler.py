@@ -196,6 +196,7 @@ def run_stage(stage, out, *args, env=None):
     )
 
 
+@pytest.mark.slow  # two gloo ranks and a profiler trace: 8 s; the default suite stays under 10 min on 2 cores
 def test_ddp_all_reduce_is_communication_and_rank_0_writes_the_trace(char_data, tmp_path):
     # Dynamo off: each rank's cold inductor compile took ~45 s of this test; the claim is the profiler's, not compile's
     env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}
