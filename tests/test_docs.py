@@ -107,6 +107,26 @@ def test_every_records_folder_is_listed_in_docs_records_md():
     assert all(re.search(r"commit [0-9a-f]{7}", row) for row in table.splitlines()[2:])
 
 
+def test_docs_records_quotes_two_runs_on_one_kind_of_machine_from_their_records():
+    """The spread docs/records.md gives between the committed run and the one it replaced on the same kind of machine.
+
+    Each speed and fast stage's tokens a second in records/cpu-cpu against records/cpu-epyc-bf16-2026-12-02, the same
+    code: the range and the median of the ratios, recomputed from the two folders' records."""
+    rows = [r for r in (REPO / "docs" / "records.md").read_text().splitlines() if "cpu-epyc-bf16-2026-12-02/`]" in r]
+    folders = [REPO / "records" / name for name in ("cpu-cpu", "cpu-epyc-bf16-2026-12-02")]
+    from gpt.devices import same_cpu_kind
+
+    kinds = [json.loads((f / "machine.json").read_text())["cpu"] for f in folders]
+    assert len(rows) == 1 and same_cpu_kind(*kinds)  # one kind of machine, so the ratio is the runs' spread
+    ratios = []
+    for stage in sorted(p.name for p in folders[1].glob("*.json") if p.name.startswith(("speed_", "fast_"))):
+        newer, older = (json.loads((f / stage).read_text())["metrics"]["tokens_per_s"] for f in folders)
+        ratios.append(newer / older)
+    assert len(ratios) == 13
+    quoted = f"differ by {min(ratios):.2f}-{max(ratios):.2f}x a stage (the median {statistics.median(ratios):.2f}x)"
+    assert quoted in rows[0]
+
+
 # ---- from a stage to its torch call ---------------------------------------------------------------------------------
 
 BOOK_STAGES = {
