@@ -397,6 +397,34 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         assert f"{metrics['tokens_per_s']:,.0f}" in lead and f"{metrics['minor_faults_per_step']:,.0f}" in lead, stage
 
 
+def test_docs_speedrun_counts_the_last_stages_evaluations_from_its_record():
+    """The lead after the judged run: the windows its evaluations read on seed 3407, from the committed record's curve.
+
+    The full evaluations and the estimates, their windows, the part read before the loss came near the target (the
+    untrained model's and the estimates before the first full evaluation after it), and what that part cost."""
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    lead = log[log.index("**The next lead, measured in that run: the evaluations, on every kind of CPU.**") :][:1500]
+    record = json.loads((REPO / "records" / "cpu-cpu" / "speedrun" / "speedrun_20_untied_head.json").read_text())
+    metrics, curve = record["metrics"], record["metrics"]["curve"]
+    full, estimates = [p for p in curve if not p["estimate"]], [p for p in curve if p["estimate"]]
+    first_full = next(p["step"] for p in full if p["step"] > 0)
+    early = [p for p in curve if p["step"] == 0 or (p["estimate"] and p["step"] < first_full)]
+    windows, early_windows = metrics["windows_evaluated"], sum(p["windows"] for p in early)
+    per_window = metrics["eval_seconds"] / windows
+    assert sum(p["windows"] for p in curve) == windows
+    assert f"Of the {windows:,} validation windows" in lead
+    assert f"{sum(p['windows'] for p in full):,} were the {len(full)} full evaluations ({full[0]['windows']}" in lead
+    assert f"{sum(p['windows'] for p in estimates):,} the {len(estimates)} estimates" in lead
+    assert (
+        f"({estimates[0]['windows']} each)" in lead
+        and f"the {len(early) - 1} estimates before step {first_full}" in lead
+    )
+    assert f"a loss of {min(p['val_loss'] for p in early):.2f} or more" in lead
+    assert f"were {early_windows:,} windows: {100 * early_windows / windows:.0f}% of the evaluations' reading" in lead
+    assert f"about {early_windows * per_window:.2f} s of that process's {metrics['process_s']:.2f} s" in lead
+    assert f"its mean of {1e3 * per_window:.2f} ms a window" in lead
+
+
 def test_docs_speedrun_quotes_the_speedrun_on_an_epyc_without_avx512_from_its_records():
     """The log of 2026-12-01 quotes records/cpu-epyc-avx2-2026-12-01 and the runs it sets beside it, from their records.
 
