@@ -1,8 +1,8 @@
 """The race that decides between two kernels on this machine (gpt/clocks.py:race): it stops once the times are apart.
 
 The calls here advance a clock of the test's own (the race's `time.perf_counter`, patched) by known milliseconds, so
-the rounds the race takes are known exactly:
-apart after its 5 rounds, until its time is up while they overlap, and the medians it returns are each call's own.
+the rounds the race takes are known exactly: apart after its 5 rounds, until its time is up while they overlap, and
+the medians it returns are each call's own.
 (Sleeps of known lengths were not known enough: on a loaded 2-core CI machine a 1 ms sleep once took over 4 ms.)"""
 
 import itertools
@@ -19,7 +19,7 @@ class Clock:
     """A host clock that moves only when a call or a wait says how long it took."""
 
     def __init__(self):
-        self.now = 0.0
+        self.now, self.calls = 0.0, 0
 
     def __call__(self) -> float:
         return self.now
@@ -29,7 +29,7 @@ class Clock:
         taken = itertools.cycle(milliseconds)
 
         def call():
-            self.calls = getattr(self, "calls", 0) + 1
+            self.calls += 1
             self.now += next(taken) / 1e3
 
         return call

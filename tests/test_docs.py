@@ -112,10 +112,10 @@ def test_docs_records_quotes_two_runs_on_one_kind_of_machine_from_their_records(
 
     Each speed and fast stage's tokens a second in records/cpu-cpu against records/cpu-epyc-bf16-2026-12-02, the same
     code: the range and the median of the ratios, recomputed from the two folders' records."""
-    rows = [r for r in (REPO / "docs" / "records.md").read_text().splitlines() if "cpu-epyc-bf16-2026-12-02/`]" in r]
-    folders = [REPO / "records" / name for name in ("cpu-cpu", "cpu-epyc-bf16-2026-12-02")]
     from gpt.devices import same_cpu_kind
 
+    rows = [r for r in (REPO / "docs" / "records.md").read_text().splitlines() if "cpu-epyc-bf16-2026-12-02/`]" in r]
+    folders = [REPO / "records" / name for name in ("cpu-cpu", "cpu-epyc-bf16-2026-12-02")]
     kinds = [json.loads((f / "machine.json").read_text())["cpu"] for f in folders]
     assert len(rows) == 1 and same_cpu_kind(*kinds)  # one kind of machine, so the ratio is the runs' spread
     ratios = []

@@ -44,7 +44,7 @@ def faster_step_headline(runs: LossRuns) -> str:
     if kept is None or not ok(runs.records.get(BASELINE)):
         return "no stage of the committed run changes the model"
     base, mine = runs.records[BASELINE]["metrics"], runs.records[kept]["metrics"]
-    rates = [r["metrics"]["tokens_per_s"] for r in [runs.records[BASELINE], *runs.seeds]]
+    rates = runs.baseline_rates
     gains = sorted(100 * (mine["tokens_per_s"] / rate - 1) for rate in rates)
     return (
         f"`{kept}` trains {rate_change(gains[0], gains[-1])} tokens a second than `{BASELINE}` (its one seed against "

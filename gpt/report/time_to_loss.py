@@ -40,7 +40,8 @@ class LossRuns:
         finals = [r["metrics"]["val_loss_final"] for r in baselines]
         self.spread = seed_spread(finals) if len(finals) > 1 else None
         # the run-to-run variation of a rate: the baseline's runs differ in seed only, not in speed
-        rates = [r["metrics"]["tokens_per_s"] for r in baselines]
+        self.baseline_rates = [r["metrics"]["tokens_per_s"] for r in baselines]  # tokens a second, a seed each
+        rates = self.baseline_rates
         self.rate_noise_pct = 100 * (max(rates) - min(rates)) / min(rates) if len(rates) > 1 else 0.0
 
     def final(self, stage: str) -> float | None:
