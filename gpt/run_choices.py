@@ -94,5 +94,5 @@ def model_choices(cfg: TrainConfig, device: torch.device, model_config) -> dict:
         "attention_how": attention_how(cfg, device.type),
         "loss": model_config.loss,
         "loss_why": loss_used(cfg, device.type, model_config.vocab_size)[1],
-        "loss_how": loss_how(cfg, device.type),
+        "loss_how": loss_how(cfg, device.type, model_config.vocab_size),
     }

@@ -251,19 +251,47 @@ def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str,
         return cfg.loss, None
     if missing := why_unavailable(cfg.loss_impl, device_type):
         return "full", f"kept the full loss: {missing}"
+    if narrow_vocabulary_rule(cfg, vocab_size):
+        padded, dim = padded_vocabulary(cfg, vocab_size), cfg.model_shape["n_embd"]
+        return "full", (
+            f"kept the full loss by rule: {padded} logits a row are no more than the model's width ({dim}), so the "
+            "logits are no larger than the head's input and chunking them saves nothing"
+        )
     if cuda_graphs_rule(cfg, torch.device(device_type), "the chunked loss"):
         return "chunked", None
     return measured_loss_choice(cfg, vocab_size, device_type)
 
 
-def loss_how(cfg: TrainConfig, device_type: str) -> str | None:
+def loss_how(cfg: TrainConfig, device_type: str, vocab_size: int) -> str | None:
     """How the loss was chosen among those that run here (the record's choices.loss_how).
 
-    "measured", the rule under CUDA graphs (gpt/optimizations/compilation.py:cuda_graphs_rule), or None where the
-    config's loss runs unchosen, or no chunked implementation runs here (loss_why says so)."""
+    "measured", a rule (narrow_vocabulary_rule; under CUDA graphs gpt/optimizations/compilation.py:cuda_graphs_rule),
+    or None where the config's loss runs unchosen, or no chunked implementation runs here (loss_why says so)."""
     if not _falls_back(cfg) or why_unavailable(cfg.loss_impl, device_type):
         return None
-    return cuda_graphs_rule(cfg, torch.device(device_type), "the chunked loss") or "measured"
+    return (
+        narrow_vocabulary_rule(cfg, vocab_size)
+        or cuda_graphs_rule(cfg, torch.device(device_type), "the chunked loss")
+        or "measured"
+    )
+
+
+def narrow_vocabulary_rule(cfg: TrainConfig, vocab_size: int) -> str | None:
+    """The rule that keeps the full loss where the (padded) vocabulary is no wider than the model, else None.
+
+    The chunked loss exists so that the (rows x vocabulary) logits are never held at once. Where a row of them is no
+    wider than a row of the head's input, which the step holds anyway, there is nothing to save, and chunking only
+    adds calls: every committed measurement at the character vocabulary found it slower
+    (docs/design.md#the-figures-behind-the-rules). The rule spares a run that measurement."""
+    padded, dim = padded_vocabulary(cfg, vocab_size), cfg.model_shape["n_embd"]
+    if padded > dim:
+        return None
+    return f"rule: the full loss where the logits are no wider than the model ({padded} <= {dim})"
+
+
+def padded_vocabulary(cfg: TrainConfig, vocab_size: int) -> int:
+    """The rows of the output head: `vocab_size` padded to a multiple of cfg.vocab_multiple (gpt/model.py)."""
+    return -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
 
 
 def missing_here(cfg: TrainConfig, device_type: str) -> str | None:
@@ -285,7 +313,7 @@ def measured_loss_choice(cfg: TrainConfig, vocab_size: int, device_type: str) ->
     impl = resolve(cfg.loss_impl, device_type)
     device = torch.device(device_type)
     rows, dim = cfg.micro_batch_size * cfg.block_size, cfg.model_shape["n_embd"]
-    padded = -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
+    padded = padded_vocabulary(cfg, vocab_size)
     dtype = mixed_precision(cfg, device).dtype
     compiled = compile_mode(cfg, device) is not None
     what = (

@@ -411,6 +411,55 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
     assert "slower on this GPU (H200) at this shape" in chunked_loss.loss_used(other, "cuda", 65)[1]
 
 
+def test_a_vocabulary_no_wider_than_the_model_keeps_the_full_loss_by_rule_without_measuring(monkeypatch, tmp_path):
+    """A vocabulary no wider than the model keeps the full loss by rule, and nothing is timed for it.
+
+    The speedrun's 80 characters, padded to 128, against its 128-wide model: the rule's case. A model narrower than
+    the padded vocabulary is measured as before, and the GPT-2 vocabulary of the fast ladder is never the rule's."""
+    from gpt.model import GPTConfig
+    from gpt.run_choices import model_choices
+
+    timed = []
+    monkeypatch.setattr(chunked_loss, "time_head_and_loss", lambda *a, **k: timed.append(a) or {"median_ms": 1.0})
+    monkeypatch.setattr(chunked_loss, "resolve", lambda choice, device_type: "torch")
+    monkeypatch.setattr(chunked_loss, "why_unavailable", lambda choice, device_type: None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing measured before
+    cfg = stage_config("speedrun_20_untied_head", "cpu")
+    assert (cfg.model_shape["n_embd"], chunked_loss.padded_vocabulary(cfg, 80)) == (128, 128)
+    loss, why = chunked_loss.loss_used(cfg, "cpu", 80)
+    assert loss == "full" and why.startswith("kept the full loss by rule: 128 logits a row")
+    choices = model_choices(cfg, CPU, GPTConfig(vocab_size=80, vocab_multiple=cfg.vocab_multiple, loss="full"))
+    assert choices["loss_how"] == "rule: the full loss where the logits are no wider than the model (128 <= 128)"
+    assert chunked_loss.loss_used(cfg, "cuda", 80)[0] == "full" and timed == []  # on every device
+    wider = stage_config("speedrun_20_untied_head", "cpu", n_embd=64)
+    chunked_loss.loss_used(wider, "cpu", 80)
+    assert len(timed) == 2 and chunked_loss.loss_how(wider, "cpu", 80) == "measured"  # full, then chunked
+    assert chunked_loss.narrow_vocabulary_rule(stage_config("fast_6_chunked_loss", "cpu"), 50257) is None
+
+
+def test_every_committed_measurement_the_narrow_vocabulary_rule_replaces_chose_the_full_loss():
+    """Every committed record whose loss was measured where the rule now decides it measured the full loss faster.
+
+    The rule's evidence, from every records/ folder: a record's model (its width, vocabulary and padding) and its
+    choices (the loss that ran, and how it was chosen)."""
+    import json
+
+    from gpt.committed_records import PUBLISHED
+
+    measured = {}
+    for path in PUBLISHED.glob("*/**/*.json"):
+        record = json.loads(path.read_text())
+        model, choices = (record.get(key) or {} if isinstance(record, dict) else {} for key in ("model", "choices"))
+        if choices.get("loss_how") != "measured" or "vocab_size" not in model:
+            continue
+        padded = -(-model["vocab_size"] // model["vocab_multiple"]) * model["vocab_multiple"]
+        if padded <= model["n_embd"]:
+            measured[path.relative_to(PUBLISHED)] = choices["loss"], choices["loss_why"]
+    assert len(measured) >= 20  # the speedrun's and the time to loss's records of every CPU run
+    assert {loss for loss, _ in measured.values()} == {"full"}, measured
+    assert all("slower on this CPU" in why for _, why in measured.values())
+
+
 def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(monkeypatch):
     """A torch with an older F.linear_cross_entropy falls back instead of failing the stage.
 
