@@ -315,6 +315,40 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     )
 
 
+def test_the_cpu_quick_runs_figures_are_its_quick_run_json():
+    """The README's and docs/running.md's CPU quick run: its commit, stage runs, plan, reflow and wall clock.
+
+    All read from records/cpu-epyc-bf16-2026-12-02-quick: its quick_run.json and its records' env.git_commit (seen
+    failing with 35 stage runs typed)."""
+    from gpt.quick_run import minutes
+
+    folder = REPO / "records" / "cpu-epyc-bf16-2026-12-02-quick"
+    (run,) = json.loads((folder / "quick_run.json").read_text())["runs"]
+    ran = [item for item in run["items"] if item["ran"]]
+    reflowed = {item["section"] for item in ran if item["reflowed"]}
+    commits = {
+        json.loads(p.read_text())["env"]["git_commit"]
+        for p in folder.glob("*.json")
+        if p.stem.startswith(("speed", "fast"))
+    }
+    assert len(commits) == 1 and reflowed == {"fast"}
+    commit = commits.pop()[:7]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    running = " ".join((REPO / "docs" / "running.md").read_text().split())
+    n_fast = sum(item["section"] == "fast" for item in ran)
+    assert (
+        f"commit {commit} ran all {len(ran)} stage runs in {minutes(run['wall_s'])}, the fast ladder's {n_fast} in the "
+        "time the others left" in readme
+    )
+    assert len(ran) == len(run["items"])
+    assert (
+        f"commit {commit}, the Zen 4 EPYC of `records/cpu-cpu/`, idle) planned {minutes(run['planned_s'])} of its 20"
+        in running
+    )
+    ended = f"ended at {minutes(run['wall_s'])} of its 20, all {len(ran)} stage runs done"
+    assert f"the fast ladder's {n_fast} runs into the time left and {ended}" in running
+
+
 def tour_h200_figures(readme: str) -> list[tuple[str, str, str]]:
     """The tour's "<change> on the H200" figures: (stage prefix, what, the typed figure), from each table row."""
     tour = readme[readme.index("## A tour: each optimization") :]

@@ -44,11 +44,18 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
     A Zen 5 and a Zen 4 EPYC are both "with AVX512-BF16": only a generation named on both makes them comparable.
 
     Seen failing on the rule it replaced, the entry before whatever its CPU: the Zen 5's 6.4 s came beside the Zen 4's
-    12.4 s under one name."""
+    12.4 s under one name. A run before it of the same commit and stage is called that (seen failing when it was
+    "before it", which read as older code)."""
     last, zen4, zen5 = stages_of("speedrun")[-1], "(family 25, model 17)", "(family 26, model 2)"
     entry = {"commit": "abc1234", "cores": 2, "split": {"import_setup_s": 2.0, "train_seconds": 5.0}}
     runs = [
-        {**entry, "stage": "speedrun_1_systems", "cpu": f"EPYC with AVX512-BF16 {zen4}", "wall_s": 30.0},
+        {
+            **entry,
+            "commit": "0123abc",
+            "stage": "speedrun_1_systems",
+            "cpu": f"EPYC with AVX512-BF16 {zen4}",
+            "wall_s": 30,
+        },
         {**entry, "stage": "speedrun_2_batch", "cpu": "EPYC with AVX512-BF16", "wall_s": 20.0},
         {**entry, "stage": "speedrun_3", "cpu": f"EPYC with AVX512-BF16 {zen5}", "wall_s": 9.0},
         {**entry, "stage": last, "cpu": f"EPYC with AVX512-BF16 {zen4}", "wall_s": 12.5},
@@ -59,8 +66,15 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
         "A first run of it with empty caches took 12.5 s, launch to exit (imports and arguments 2.0, training 5.0), "
         f"at commit abc1234 on a 2-core EPYC with AVX512-BF16 {zen4}: 10.0x sooner than `speed_0_baseline`'s whole "
         "process in the committed run (125 s, the mean of its 2 seeds); before it `speedrun_1_systems` took 30.0 s at "
-        f"commit abc1234 on a 2-core EPYC with AVX512-BF16 {zen4}"
+        f"commit 0123abc on a 2-core EPYC with AVX512-BF16 {zen4}"
     )
+    runs.insert(3, {**runs[3], "wall_s": 18.0})  # one before of the same commit and stage: the machine's spread
+    (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
+    assert readme.try_first_run(committed_run).endswith(
+        f"; another first run of it at that commit on a 2-core EPYC with AVX512-BF16 {zen4} took 18.0 s (the same "
+        "code: the two differ by the machine's state alone)"
+    )
+    del runs[3]
     runs[0]["cpu"] = "EPYC with AVX512-BF16"  # no run before it of a known generation: none is named
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
     assert "before it" not in readme.try_first_run(committed_run)

@@ -408,7 +408,8 @@ def try_first_run(runs: Path) -> str:
 
     The newest's ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's
     `cpu`; gpt/devices.py:same_cpu_kind), and the one before it only where both name the same generation; a first run
-    of a stage that is no longer the last says which it was."""
+    of a stage that is no longer the last says which it was, and one before it of the same commit and stage is called
+    that: the same code, so their difference is the machine's."""
     entries = (read_record(first_run.RECORD) or {}).get("runs", [])
     if not entries:
         return "No first run of it has been timed yet"
@@ -426,7 +427,13 @@ def try_first_run(runs: Path) -> str:
             f": {base / newest['wall_s']:.1f}x sooner than `{BASELINE}`'s whole process in the committed run "
             f"({base:.0f} s, the mean of its {len(base_walls)} seeds)"
         )
-    if before := next((e for e in reversed(entries[:-1]) if same_cpu_kind(e["cpu"], newest["cpu"], strict=True)), None):
+    before = next((e for e in reversed(entries[:-1]) if same_cpu_kind(e["cpu"], newest["cpu"], strict=True)), None)
+    if before and (before["commit"], before["stage"]) == (newest["commit"], newest["stage"]):
+        text += (
+            f"; another first run of it at that commit on a {before['cores']}-core {before['cpu']} took "
+            f"{before['wall_s']:.1f} s (the same code: the two differ by the machine's state alone)"
+        )
+    elif before:
         text += (
             f"; before it `{before['stage']}` took {before['wall_s']:.1f} s at commit {before['commit']} on a "
             f"{before['cores']}-core {before['cpu']}"
