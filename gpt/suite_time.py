@@ -7,6 +7,7 @@ from pip's cache or the network, the data) before pytest; both are kept, the who
 commit, the CPU and its cores. Time it on an idle machine: nothing else may run meanwhile.
 """
 
+import argparse
 import os
 import re
 import subprocess
@@ -73,6 +74,8 @@ def summary(entry: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # no options: --help says what it times, and anything else is refused before a clone is made
+    argparse.ArgumentParser(prog="python -m gpt.suite_time", description=__doc__.splitlines()[0]).parse_args(argv)
     if git_commit().endswith("-dirty"):
         print("[suite time] the clone takes HEAD: uncommitted changes here are not timed", flush=True)
     entry = measure(REPO_ROOT)
