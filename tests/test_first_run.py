@@ -1,10 +1,12 @@
-"""The first run of the README's try (gpt/first_run.py) and the README's sentence made from its record."""
+"""The first run of the README's try (gpt/first_run.py) and the README's sentence made from its record.
+
+And what the timing tools (it and gpt/suite_time.py) do with options."""
 
 import json
 
 import pytest
 
-from gpt import first_run
+from gpt import first_run, suite_time
 from gpt.ladder import stages_of
 from gpt.records import write_record
 from gpt.report import readme
@@ -84,14 +86,16 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
     assert "sooner" not in text and text.startswith("A first run of `speedrun_1_systems`, the last stage then, with")
 
 
+@pytest.mark.parametrize("tool, words", [(first_run, "first run"), (suite_time, "fresh clone")])
 @pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--seed", "1"], 2)])
-def test_first_run_takes_no_options_and_runs_nothing_when_given_one(monkeypatch, capsys, argv, code):
-    """`--help` says what it runs and anything else is refused, before the stage runs or the record is touched.
+def test_the_timing_tools_take_no_options_and_time_nothing_when_given_one(tool, words, monkeypatch, capsys, argv, code):
+    """`--help` says what it times and anything else is refused, before anything runs or the record is touched.
 
-    Seen failing before it parsed its arguments: `--help` ran the stage for 15 s and appended an entry."""
-    monkeypatch.setattr(first_run, "measure", lambda stage: pytest.fail("the stage ran"))
-    monkeypatch.setattr(first_run, "append_run", lambda *a: pytest.fail("the record was written"))
+    Seen failing before each parsed its arguments: `--help` ran the stage for 15 s (first_run), or cloned and timed the
+    whole suite for 6 min (suite_time), and appended an entry."""
+    monkeypatch.setattr(tool, "measure", lambda what: pytest.fail("it timed something"))
+    monkeypatch.setattr(tool, "append_run", lambda *a: pytest.fail("the record was written"))
     with pytest.raises(SystemExit) as ended:
-        first_run.main(argv)
+        tool.main(argv)
     assert ended.value.code == code
-    assert code != 0 or "first run" in capsys.readouterr().out
+    assert code != 0 or words in capsys.readouterr().out
