@@ -56,7 +56,7 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
             "commit": "0123abc",
             "stage": "speedrun_1_systems",
             "cpu": f"EPYC with AVX512-BF16 {zen4}",
-            "wall_s": 30,
+            "wall_s": 30.0,
         },
         {**entry, "stage": "speedrun_2_batch", "cpu": "EPYC with AVX512-BF16", "wall_s": 20.0},
         {**entry, "stage": "speedrun_3", "cpu": f"EPYC with AVX512-BF16 {zen5}", "wall_s": 9.0},
