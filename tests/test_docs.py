@@ -343,7 +343,7 @@ def test_the_cpu_quick_runs_figures_are_its_quick_run_json():
         "time the others left" in readme
     )
     assert (
-        f"commit {commit}, the Zen 4 EPYC of `records/cpu-cpu/`, idle) planned {minutes(run['planned_s'])} of its 20"
+        f"commit {commit}, the Zen 4 EPYC of the run of f0ba4ca, idle) planned {minutes(run['planned_s'])} of its 20"
         in running
     )
     ended = f"ended at {minutes(run['wall_s'])} of its 20, all {len(ran)} stage runs done"
@@ -459,6 +459,15 @@ def test_docs_speedrun_quotes_the_kept_zen5_runs_last_stage_from_its_records():
     check_judged_paragraph(REPO / "records" / "cpu-epyc-bf16-2026-12-02-0f96b77", first)
 
 
+def test_docs_speedrun_quotes_the_kept_zen4_runs_last_stage_from_its_records():
+    """The paragraph judging the full run of f0ba4ca, on a Zen 4, quotes its kept folder's records.
+
+    The folder is records/cpu-epyc-bf16-2026-12-02-f0ba4ca; the first run the paragraph names is the last of f0ba4ca."""
+    runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
+    first = [run for run in runs if run["commit"] == "f0ba4ca"][-1]
+    check_judged_paragraph(REPO / "records" / "cpu-epyc-bf16-2026-12-02-f0ba4ca", first)
+
+
 def test_docs_speedrun_counts_the_last_stages_evaluations_from_its_record():
     """The lead after the judged run: the windows its evaluations read on seed 3407, from the committed record's curve.
 
@@ -489,17 +498,16 @@ def test_docs_speedrun_counts_the_last_stages_evaluations_from_its_record():
 
 
 def test_docs_speedrun_quotes_the_committed_runs_evaluations_beside_the_throwaway_timings():
-    """The log of 2026-12-03: its figures of the committed run are records/cpu-cpu's speedrun_20 (seed 3407).
+    """The log of 2026-12-03: its figures of the run of f0ba4ca are its kept folder's speedrun_20 (seed 3407).
 
     Its evaluations' seconds and its training pace (seen failing with 1.93 s typed); the throwaway timings are history,
     labelled with their commit."""
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     entry = log[log.index("### 2026-12-03: what an evaluation's window costs") :][:2000]
-    metrics = json.loads((REPO / "records" / "cpu-cpu" / "speedrun" / "speedrun_20_untied_head.json").read_text())[
-        "metrics"
-    ]
-    assert f"of the {metrics['eval_seconds']:.2f} s the committed run's evaluations took" in entry
-    assert f"the optimizer, {metrics['tokens_per_s'] / 1e3:.0f} a millisecond in `records/cpu-cpu/speedrun/" in entry
+    kept = "cpu-epyc-bf16-2026-12-02-f0ba4ca"  # the run of f0ba4ca, kept when the run of 33f0172 replaced it
+    metrics = json.loads((REPO / "records" / kept / "speedrun" / "speedrun_20_untied_head.json").read_text())["metrics"]
+    assert f"of the {metrics['eval_seconds']:.2f} s the run of f0ba4ca's evaluations took" in entry
+    assert f"the optimizer, {metrics['tokens_per_s'] / 1e3:.0f} a millisecond in `records/{kept}/speedrun/" in entry
 
 
 def test_docs_speedrun_quotes_the_afternoons_speedrun_and_its_first_run_on_one_machine():
