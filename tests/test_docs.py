@@ -468,6 +468,46 @@ def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder,
     check_judged_paragraph(REPO / "records" / folder, first)
 
 
+def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_from_their_records():
+    """The log of 2026-12-03 (later): the bars per seed, both first runs of 33f0172 and the two runs' paces.
+
+    From records/cpu-cpu (the run of 33f0172), its kept predecessor and records/first_run.json; the figures of the
+    judged paragraph itself are check_judged_paragraph's. Seen failing with 20,977 typed for seed 3408's 20,976."""
+    from gpt.report.speedrun import Speedrun
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    entry = log[log.index("### 2026-12-03 (later): the full run of 33f0172") :][:4000]
+    last, parent = "speedrun_20_untied_head", "speedrun_19_gc_freeze"
+    now, kept = REPO / "records" / "cpu-cpu", REPO / "records" / "cpu-epyc-bf16-2026-12-02-f0ba4ca"
+    sr = Speedrun(now)
+    base, seconds = sr.seconds("speed_0_baseline"), sr.seconds(last)
+    per_seed = sorted(statistics.mean(base) / s for s in seconds)
+    assert f"every seed at least 30x ({per_seed[0]:.1f}-{per_seed[-1]:.1f}x against `speed_0`'s mean of" in entry
+    assert f"`speed_0`'s mean of {statistics.mean(base):.0f} s, {min(base) / max(seconds):.2f}x the slowest" in entry
+    old_base = statistics.mean(Speedrun(kept).seconds("speed_0_baseline"))
+    assert f"`speed_0`'s mean moved from {old_base:.0f} to {statistics.mean(base):.0f} s" in entry
+    first, second = [
+        run
+        for run in json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
+        if run["commit"] == "33f0172"
+    ]
+    assert (
+        f"the first of the two, minutes before, took {first['wall_s']:.1f} s (set-up {first['split']['setup_s']:.1f})"
+        in entry
+    )
+    not_training = second["split"]["setup_s"] + second["split"]["eval_seconds"]
+    assert f"the set-up and the evaluations ({not_training:.1f} s of {second['wall_s']:.1f} here)" in entry
+
+    def pace(folder: Path, stage: str, seed: str = "") -> str:
+        return (
+            f"{json.loads((folder / 'speedrun' / f'{stage}{seed}.json').read_text())['metrics']['tokens_per_s']:,.0f}"
+        )
+
+    assert (
+        f"gave {pace(kept, last)} and {pace(kept, parent)}; its seed 3408 gave {pace(now, last, '.seed3408')}" in entry
+    )
+
+
 def test_docs_speedrun_counts_the_last_stages_evaluations_from_its_record():
     """The lead after the judged run: the windows its evaluations read on seed 3407, from the committed record's curve.
 
