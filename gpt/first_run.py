@@ -24,6 +24,8 @@ from gpt.ladder import stages_of
 from gpt.records import append_run, read_record, time_to_loss_dir
 
 RECORD = PUBLISHED / "first_run.json"
+# What a stage's process runs: two first runs of the same trees of these ran the same code, whatever else changed
+CODE = ("gpt", "stages", "pyproject.toml")
 LADDER = "speedrun"
 TRY_OUT = "/tmp/try"  # the README's --out: the command as a user copies it
 # The record's split of the process, in the order the summary prints it: (its key, its words)
@@ -39,6 +41,19 @@ SPLIT = (
 def try_command(stage: str, out: str = TRY_OUT) -> list[str]:
     """The README's try: the stage's script, into `out`, without W&B."""
     return [".venv/bin/python", f"stages/{stage}.py", "--out", out, "--wandb", "disabled"]
+
+
+def code_of(commit: str = "HEAD") -> dict[str, str] | None:
+    """The git object of each of CODE at `commit`, a short hash each; None where HEAD's work tree has changes to them.
+
+    Equal for two commits whose stages run the same code (a commit of tests or docs between them changes none)."""
+    if commit == "HEAD":
+        status = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *CODE]
+        if subprocess.check_output(status, text=True).strip():
+            return None
+    spec = [f"{commit}:{path}" for path in CODE]
+    hashes = subprocess.check_output(["git", "-C", str(REPO_ROOT), "rev-parse", *spec], text=True)
+    return {path: full[:7] for path, full in zip(CODE, hashes.split())}
 
 
 def measure(stage: str) -> dict:
@@ -57,6 +72,7 @@ def measure(stage: str) -> dict:
     return {
         "stage": stage,
         "commit": commit.strip(),
+        "code": code_of(),  # None: uncommitted changes, this run's code is no commit's
         "date": datetime.now(UTC).date().isoformat(),
         "cpu": cpu_kind(),
         "cores": os.cpu_count(),

@@ -38,7 +38,7 @@ def committed_run(tmp_path):
     return runs
 
 
-def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the_one_before_on_its_generation(
+def test_the_readme_gives_the_first_runs_of_the_newests_code_or_the_newest_and_the_one_before_on_its_generation(
     tmp_path, monkeypatch, committed_run
 ):
     """The ratio to speed_0's whole process where both ran on one kind of CPU; the run before, on one generation.
@@ -46,8 +46,9 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
     A Zen 5 and a Zen 4 EPYC are both "with AVX512-BF16": only a generation named on both makes them comparable.
 
     Seen failing on the rule it replaced, the entry before whatever its CPU: the Zen 5's 6.4 s came beside the Zen 4's
-    12.4 s under one name. A run before it of the same commit and stage is called that (seen failing when it was
-    "before it", which read as older code)."""
+    12.4 s under one name. Runs of the newest's code (gpt/first_run.py:code_of) come as their median and range, the
+    newest being one draw of the machine's state (seen failing on the rule it replaced, which named the newest and the
+    one before it of its commit: 7.7 and 8.1 s where 4 runs of the code took 7.7-13.7 s)."""
     last, zen4, zen5 = stages_of("speedrun")[-1], "(family 25, model 17)", "(family 26, model 2)"
     entry = {"commit": "abc1234", "cores": 2, "split": {"import_setup_s": 2.0, "train_seconds": 5.0}}
     runs = [
@@ -70,13 +71,24 @@ def test_the_readme_gives_the_newest_first_run_its_ratio_on_the_same_cpu_and_the
         "process in the committed run (125 s, the mean of its 2 seeds); before it `speedrun_1_systems` took 30.0 s at "
         f"commit 0123abc on a 2-core EPYC with AVX512-BF16 {zen4}"
     )
-    runs.insert(3, {**runs[3], "wall_s": 18.0})  # one before of the same commit and stage: the machine's spread
+    # runs of the newest's code on its CPU kind and cores: their median and range, whatever their commits
+    code = {"gpt": "1111111", "stages": "2222222", "pyproject.toml": "3333333"}
+    runs[3]["code"] = code
+    runs[3:3] = [
+        {**runs[3], "commit": "9999999", "wall_s": 18.0},
+        {**runs[3], "wall_s": 11.0, "code": {**code, "gpt": "4444444"}},  # other code: not among them
+        {**runs[3], "wall_s": 10.0, "cores": 4},  # other cores: not among them
+    ]
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
-    assert readme.try_first_run(committed_run).endswith(
-        f"; another first run of it at that commit on a 2-core EPYC with AVX512-BF16 {zen4} took 18.0 s (the same "
-        "code: the two differ by the machine's state alone)"
+    assert readme.try_first_run(committed_run) == (
+        "2 first runs of it with empty caches, all of one code (gpt/, stages/ and pyproject.toml as at commits 9999999 "
+        f"and abc1234), on a 2-core EPYC with AVX512-BF16 {zen4}, took 12.5-18.0 s launch to exit, median 15.2 s: "
+        "8.2x (6.9-10.0x) sooner than `speed_0_baseline`'s whole process in the committed run (125 s, the mean of its "
+        "2 seeds); they differ by the machine's state alone. The newest took 12.5 s (imports and arguments 2.0, "
+        "training 5.0), at commit abc1234"
     )
-    del runs[3]
+    del runs[3:6]
+    del runs[-1]["code"]
     runs[0]["cpu"] = "EPYC with AVX512-BF16"  # no run before it of a known generation: none is named
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
     assert "before it" not in readme.try_first_run(committed_run)
@@ -99,3 +111,31 @@ def test_the_timing_tools_take_no_options_and_time_nothing_when_given_one(tool, 
         tool.main(argv)
     assert ended.value.code == code
     assert code != 0 or words in capsys.readouterr().out
+
+
+def test_the_code_of_a_first_run_is_the_trees_a_stage_runs_and_none_with_changes_to_them(tmp_path, monkeypatch):
+    """Two commits apart by docs or tests have one code; one that changes gpt/ has another; uncommitted changes, none.
+
+    Seen failing on a version that hashed the commit's whole tree: the docs commit gave another code."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
+
+    for path in ("gpt/model.py", "stages/s.py", "pyproject.toml", "docs/a.md"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    monkeypatch.setattr(first_run, "REPO_ROOT", tmp_path)
+    code = first_run.code_of()
+    assert set(code) == set(first_run.CODE) and code == first_run.code_of(git("rev-parse", "HEAD").strip())
+    (tmp_path / "docs/a.md").write_text("2\n")
+    assert first_run.code_of() == code  # a change outside the code
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "docs")
+    assert first_run.code_of() == code
+    (tmp_path / "gpt/model.py").write_text("2\n")
+    assert first_run.code_of() is None
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "model")
+    assert first_run.code_of() not in (None, code) and first_run.code_of()["stages"] == code["stages"]

@@ -404,36 +404,55 @@ def try_command() -> str:
 
 
 def try_first_run(runs: Path) -> str:
-    """A first run of the try, from records/first_run.json: the newest, with its split, then the one before it.
+    """A first run of the try, from records/first_run.json: the runs of the newest's code, or the newest and one before.
 
-    The newest's ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's
-    `cpu`; gpt/devices.py:same_cpu_kind), and the one before it only where both name the same generation; a first run
-    of a stage that is no longer the last says which it was, and one before it of the same commit and stage is called
-    that: the same code, so their difference is the machine's."""
+    The runs of the newest's code (the same `code`: gpt/first_run.py:CODE) on its kind of CPU and cores are given as
+    their median and range: they differ by the machine's state alone, and the newest alone would pick one draw of it.
+    A ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's `cpu`;
+    gpt/devices.py:same_cpu_kind). With one run of that code, the run before it is named where both name the same
+    generation; a first run of a stage that is no longer the last says which it was."""
     entries = (read_record(first_run.RECORD) or {}).get("runs", [])
     if not entries:
         return "No first run of it has been timed yet"
     newest, last = entries[-1], stages_of(LADDER)[-1]
     who = "it" if newest["stage"] == last else f"`{newest['stage']}`, the last stage then,"
     split = ", ".join(f"{words} {newest['split'][key]:.1f}" for key, words in first_run.SPLIT if key in newest["split"])
+    base_walls, _ = Speedrun(runs).walls(BASELINE)
+    comparable = base_walls and same_cpu_kind((read_record(runs / MACHINE_FILE) or {}).get("cpu"), newest["cpu"])
+    base = statistics.fmean(base_walls) if comparable else None
+    seeds = f"{base:.0f} s, the mean of its {len(base_walls)} seeds" if base else ""
+    against = f"`{BASELINE}`'s whole process in the committed run ({seeds})"
+    machine = f"a {newest['cores']}-core {newest['cpu']}"
+    same = [
+        e
+        for e in entries
+        if newest.get("code")
+        and (e["stage"], e.get("code"), e["cores"]) == (newest["stage"], newest["code"], newest["cores"])
+        and same_cpu_kind(e["cpu"], newest["cpu"], strict=True)
+    ]
+    if len(same) > 1:
+        walls = sorted(e["wall_s"] for e in same)
+        median = statistics.median(walls)
+        commits = list(dict.fromkeys(e["commit"] for e in same))
+        text = (
+            f"{len(same)} first runs of {who} with empty caches, all of one code (gpt/, stages/ and pyproject.toml "
+            f"as at commit{'s' * (len(commits) > 1)} {' and '.join(commits)}), on {machine}, took {walls[0]:.1f}-"
+            f"{walls[-1]:.1f} s launch to exit, median {median:.1f} s"
+        )
+        if base:
+            text += f": {base / median:.1f}x ({base / walls[-1]:.1f}-{base / walls[0]:.1f}x) sooner than {against}"
+        return text + (
+            f"; they differ by the machine's state alone. The newest took {newest['wall_s']:.1f} s ({split}), "
+            f"at commit {newest['commit']}"
+        )
     text = (
         f"A first run of {who} with empty caches took {newest['wall_s']:.1f} s, launch to exit ({split}), at commit "
-        f"{newest['commit']} on a {newest['cores']}-core {newest['cpu']}"
+        f"{newest['commit']} on {machine}"
     )
-    base_walls, _ = Speedrun(runs).walls(BASELINE)
-    if base_walls and same_cpu_kind((read_record(runs / MACHINE_FILE) or {}).get("cpu"), newest["cpu"]):
-        base = statistics.fmean(base_walls)
-        text += (
-            f": {base / newest['wall_s']:.1f}x sooner than `{BASELINE}`'s whole process in the committed run "
-            f"({base:.0f} s, the mean of its {len(base_walls)} seeds)"
-        )
+    if base:
+        text += f": {base / newest['wall_s']:.1f}x sooner than {against}"
     before = next((e for e in reversed(entries[:-1]) if same_cpu_kind(e["cpu"], newest["cpu"], strict=True)), None)
-    if before and (before["commit"], before["stage"]) == (newest["commit"], newest["stage"]):
-        text += (
-            f"; another first run of it at that commit on a {before['cores']}-core {before['cpu']} took "
-            f"{before['wall_s']:.1f} s (the same code: the two differ by the machine's state alone)"
-        )
-    elif before:
+    if before:
         text += (
             f"; before it `{before['stage']}` took {before['wall_s']:.1f} s at commit {before['commit']} on a "
             f"{before['cores']}-core {before['cpu']}"
