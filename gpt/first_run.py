@@ -9,6 +9,7 @@ README's try paragraph is generated from the newest entry (gpt/report/readme.py)
 """
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -24,8 +25,10 @@ from gpt.ladder import stages_of
 from gpt.records import append_run, read_record, time_to_loss_dir
 
 RECORD = PUBLISHED / "first_run.json"
-# What a stage's process runs: two first runs of the same trees of these ran the same code, whatever else changed
+# What a stage's process runs: two first runs of the same files of these ran the same code, whatever else changed
 CODE = ("gpt", "stages", "pyproject.toml")
+# less the tools that launch stages, time them or read their records, which no stage's process imports (a test runs one)
+NOT_RUN = ("gpt/report/", "gpt/first_run.py", "gpt/suite_time.py", "gpt/quick_run.py", "gpt/run_all.py")
 LADDER = "speedrun"
 TRY_OUT = "/tmp/try"  # the README's --out: the command as a user copies it
 # The record's split of the process, in the order the summary prints it: (its key, its words)
@@ -43,17 +46,19 @@ def try_command(stage: str, out: str = TRY_OUT) -> list[str]:
     return [".venv/bin/python", f"stages/{stage}.py", "--out", out, "--wandb", "disabled"]
 
 
-def code_of(commit: str = "HEAD") -> dict[str, str] | None:
-    """The git object of each of CODE at `commit`, a short hash each; None where HEAD's work tree has changes to them.
+def code_of(commit: str = "HEAD") -> str | None:
+    """A short hash of the files of CODE less NOT_RUN at `commit`; None where HEAD's work tree has changes to them.
 
-    Equal for two commits whose stages run the same code (a commit of tests or docs between them changes none)."""
+    Equal for two commits whose stages run the same code: a commit of tests, docs or the report between them changes
+    none of those files."""
+    git = ["git", "-C", str(REPO_ROOT)]
     if commit == "HEAD":
-        status = ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *CODE]
-        if subprocess.check_output(status, text=True).strip():
+        excluded = [f":(exclude){path}" for path in NOT_RUN]
+        if subprocess.check_output([*git, "status", "--porcelain", "--", *CODE, *excluded], text=True).strip():
             return None
-    spec = [f"{commit}:{path}" for path in CODE]
-    hashes = subprocess.check_output(["git", "-C", str(REPO_ROOT), "rev-parse", *spec], text=True)
-    return {path: full[:7] for path, full in zip(CODE, hashes.split())}
+    listing = subprocess.check_output([*git, "ls-tree", "-r", commit, "--", *CODE], text=True).splitlines()
+    run = [line for line in listing if not line.split("\t", 1)[1].startswith(NOT_RUN)]
+    return hashlib.sha1("\n".join(run).encode()).hexdigest()[:7]
 
 
 def measure(stage: str) -> dict:

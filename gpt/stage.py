@@ -420,9 +420,10 @@ def print_loss_summary(record: dict, out: Path) -> None:
             f"  wall clock of this process to its record {m['process_s']:.1f} s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
         )
+    trained = m["train_loss_final"] is not None  # no step: a target at or above the untrained model's loss
     print(
         f"  validation loss {m['val_loss_initial']:.3f} -> {m['val_loss_final']:.3f}, "
-        f"train loss at the end {m['train_loss_final']:.3f}"
+        + (f"train loss at the end {m['train_loss_final']:.3f}" if trained else "no training step")
     )
     target = m.get("target")
     if m.get("target_loss") is not None:

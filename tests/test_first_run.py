@@ -3,8 +3,11 @@
 And what the timing tools (it and gpt/suite_time.py) do with options."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO, smoke_stage_argv
 
 from gpt import first_run, suite_time
 from gpt.ladder import stages_of
@@ -72,17 +75,17 @@ def test_the_readme_gives_the_first_runs_of_the_newests_code_or_the_newest_and_t
         f"commit 0123abc on a 2-core EPYC with AVX512-BF16 {zen4}"
     )
     # runs of the newest's code on its CPU kind and cores: their median and range, whatever their commits
-    code = {"gpt": "1111111", "stages": "2222222", "pyproject.toml": "3333333"}
+    code = "1111111"
     runs[3]["code"] = code
     runs[3:3] = [
         {**runs[3], "commit": "9999999", "wall_s": 18.0},
-        {**runs[3], "wall_s": 11.0, "code": {**code, "gpt": "4444444"}},  # other code: not among them
+        {**runs[3], "wall_s": 11.0, "code": "4444444"},  # other code: not among them
         {**runs[3], "wall_s": 10.0, "cores": 4},  # other cores: not among them
     ]
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
     assert readme.try_first_run(committed_run) == (
-        "2 first runs of it with empty caches, all of one code (gpt/, stages/ and pyproject.toml as at commits 9999999 "
-        f"and abc1234), on a 2-core EPYC with AVX512-BF16 {zen4}, took 12.5-18.0 s launch to exit, median 15.2 s: "
+        "2 first runs of it with empty caches, all of one code (what a stage runs, the same at commits 9999999 and "
+        f"abc1234), on a 2-core EPYC with AVX512-BF16 {zen4}, took 12.5-18.0 s launch to exit, median 15.2 s: "
         "8.2x (6.9-10.0x) sooner than `speed_0_baseline`'s whole process in the committed run (125 s, the mean of its "
         "2 seeds); they differ by the machine's state alone. The newest took 12.5 s (imports and arguments 2.0, "
         "training 5.0), at commit abc1234"
@@ -113,29 +116,53 @@ def test_the_timing_tools_take_no_options_and_time_nothing_when_given_one(tool, 
     assert code != 0 or words in capsys.readouterr().out
 
 
-def test_the_code_of_a_first_run_is_the_trees_a_stage_runs_and_none_with_changes_to_them(tmp_path, monkeypatch):
-    """Two commits apart by docs or tests have one code; one that changes gpt/ has another; uncommitted changes, none.
+def test_the_code_of_a_first_run_is_what_a_stage_runs_and_none_with_changes_to_it(tmp_path, monkeypatch):
+    """Commits apart by docs, tests or the report have one code; one changing the rest of gpt/ another; changes: none.
 
     Seen failing on a version that hashed the commit's whole tree: the docs commit gave another code."""
-    import subprocess
 
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
 
-    for path in ("gpt/model.py", "stages/s.py", "pyproject.toml", "docs/a.md"):
-        (tmp_path / path).parent.mkdir(exist_ok=True)
+    def commit(message):
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", message)
+
+    for path in ("gpt/model.py", "gpt/report/results.py", "stages/s.py", "pyproject.toml", "docs/a.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("1\n")
     git("init", "-q")
     git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    commit("code")
     monkeypatch.setattr(first_run, "REPO_ROOT", tmp_path)
     code = first_run.code_of()
-    assert set(code) == set(first_run.CODE) and code == first_run.code_of(git("rev-parse", "HEAD").strip())
-    (tmp_path / "docs/a.md").write_text("2\n")
-    assert first_run.code_of() == code  # a change outside the code
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "docs")
-    assert first_run.code_of() == code
+    assert code == first_run.code_of(git("rev-parse", "HEAD").strip())
+    for path in ("docs/a.md", "gpt/report/results.py"):  # changes outside the code a stage runs
+        (tmp_path / path).write_text("2\n")
+        assert first_run.code_of() == code
+        commit(path)
+        assert first_run.code_of() == code
     (tmp_path / "gpt/model.py").write_text("2\n")
     assert first_run.code_of() is None
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "model")
-    assert first_run.code_of() not in (None, code) and first_run.code_of()["stages"] == code["stages"]
+    commit("model")
+    assert first_run.code_of() not in (None, code)
+
+
+def test_a_stage_process_imports_none_of_what_a_first_runs_code_leaves_out(tmp_path, char_data):
+    """The last speedrun stage's script, run as the try runs it (smoke profile), loads no module of NOT_RUN.
+
+    Seen failing with gpt/evaluation.py added to NOT_RUN."""
+    stage = stages_of("speedrun")[-1]
+    script = REPO / "stages" / f"{stage}.py"
+    probe = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('MODULES', *sorted(m for m in sys.modules if m.startswith('gpt'))))\n"
+        f"sys.argv = [{str(script)!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    argv = [*smoke_stage_argv(char_data, tmp_path), "--target-loss", "0.1", "--train-tokens", "4096"]  # a few steps
+    r = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    modules = r.stdout.split("MODULES", 1)[1].split()
+    assert "gpt.stage" in modules and "gpt.train" in modules
+    files = {m.replace(".", "/") + suffix for m in modules for suffix in (".py", "/")}
+    assert not {f for f in files if f.startswith(first_run.NOT_RUN)}, first_run.NOT_RUN

@@ -28,7 +28,7 @@ from gpt import evaluation, optimizations, time_to_loss, train
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.evaluation import ValidationSet, WindowSums, estimate_windows, window_sums
-from gpt.ladder import stage_config
+from gpt.ladder import stage_config, stages_of
 from gpt.loss_curve import changes_convergence, crossing, seed_spread, target_from, val_loss_at
 from gpt.optimizations.schedule import learning_rate
 from gpt.report.time_to_loss import LossRuns, kept_model_findings, loss_findings, loss_section, loss_table
@@ -791,6 +791,23 @@ def test_bad_input_is_one_line_and_writes_nothing(args, message, char_data, tmp_
         r = subprocess.run([sys.executable, script, *argv, *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and r.stderr.strip() == err
     assert not list(out.rglob("*.json"))
+
+
+def test_a_target_the_untrained_model_already_meets_is_recorded_and_summarised_without_a_step(
+    char_data, tmp_path, capsys
+):
+    """A target at or above the untrained loss: reached before training, the run stops, and the summary says so.
+
+    Seen failing before the summary knew a run of no step: a TypeError formatting the missing train loss, after the
+    record was written."""
+    stage = stages_of("speedrun")[-1]
+    with pytest.raises(SystemExit) as exit_:
+        stage_main(str(REPO / "stages" / f"{stage}.py"), [*smoke_stage_argv(char_data, tmp_path), "--target-loss", "9"])
+    assert exit_.value.code == 0
+    record = json.loads(next(tmp_path.rglob(f"{stage}.json")).read_text())
+    assert record["metrics"]["steps"] == 0 and record["metrics"]["target"]["rule"] == "reached before training"
+    out = capsys.readouterr().out
+    assert "no training step" in out and "target 9.000: reached after 0 tokens, 0.0 s of training" in out
 
 
 def test_another_learning_rate_keeps_the_profiles_floor_ratio():

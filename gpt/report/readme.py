@@ -406,7 +406,7 @@ def try_command() -> str:
 def try_first_run(runs: Path) -> str:
     """A first run of the try, from records/first_run.json: the runs of the newest's code, or the newest and one before.
 
-    The runs of the newest's code (the same `code`: gpt/first_run.py:CODE) on its kind of CPU and cores are given as
+    The runs of the newest's code (the same `code`: gpt/first_run.py:code_of) on its kind of CPU and cores are given as
     their median and range: they differ by the machine's state alone, and the newest alone would pick one draw of it.
     A ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's `cpu`;
     gpt/devices.py:same_cpu_kind). With one run of that code, the run before it is named where both name the same
@@ -434,9 +434,10 @@ def try_first_run(runs: Path) -> str:
         walls = sorted(e["wall_s"] for e in same)
         median = statistics.median(walls)
         commits = list(dict.fromkeys(e["commit"] for e in same))
+        named = ", ".join(commits[:-1]) + " and " * (len(commits) > 1) + commits[-1]
         text = (
-            f"{len(same)} first runs of {who} with empty caches, all of one code (gpt/, stages/ and pyproject.toml "
-            f"as at commit{'s' * (len(commits) > 1)} {' and '.join(commits)}), on {machine}, took {walls[0]:.1f}-"
+            f"{len(same)} first runs of {who} with empty caches, all of one code (what a stage runs, the same at "
+            f"commit{'s' * (len(commits) > 1)} {named}), on {machine}, took {walls[0]:.1f}-"
             f"{walls[-1]:.1f} s launch to exit, median {median:.1f} s"
         )
         if base:
