@@ -5,7 +5,8 @@
 What it runs is the README's command (`try_command`), with XDG_CACHE_HOME and TORCHINDUCTOR_CACHE_DIR in an empty
 temporary folder, so that nothing a run before it cached (the machine's measured choices, compiled graphs) is
 reused. It keeps the process's wall clock, launch to exit (what `time` says), and the record's own split of it. The
-README's try paragraph is generated from the newest entry (gpt/report/readme.py). Time it on an idle machine.
+README's try paragraph is generated from the entries of the newest's code (`code_of`; gpt/report/readme.py). Time it
+on an idle machine.
 """
 
 import argparse

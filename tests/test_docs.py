@@ -387,6 +387,17 @@ def test_the_tours_h200_figures_are_the_h200_records_it_cites():
         assert typed == (f"{change:.0f}" if abs(change) >= 10 else f"{change:.1f}"), prefix
 
 
+def speedrun_metrics(folder: Path, stage: str, seed: str = "") -> dict:
+    """A speedrun stage's record's metrics in a run's folder (`seed`: ".seed3408", or "" for the first seed)."""
+    return json.loads((folder / "speedrun" / f"{stage}{seed}.json").read_text())["metrics"]
+
+
+def first_runs(commit: str | None = None) -> list[dict]:
+    """records/first_run.json's entries, those of `commit` only where one is given."""
+    runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
+    return [run for run in runs if commit is None or run["commit"] == commit]
+
+
 def check_judged_paragraph(folder: Path, first: dict) -> None:
     """docs/speedrun.md's paragraph judging a full run's last stage quotes that run's records (`folder`).
 
@@ -420,12 +431,12 @@ def check_judged_paragraph(folder: Path, first: dict) -> None:
     # the machine's pace in that run, where the paragraph gives it: speed_0's mean seconds, the parent's tokens a second
     if "`speed_0` " in paragraph and " s of training against " in paragraph:
         assert f"`speed_0` {statistics.mean(base):.0f} s of training against " in paragraph
-        pace = json.loads((folder / "speedrun" / f"{parent}.json").read_text())["metrics"]["tokens_per_s"]
+        pace = speedrun_metrics(folder, parent)["tokens_per_s"]
         assert f"`{parent[: parent.index('_', len('speedrun_'))]}` {pace:,.0f} tokens/s against " in paragraph
     # the lead after it: the last stage's and its parent's tokens a second and page faults a step, from the records
     lead = log[log.index("**The next lead, measured in that run", judged) :][:600]  # the one after that paragraph
     for stage in (last, parent):
-        metrics = json.loads((folder / "speedrun" / f"{stage}.json").read_text())["metrics"]
+        metrics = speedrun_metrics(folder, stage)
         assert f"{metrics['tokens_per_s']:,.0f}" in lead and f"{metrics['minor_faults_per_step']:,.0f}" in lead, stage
 
 
@@ -438,8 +449,7 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     typed for speed_0's 120 and 17,732 tokens/s for the parent's 17,731."""
     folder = REPO / "records" / "cpu-cpu"
     commit = json.loads((folder / "machine.json").read_text())["git_commit"][:7]
-    runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
-    check_judged_paragraph(folder, [run for run in runs if run["commit"] == commit][-1])
+    check_judged_paragraph(folder, first_runs(commit)[-1])
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     paragraph = log[log.index(f"Judged in the full `./run_all.sh` of {commit}") :][:900]
     headline = re.search(
@@ -465,9 +475,7 @@ def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder,
     """The paragraph judging a kept full run quotes its kept folder's records, with the last first run of `commit`.
 
     Seen failing on 38.13x typed for the run of f0ba4ca's 38.12x."""
-    runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
-    first = [run for run in runs if run["commit"] == commit][-1]
-    check_judged_paragraph(REPO / "records" / folder, first)
+    check_judged_paragraph(REPO / "records" / folder, first_runs(commit)[-1])
 
 
 def test_docs_speedrun_quotes_the_six_first_runs_of_one_code_from_their_records():
@@ -481,8 +489,7 @@ def test_docs_speedrun_quotes_the_six_first_runs_of_one_code_from_their_records(
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     entry = log[log.index("### 2026-12-03 (evening): six first runs of one code") :][:4000]
-    runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
-    later = [run for run in runs if run["commit"] == "508dc98"]
+    runs, later = first_runs(), first_runs("508dc98")
     same = [run for run in runs if run["code"] == later[0]["code"] and run["stage"] == later[0]["stage"]]
     assert len(later) == 2 and [run["commit"] for run in same] == ["f0ba4ca"] * 2 + ["33f0172"] * 2 + ["508dc98"] * 2
     for run in later:
@@ -502,7 +509,7 @@ def test_docs_speedrun_quotes_the_six_first_runs_of_one_code_from_their_records(
     for key, words in (("setup_s", "set-up"), ("train_seconds", "training"), ("eval_seconds", "evaluations")):
         values = sorted(run["split"][key] for run in same)
         assert f"{words} {values[0]:.1f}-{values[-1]:.1f}" in entry, key
-    m = json.loads((kept / "speedrun" / "speedrun_20_untied_head.json").read_text())["metrics"]
+    m = speedrun_metrics(kept, "speedrun_20_untied_head")
     assert (
         f"{m['evaluations']} evaluations of {m['steps']} steps read {m['windows_evaluated']:,} windows in "
         f"{m['eval_seconds']:.2f} s, {m['evaluations'] - m['estimates']} of those evaluations every window"
@@ -529,15 +536,9 @@ def test_docs_speedrun_compares_the_run_of_48c22d9_with_the_two_kept_runs_from_t
     assert f"25x the slowest against the fastest baseline seed ({min(base) / max(seconds):.2f}x)" in entry
     (walls, _), (base_walls, _) = sr.walls(last), sr.walls("speed_0_baseline")
     assert f"15x in the whole process ({speedup_range(base_walls, walls).split('x')[0]}x)" in entry
-    target = [
-        json.loads((folders[-1] / "speedrun" / f"{s}.json").read_text())["metrics"]["target"] for s in (last, parent)
-    ]
+    target = [speedrun_metrics(folders[-1], stage)["target"] for stage in (last, parent)]
     assert f"seed 3407 {target[0]['seconds']:.2f} s to the target against its {target[1]['seconds']:.2f}" in entry
-    first = [
-        run
-        for run in json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
-        if run["commit"] == "48c22d9"
-    ]
+    first = first_runs("48c22d9")
     walls_first = [run["wall_s"] for run in first]
     median, mean_base = statistics.median(walls_first), statistics.fmean(base_walls)
     assert f"{walls_first[0]:.1f} s, then {walls_first[1]:.1f} s, launch to exit" in entry
@@ -547,7 +548,7 @@ def test_docs_speedrun_compares_the_run_of_48c22d9_with_the_two_kept_runs_from_t
     )
 
     def pace(folder, stage):
-        return json.loads((folder / "speedrun" / f"{stage}.json").read_text())["metrics"]["tokens_per_s"]
+        return speedrun_metrics(folder, stage)["tokens_per_s"]
 
     assert f"in the run of 33f0172 it was {pace(folders[1], last):,.0f}, in the run of f0ba4ca " in entry
     assert f"f0ba4ca {pace(folders[0], last):,.0f}, the code" in entry
@@ -584,11 +585,7 @@ def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_
     assert f"`speed_0`'s mean of {statistics.mean(base):.0f} s, {min(base) / max(seconds):.2f}x the slowest" in entry
     old_base = statistics.mean(Speedrun(kept).seconds("speed_0_baseline"))
     assert f"`speed_0`'s mean moved from {old_base:.0f} to {statistics.mean(base):.0f} s" in entry
-    first, second = [
-        run
-        for run in json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
-        if run["commit"] == "33f0172"
-    ]
+    first, second = first_runs("33f0172")
     assert (
         f"the first of the two, minutes before, took {first['wall_s']:.1f} s (set-up {first['split']['setup_s']:.1f})"
         in entry
@@ -597,9 +594,7 @@ def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_
     assert f"the set-up and the evaluations ({not_training:.1f} s of {second['wall_s']:.1f} here)" in entry
 
     def pace(folder: Path, stage: str, seed: str = "") -> str:
-        return (
-            f"{json.loads((folder / 'speedrun' / f'{stage}{seed}.json').read_text())['metrics']['tokens_per_s']:,.0f}"
-        )
+        return f"{speedrun_metrics(folder, stage, seed)['tokens_per_s']:,.0f}"
 
     assert (
         f"gave {pace(kept, last)} and {pace(kept, parent)}; its seed 3408 gave {pace(now, last, '.seed3408')}" in entry

@@ -420,8 +420,10 @@ def try_first_run(runs: Path) -> str:
     base_walls, _ = Speedrun(runs).walls(BASELINE)
     comparable = base_walls and same_cpu_kind((read_record(runs / MACHINE_FILE) or {}).get("cpu"), newest["cpu"])
     base = statistics.fmean(base_walls) if comparable else None
-    seeds = f"{base:.0f} s, the mean of its {len(base_walls)} seeds" if base else ""
-    against = f"`{BASELINE}`'s whole process in the committed run ({seeds})"
+    if base:
+        against = (
+            f"`{BASELINE}`'s whole process in the committed run ({base:.0f} s, the mean of its {len(base_walls)} seeds)"
+        )
     machine = f"a {newest['cores']}-core {newest['cpu']}"
     same = [
         e
