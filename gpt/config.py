@@ -106,6 +106,7 @@ class TrainConfig:
     compile_if_it_pays: bool = False  # compile only where it pays within the run: a short CPU run to a loss stays eager
     muon_batched: bool = False  # Muon's Newton-Schulz iterations once per shape on the stacked matrices (same result)
     gc_freeze: bool = False  # gc.freeze() before and after set-up: no collection scans the objects it made again
+    plain_optimizer: bool = False  # Muon and fused AdamW stepped outside torch.optim: an eager run never imports Dynamo
 
     # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"

@@ -97,7 +97,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
                 faults[0] += minor_page_faults() - before
                 faults[1] += todo
             return
-        if done == 0:
+        if done == 0 and trainer.choices.compile_mode:  # Dynamo's counters: an eager run does not import it
             forget_compilations()
         startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))  # on its own: compilation
         if done == 0 and trainer.choices.compile_mode:

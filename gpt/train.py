@@ -23,6 +23,7 @@ from gpt.optimizations.feeding import make_loader, to_device, training_data
 from gpt.optimizations.host_memory import keep_freed_host_memory
 from gpt.optimizations.muon import make_muon
 from gpt.optimizations.parallel import parallelize
+from gpt.optimizations.plain_optimizer import make_plain_muon_adamw
 from gpt.optimizations.precision import MixedPrecision, matmul_precision
 from gpt.optimizations.schedule import set_learning_rates
 from gpt.run_choices import RunChoices
@@ -50,7 +51,10 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
     model = checkpoint_blocks(raw, cfg)  # memory_2: each block's inside recomputed in backward
     model = parallelize(model, cfg, device)  # speed_6, memory_4: DDP or FSDP2 over the stage's processes
     # AdamW: foreach=False in memory_3, fused in fast_5; in the speedrun from speedrun_3, Muon for the blocks' matrices
-    optimizer = make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_optimizer(model, cfg)
+    if cfg.plain_optimizer:  # speedrun_21: the same steps outside torch.optim, which imports Dynamo in an eager run
+        optimizer = make_plain_muon_adamw(model, cfg)
+    else:
+        optimizer = make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_optimizer(model, cfg)
     model = compile_model(model, compile_mode(cfg, device))  # speed_4: None (eager) where the rule says so
     torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer

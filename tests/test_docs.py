@@ -748,9 +748,10 @@ def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
     """The finding's "Seventeen speedrun stages" is the ladder's length (it said fifteen after two more were added)."""
     from gpt.ladder import stages_of
 
-    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    words += "seventeen eighteen nineteen twenty"
-    count = words.split()[len(stages_of("speedrun"))].capitalize()
+    ones = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    ones = (ones + "seventeen eighteen nineteen").split()
+    n = len(stages_of("speedrun"))
+    count = (ones[n] if n < 20 else "twenty" + (f"-{ones[n - 20]}" if n > 20 else "")).capitalize()
     assert f"**The baseline's model, sooner.** {count} speedrun stages (" in (REPO / "README.md").read_text()
 
 

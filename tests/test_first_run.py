@@ -147,22 +147,28 @@ def test_the_code_of_a_first_run_is_what_a_stage_runs_and_none_with_changes_to_i
     assert first_run.code_of() not in (None, code)
 
 
-def test_a_stage_process_imports_none_of_what_a_first_runs_code_leaves_out(tmp_path, char_data):
-    """The last speedrun stage's script, run as the try runs it (smoke profile), loads no module of NOT_RUN.
-
-    Seen failing with gpt/evaluation.py added to NOT_RUN."""
-    stage = stages_of("speedrun")[-1]
+def modules_of_a_stage_process(stage: str, char_data, tmp_path) -> list[str]:
+    """The modules a stage's script has loaded when its process exits, run as the try runs it (smoke, a few steps)."""
     script = REPO / "stages" / f"{stage}.py"
     probe = (
         "import atexit, runpy, sys\n"
-        "atexit.register(lambda: print('MODULES', *sorted(m for m in sys.modules if m.startswith('gpt'))))\n"
+        "atexit.register(lambda: print('MODULES', *sorted(sys.modules)))\n"
         f"sys.argv = [{str(script)!r}, *sys.argv[1:]]\n"
         f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
     )
     argv = [*smoke_stage_argv(char_data, tmp_path), "--target-loss", "0.1", "--train-tokens", "4096"]  # a few steps
     r = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    modules = r.stdout.split("MODULES", 1)[1].split()
+    return r.stdout.split("MODULES", 1)[1].split()
+
+
+def test_a_stage_process_imports_none_of_what_a_first_runs_code_leaves_out(tmp_path, char_data):
+    """The last speedrun stage's script, run as the try runs it (smoke profile), loads no module of NOT_RUN.
+
+    Seen failing with gpt/evaluation.py added to NOT_RUN."""
+    modules = [
+        m for m in modules_of_a_stage_process(stages_of("speedrun")[-1], char_data, tmp_path) if m.startswith("gpt")
+    ]
     assert "gpt.stage" in modules and "gpt.train" in modules
     files = {m.replace(".", "/") + suffix for m in modules for suffix in (".py", "/")}
     assert not {f for f in files if f.startswith(first_run.NOT_RUN)}, first_run.NOT_RUN

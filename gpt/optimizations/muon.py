@@ -66,14 +66,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
         raise NotImplementedError("MuonWithAdamW: load each of .muon and .adamw instead")
 
 
-def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+def learning_rates(optimizer) -> dict[str, float]:
     """The learning rates a curve records: AdamW's as `lr`, Muon's as `muon_lr` where Muon holds the blocks' matrices.
 
-    AdamW's is the run's `lr` setting in every stage; Muon's groups come first in MuonWithAdamW's list, so its first
-    group's rate would pass for the run's."""
-    if isinstance(optimizer, MuonWithAdamW):
-        return {"lr": optimizer.adamw.param_groups[0]["lr"], "muon_lr": optimizer.muon.param_groups[0]["lr"]}
-    return {"lr": optimizer.param_groups[0]["lr"]}
+    Muon's groups are told apart by their Newton-Schulz steps (as the schedule does) and come first in MuonWithAdamW's
+    list and in PlainMuonAdamW's, so the first group's rate would pass for the run's; AdamW's is the run's `lr`."""
+    muon = [g for g in optimizer.param_groups if "ns_steps" in g]
+    adamw = [g for g in optimizer.param_groups if "ns_steps" not in g]
+    return {"lr": adamw[0]["lr"], "muon_lr": muon[0]["lr"]} if muon else {"lr": adamw[0]["lr"]}
 
 
 def newton_schulz(
@@ -120,28 +120,35 @@ class BatchedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
         if closure is not None:
             raise NotImplementedError("BatchedMuon: no closure (MuonWithAdamW evaluates it)")
         for group in self.param_groups:
-            # torch's own _init_group is private and its signature has changed between releases: gathered here
-            params = [p for p in group["params"] if p.grad is not None]
-            lr, momentum = group["lr"], group["momentum"]
-            updates = []
-            for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:  # torch's state key, zero at the first step
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
-            by_shape = defaultdict(list)
-            for i, p in enumerate(params):
-                by_shape[p.shape].append(i)
-            for shape, members in by_shape.items():
-                stacked = torch.stack([updates[i] for i in members])
-                orthogonal = newton_schulz(
-                    stacked, group["ns_coefficients"], group["ns_steps"], group["eps"], self.newton_schulz_dtype
-                )
-                for i, update in zip(members, orthogonal):
-                    params[i].mul_(1 - lr * group["weight_decay"])
-                    params[i].add_(update, alpha=-_muon._adjust_lr(lr, group["adjust_lr_fn"], shape))
+            batched_muon_step(group, self.state, self.newton_schulz_dtype)
+
+
+def batched_muon_step(group: dict, state: dict, newton_schulz_dtype: torch.dtype) -> None:
+    """BatchedMuon's step of one parameter group (its dict, as torch's Muon keeps it) with `state` its per-matrix state.
+
+    torch's _single_tensor_muon with the Newton-Schulz iterations run once per shape on the stacked updates."""
+    # torch's own _init_group is private and its signature has changed between releases: gathered here
+    params = [p for p in group["params"] if p.grad is not None]
+    lr, momentum = group["lr"], group["momentum"]
+    updates = []
+    for p in params:
+        matrix_state = state[p]
+        if "momentum_buffer" not in matrix_state:  # torch's state key, zero at the first step
+            matrix_state["momentum_buffer"] = torch.zeros_like(p.grad)
+        buf = matrix_state["momentum_buffer"]
+        buf.lerp_(p.grad, 1 - momentum)
+        updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+    by_shape = defaultdict(list)
+    for i, p in enumerate(params):
+        by_shape[p.shape].append(i)
+    for shape, members in by_shape.items():
+        stacked = torch.stack([updates[i] for i in members])
+        orthogonal = newton_schulz(
+            stacked, group["ns_coefficients"], group["ns_steps"], group["eps"], newton_schulz_dtype
+        )
+        for i, update in zip(members, orthogonal):
+            params[i].mul_(1 - lr * group["weight_decay"])
+            params[i].add_(update, alpha=-_muon._adjust_lr(lr, group["adjust_lr_fn"], shape))
 
 
 @contextlib.contextmanager
