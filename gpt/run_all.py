@@ -538,8 +538,21 @@ def run_speedrun(
     last_seeds = [None] + ([] if args.quick else [first + i for i in range(1, SPEEDRUN_SEEDS)])
     folder = time_to_loss_dir(out, SPEEDRUN)
     jobs = loss_jobs(stages, folder, target=target) + loss_jobs([last], folder, last_seeds, target)
+    forget_other_seeds(folder, jobs)
     more, interrupted = run_stages(jobs, args, profile, device, out, progress)
     return failures + more, interrupted
+
+
+def forget_other_seeds(folder: Path, jobs: list[Job]) -> None:
+    """Remove the records of other seeds of the jobs' stages in `folder` that no job writes: an earlier run's.
+
+    The speedrun trains its last stage on more seeds; once a stage is added, the former last stage's extra seeds would
+    otherwise stay in the run's folder beside its one new seed, and be published and reported with this run's. Other
+    stages' records (speed_0's seeds, which the reference profile trains in that folder too) are left as they are."""
+    written, stages = {job.record for job in jobs}, {job.stage for job in jobs}
+    for stale in folder.glob("*.seed*.json"):
+        if stale.name.split(".seed")[0] in stages and stale not in written:
+            stale.unlink()
 
 
 def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | None) -> None:

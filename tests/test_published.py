@@ -33,3 +33,24 @@ def test_publish_copies_the_json_records_only_and_replaces_an_earlier_runs(tmp_p
     seed = "time_to_loss/speed_0_baseline.seed1.json"
     assert (dest / seed).read_text() == seed
     assert [p.name for p in json_files(dest)] == [p.name for p in json_files(runs)]
+
+
+def test_a_speedrun_section_forgets_a_former_last_stages_other_seeds(tmp_path):
+    """Once a stage is added, the former last stage's extra seeds are removed from the run's folder before it runs.
+
+    They are an earlier run's: published beside this run's one seed of that stage, the report read three seeds, two of
+    them another commit's (the run of 51daa66, which kept `speedrun_20`'s seeds 3408 and 3409 of the run of 48c22d9).
+    The last stage's own seeds, and every stage's record of the profile's seed, stay: this run writes them; so do
+    speed_0's seeds, which the reference profile trains in the same folder. Seen failing with no record removed."""
+    from gpt.records import record_path
+    from gpt.run_all import forget_other_seeds, loss_jobs
+
+    jobs = loss_jobs(["speedrun_20_untied_head"], tmp_path) + loss_jobs(
+        ["speedrun_21_plain_optimizer"], tmp_path, [None, 3408, 3409]
+    )
+    stale = [record_path(tmp_path, "speedrun_20_untied_head", seed) for seed in (3408, 3409)]
+    baseline = record_path(tmp_path, "speed_0_baseline", 3408)  # another section's job: not these jobs' to judge
+    for path in [*stale, baseline, *(job.record for job in jobs)]:
+        path.write_text("{}")
+    forget_other_seeds(tmp_path, jobs)
+    assert sorted(tmp_path.glob("*.json")) == sorted([baseline, *(job.record for job in jobs)])
