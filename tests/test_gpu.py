@@ -29,6 +29,7 @@ from test_chunked_loss import BF16_CHUNKED_WEIGHT_GRAD
 from test_muon import check_a_bf16_muon_step_matches_fp32_on_the_cpu, check_newton_schulz_in_bf16
 from test_noise_scale import check_smoke_measurement, measure_smoke
 from test_parallel import check_two_processes_match_one
+from test_plain_optimizer import check_plain_steps_equal_torchs
 from test_precision import check_fp16_tracks_fp32
 from test_report import details
 from test_speedrun import check_the_groups_follow_wsd, check_the_last_stage_learns_compiled, trace_last_stage
@@ -485,6 +486,12 @@ def test_a_batched_muon_step_on_cuda_matches_float32_on_the_cpu(char_data, monke
     On the CPU it is torch's step to the last bit (tests/optimizations/test_muon.py); cuBLAS's batched products need
     not add in the same order as its single ones, so on CUDA it is held to the bound torch's own bf16 step meets."""
     check_a_bf16_muon_step_matches_fp32_on_the_cpu(char_data, "cuda", monkeypatch, muon_batched=True)
+
+
+@quick
+def test_the_plain_optimizers_steps_on_cuda_equal_muon_with_adamws(char_data):
+    """speedrun_21's PlainMuonAdamW on CUDA: MuonWithAdamW's steps there to the last bit (the same CUDA kernels)."""
+    check_plain_steps_equal_torchs(char_data, "cuda")
 
 
 @pytest.fixture(scope="module")

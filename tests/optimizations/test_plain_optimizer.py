@@ -39,10 +39,15 @@ def test_steps_equal_muon_with_adamw_bit_for_bit(char_data, bf16, monkeypatch):
     beta, the step count's increment that AdamW's bias correction reads) moves them by the second step.
     Seen failing on a fused_adamw_step that passed beta2 for beta1."""
     monkeypatch.setattr("gpt.optimizations.precision.cpu_bf16_is_faster", lambda: (bf16, "as parametrized"))
-    cfg, reference, torch_optim = built(char_data, **SPEEDRUN)
-    _, raw, plain = built(char_data, plain_optimizer=True, **SPEEDRUN)
-    assert isinstance(torch_optim, MuonWithAdamW) and isinstance(plain, PlainMuonAdamW)
+    plain = check_plain_steps_equal_torchs(char_data, "cpu")
     assert plain.newton_schulz_dtype == (torch.bfloat16 if bf16 else torch.float32)
+
+
+def check_plain_steps_equal_torchs(char_data, device: str) -> PlainMuonAdamW:
+    """PlainMuonAdamW and MuonWithAdamW on `device`, from the same weights and gradients: equal after every step."""
+    cfg, reference, torch_optim = built(char_data, device, **SPEEDRUN)
+    _, raw, plain = built(char_data, device, plain_optimizer=True, **SPEEDRUN)
+    assert isinstance(torch_optim, MuonWithAdamW) and isinstance(plain, PlainMuonAdamW)
     position = {id(p): i for i, p in enumerate(raw.parameters())}  # two models: their parameters compared by place
     twin = {id(p): i for i, p in enumerate(reference.parameters())}
     groups = [[position[id(p)] for p in g["params"]] for g in plain.param_groups]
@@ -54,7 +59,7 @@ def test_steps_equal_muon_with_adamw_bit_for_bit(char_data, bf16, monkeypatch):
         set_learning_rates(plain, cfg, tokens)
         assert learning_rates(plain) == learning_rates(torch_optim)
         for p, q in zip(reference.parameters(), raw.parameters()):
-            p.grad = torch.randn(p.shape, generator=generator)
+            p.grad = torch.randn(p.shape, generator=generator).to(p.device)
             q.grad = p.grad.clone()
         before = [p.detach().clone() for p in raw.parameters()]
         torch_optim.step()
@@ -70,6 +75,7 @@ def test_steps_equal_muon_with_adamw_bit_for_bit(char_data, bf16, monkeypatch):
         ours = plain.state[q]
         assert theirs.keys() == ours.keys()
         assert all(torch.equal(theirs[k], ours[k]) for k in theirs), sorted(theirs)
+    return plain
 
 
 def test_a_stage_that_does_not_compile_never_imports_dynamo(char_data, tmp_path):
