@@ -107,6 +107,7 @@ class TrainConfig:
     muon_batched: bool = False  # Muon's Newton-Schulz iterations once per shape on the stacked matrices (same result)
     gc_freeze: bool = False  # gc.freeze() before and after set-up: no collection scans the objects it made again
     plain_optimizer: bool = False  # Muon and fused AdamW stepped outside torch.optim: an eager run never imports Dynamo
+    eval_near_target_only: bool = False  # no evaluation while the last step's training loss is far above the target
 
     # --- where it runs, and what for ---
     device: str = "auto"  # "auto" | "cpu" | "cuda"

@@ -181,6 +181,10 @@ class TowardTarget:
         self.reference: torch.Tensor | None = None  # this process's estimate windows' losses at the last full one
         self.offset: float | None = None  # the full windows' loss less the estimate's windows' there
 
+    def skip(self) -> None:
+        """An evaluation not taken (speedrun_22's screen): the next one has no previous loss to measure a fall from."""
+        self.previous = None
+
     def __call__(self, sums: Callable[[slice, torch.Tensor | None], WindowSums], full: bool = False) -> WindowSums:
         """This evaluation: the estimate's windows, or every window (the class docstring).
 

@@ -409,6 +409,7 @@ def print_loss_summary(record: dict, out: Path) -> None:
         + (f" ({m['compile_cache']} compile cache)" if m.get("compile_cache") else "")
         + f", {m['evaluations']} evaluations {m['eval_seconds']:.1f} s"
         + (f" ({m['estimates']} of them estimates on fewer windows)" if m.get("estimates") else "")
+        + (f", {m['evaluations_skipped']} skipped far above the target" if m.get("evaluations_skipped") else "")
         + (
             f"; {m['minor_faults_per_step']:,.0f} minor page faults a training step"
             if m.get("minor_faults_per_step") is not None

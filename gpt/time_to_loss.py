@@ -18,7 +18,7 @@ from gpt.devices import resolve_device, synchronize
 from gpt.errors import UserError
 from gpt.evaluation import TowardTarget, ValidationSet, WindowSums, train_and_evaluate, validation_loss, window_sums
 from gpt.loss_curve import crossing
-from gpt.optimizations import parallel
+from gpt.optimizations import evaluation_screen, parallel
 from gpt.optimizations.compilation import startup_steps as startup_steps_of
 from gpt.optimizations.muon import learning_rates
 from gpt.protocol import compile_cache_state, forget_compilations, run_facts
@@ -60,16 +60,20 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
     world, clock = cfg.world_size, TrainingClock(device)
     interval = max(1, round(cfg.eval_every_tokens / cfg.tokens_per_step))  # steps between two evaluations
     losses: list[torch.Tensor] = []
-    curve, eval_s, startup_steps, cache = [], 0.0, [], None
+    curve, eval_s, startup_steps, cache, skipped = [], 0.0, [], None, 0
     faults = [0, 0]  # minor page faults during the steady training steps, and those steps
     startup_count = startup_steps_of(trainer.cuda_graphs)  # compiling; under CUDA graphs their recording
     evaluation = evaluation_of(trainer, val, cfg)
 
     def evaluate() -> bool:
-        nonlocal eval_s
+        nonlocal eval_s, skipped
         t0 = time.perf_counter()
-        sums = evaluation(trainer.steps_done in (0, steps))  # the curve's ends read every window
+        # the curve's ends read every window
+        sums = evaluation(trainer.steps_done in (0, steps), lambda: _mean_across_ranks(losses[-1:], device, world))
         eval_s += time.perf_counter() - t0
+        if sums is None:  # skipped (speedrun_22): the next point's training loss is of every step since the last
+            skipped += 1
+            return False
         rates = learning_rates(trainer.optimizer)
         curve.append(
             {
@@ -97,10 +101,11 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
                 faults[0] += minor_page_faults() - before
                 faults[1] += todo
             return
-        if done == 0 and trainer.choices.compile_mode:  # Dynamo's counters: an eager run does not import it
+        compiling = done == 0 and trainer.choices.compile_mode  # Dynamo's counters: an eager run does not import it
+        if compiling:
             forget_compilations()
         startup_steps.append(clock.measure(lambda: losses.extend(trainer.run(1))))  # on its own: compilation
-        if done == 0 and trainer.choices.compile_mode:
+        if compiling:
             cache = compile_cache_state()
 
     # the untrained model is evaluated first: where every curve starts
@@ -111,6 +116,7 @@ def train_to_budget(cfg: TrainConfig, device: torch.device, label: str) -> dict:
         **run_facts(trainer, label),
         "metrics": {
             **metrics,
+            "evaluations_skipped": skipped,
             "minor_faults_per_step": faults[0] / faults[1] if faults[1] else None,
             "import_setup_s": import_setup_s,
             "setup_s": setup_s,
@@ -132,19 +138,31 @@ def at_target(cfg: TrainConfig, curve: list[dict]) -> bool:
     )
 
 
-def evaluation_of(trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig) -> Callable[[bool], WindowSums]:
-    """The run's evaluation, `evaluate(full)` -> the window sums now (an estimate on fewer windows: TowardTarget)."""
+def evaluation_of(
+    trainer: train.Trainer, val: ValidationSet, cfg: TrainConfig
+) -> Callable[[bool, Callable[[], float | None]], WindowSums | None]:
+    """The run's evaluation, `evaluate(full, last_train_loss)` -> the window sums now, or None: skipped.
+
+    An estimate on fewer windows while clearly above the target (TowardTarget); with speedrun_22's screen, nothing
+    while the last step's training loss (`last_train_loss()`, asked only then) is far above it."""
     batch, world = trainer.cfg.micro_batch_size, cfg.world_size
     toward = TowardTarget(
         len(val.share(trainer.rank, world)), batch, world, cfg.target_loss if cfg.stop_at_target else None
     )
+    screened = evaluation_screen.screens(cfg)
 
     def sums(part: slice, reference: torch.Tensor | None) -> WindowSums:
         return window_sums(
             trainer.gpt, val, batch, trainer.choices.amp, trainer.device, trainer.rank, world, part, reference
         )
 
-    return lambda full: toward(sums, full)
+    def evaluate(full: bool, last_train_loss: Callable[[], float | None]) -> WindowSums | None:
+        if screened and not full and evaluation_screen.far_above_target(last_train_loss(), cfg.target_loss):
+            toward.skip()  # speedrun_22: no window read
+            return None
+        return toward(sums, full)
+
+    return evaluate
 
 
 def validation_loss_of(trainer: train.Trainer, val: ValidationSet) -> float:

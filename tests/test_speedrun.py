@@ -568,6 +568,7 @@ def test_speedrun_17_adds_the_four_gram_table_and_changes_nothing_else(profile):
         ("speedrun_17_fourgram", "speedrun_18_batched_muon", "muon_batched"),
         ("speedrun_18_batched_muon", "speedrun_19_gc_freeze", "gc_freeze"),
         ("speedrun_20_untied_head", "speedrun_21_plain_optimizer", "plain_optimizer"),
+        ("speedrun_21_plain_optimizer", "speedrun_22_eval_near_target", "eval_near_target_only"),
     ],
 )
 def test_a_systems_stage_after_17_switches_one_flag_on_and_changes_nothing_else(profile, parent, stage, flag):

@@ -207,13 +207,13 @@ def declared_on(losses: torch.Tensor, target: float, monkeypatch) -> tuple[int |
 
     monkeypatch.setattr(time_to_loss, "window_sums", sums)
     val = SimpleNamespace(share=lambda rank, world: torch.arange(WINDOWS))
-    cfg = SimpleNamespace(stop_at_target=True, target_loss=target, world_size=1)
+    cfg = SimpleNamespace(stop_at_target=True, target_loss=target, world_size=1, eval_near_target_only=False)
     curve = []
 
     evaluation = time_to_loss.evaluation_of(trainer, val, cfg)
 
     def evaluate() -> bool:
-        s = evaluation(trainer.steps_done in (0, steps))
+        s = evaluation(trainer.steps_done in (0, steps), lambda: None)
         curve.append({"step": trainer.steps_done, "val_loss": s.mean, "estimate": s.windows < WINDOWS})
         return time_to_loss.at_target(cfg, curve)
 

@@ -173,6 +173,11 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
     return torch.bfloat16 if bf16_is_fast(device_type)[0] else torch.float32
 
 
+def muon_settings(cfg: TrainConfig) -> dict:
+    """Muon's settings this project passes explicitly (torch's default weight decay, 0.1, is not this project's)."""
+    return dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+
+
 def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     """Muon for the hidden matrices and AdamW for the rest, as one optimizer.
 
@@ -181,7 +186,7 @@ def make_muon(model: nn.Module, cfg: TrainConfig) -> MuonWithAdamW:
     With cfg.muon_batched (speedrun_18) BatchedMuon takes torch's place: the same step, one iteration per shape."""
     hidden = hidden_matrices(model)
     dtype = newton_schulz_dtype(hidden[0].device.type)
-    settings = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+    settings = muon_settings(cfg)
     if cfg.muon_batched:
         muon = BatchedMuon(hidden, newton_schulz_dtype=dtype, **settings)  # speedrun_18: one iteration per shape
     else:

@@ -19,7 +19,7 @@ import torch.nn as nn
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optimizations.adamw import parameter_groups
-from gpt.optimizations.muon import batched_muon_step, hidden_matrices, newton_schulz_dtype
+from gpt.optimizations.muon import batched_muon_step, hidden_matrices, muon_settings, newton_schulz_dtype
 from gpt.optimizations.optimization import Optimization, check_flag
 
 
@@ -100,13 +100,7 @@ def fused_adamw_step(group: dict, state: dict) -> None:
 def make_plain_muon_adamw(model: nn.Module, cfg: TrainConfig) -> PlainMuonAdamW:
     """make_muon's optimizer with muon_batched and fused AdamW (the same groups and settings), outside torch.optim."""
     hidden = hidden_matrices(model)
-    muon = {
-        **defaults_of(torch.optim.Muon),
-        "params": hidden,
-        "lr": cfg.muon_lr,
-        "momentum": cfg.muon_momentum,
-        "weight_decay": cfg.muon_weight_decay,
-    }
+    muon = {**defaults_of(torch.optim.Muon), "params": hidden, **muon_settings(cfg)}
     adamw = defaults_of(torch.optim.AdamW) | {"lr": cfg.lr, "betas": cfg.betas}
     groups = [adamw | group for group in parameter_groups(model, cfg, skip=hidden)]
     return PlainMuonAdamW([muon], groups, newton_schulz_dtype(hidden[0].device.type))
