@@ -406,6 +406,21 @@ def first_runs(commit: str | None = None) -> list[dict]:
     return [run for run in runs if commit is None or run["commit"] == commit]
 
 
+def check_two_first_runs(entry: str, sr, commit: str) -> tuple[float, float]:
+    """A judged paragraph (`entry`) quotes `commit`'s two first runs, their median and its ratio to `speed_0`'s process.
+
+    Returns `speed_0`'s mean whole process in the run (`sr`, a report Speedrun) and the first runs' median."""
+    walls = [run["wall_s"] for run in first_runs(commit)]
+    (base_walls, _) = sr.walls("speed_0_baseline")
+    mean_base, median = statistics.fmean(base_walls), statistics.median(walls)
+    assert f"{walls[0]:.1f} s, then {walls[1]:.1f} s, launch to exit" in entry
+    assert (
+        f"median {median:.1f} s, {mean_base / median:.1f}x that run's `speed_0` whole process ({mean_base:.0f} s"
+        in entry
+    )
+    return mean_base, median
+
+
 def check_judged_paragraph(folder: Path, first: dict) -> None:
     """docs/speedrun.md's paragraph judging a full run's last stage quotes that run's records (`folder`).
 
@@ -594,14 +609,7 @@ def test_docs_speedrun_judges_speedrun_21_in_the_run_of_51daa66_from_its_records
     parent_setup = speedrun_metrics(folder, parent)["setup_s"]
     assert f"(its set-up {setups[0]:.2f}, {setups[1]:.2f} and {setups[2]:.2f} s a seed against the parent's " in entry
     assert f"the parent's {parent_setup:.2f} s)" in entry
-    walls = [run["wall_s"] for run in first_runs("51daa66")]
-    (base_walls, _) = sr.walls("speed_0_baseline")
-    mean_base, median = statistics.fmean(base_walls), statistics.median(walls)
-    assert f"{walls[0]:.1f} s, then {walls[1]:.1f} s, launch to exit" in entry
-    assert (
-        f"median {median:.1f} s, {mean_base / median:.1f}x that run's `speed_0` whole process ({mean_base:.0f} s"
-        in entry
-    )
+    mean_base, median = check_two_first_runs(entry, sr, "51daa66")
     assert (
         f"fails by {median - mean_base / 15:.1f} s in the first runs timed apart ({mean_base / median:.1f}x)" in entry
     )
@@ -633,14 +641,7 @@ def test_docs_speedrun_judges_speedrun_22_in_the_run_of_1da27c8_from_its_records
     windows_before = [f"{speedrun_metrics(kept, parent, seed)['windows_evaluated']:,}" for seed in seeds]
     assert f"({windows[0]}, {windows[1]} and {windows[2]} against " in entry
     assert f"against {windows_before[0]}, {windows_before[1]} and {windows_before[2]})" in entry
-    walls = [run["wall_s"] for run in first_runs("1da27c8")]
-    (base_walls, _) = sr.walls("speed_0_baseline")
-    mean_base, median = statistics.fmean(base_walls), statistics.median(walls)
-    assert f"{walls[0]:.1f} s, then {walls[1]:.1f} s, launch to exit" in entry
-    assert (
-        f"median {median:.1f} s, {mean_base / median:.1f}x that run's `speed_0` whole process ({mean_base:.0f} s"
-        in entry
-    )
+    mean_base, median = check_two_first_runs(entry, sr, "1da27c8")
     assert f"holds in the first runs timed apart ({mean_base / median:.1f}x, {mean_base / 15:.1f} s the bar)" in entry
     bar = statistics.mean(sr.seconds("speed_0_baseline")) / 30
     assert f"needs under {bar:.2f} s of training" in entry
