@@ -474,7 +474,8 @@ def test_the_speedrun_is_one_task_on_every_profile_and_device(stage):
     assert all(_task_config(cfg) == _task_config(configs[0]) for cfg in configs)
     assert all(_schedule_in_steps(cfg) == _schedule_in_steps(configs[0]) for cfg in configs)
     task = configs[0]
-    assert (task.n_layer, task.n_embd, task.block_size, task.eval_windows, task.dropout) == (4, 128, 64, 200, 0.0)
+    depth = 1 if "speedrun_23_one_block" in lineage(stage) else 4  # nanoGPT's recipe's, then speedrun_23's one block
+    assert (task.n_layer, task.n_embd, task.block_size, task.eval_windows, task.dropout) == (depth, 128, 64, 200, 0.0)
     assert stage_config("speed_0_baseline", "reference", to_a_loss=True).block_size == 128
     assert stage_config(stage, "smoke", speedrun_task=True).block_size == 32
 
@@ -559,6 +560,37 @@ def test_speedrun_17_adds_the_four_gram_table_and_changes_nothing_else(profile):
     assert changed == {"fourgram_embedding"}
     before, after = (optimizations.model_settings(c, "cpu", 65) for c in (parent, child))
     assert after == {**before, "fourgram_rows": FOURGRAM_ROWS}
+
+
+@pytest.mark.parametrize("profile", ["cpu", "reference", "smoke"])
+def test_speedrun_23_keeps_one_block_of_its_parents_model_and_changes_nothing_else(profile):
+    """speedrun_23 sets the depth to one block on every profile and nothing else.
+
+    The model is its parent's with the blocks after the first removed (every other parameter's name and shape kept),
+    and Muon gets one block's matrices."""
+    import dataclasses
+
+    from gpt.model import GPT, GPTConfig
+    from gpt.optimizations.muon import hidden_matrices
+
+    parent, child = (stage_config(s, profile) for s in ("speedrun_22_eval_near_target", "speedrun_23_one_block"))
+    changed = {k for k, v in dataclasses.asdict(child).items() if v != getattr(parent, k)}
+    assert changed == {"n_layer"} and child.n_layer == 1 < parent.n_layer
+    assert model_settings(child, "cpu", 65) == model_settings(parent, "cpu", 65)
+
+    def model(cfg):
+        shape = dict(vocab_size=65, block_size=cfg.block_size, dropout=cfg.dropout, **cfg.model_shape)
+        return GPT(GPTConfig(**shape, **model_settings(cfg, "cpu", 65)))
+
+    before, after = model(parent), model(child)
+    shapes = {name: p.shape for name, p in after.named_parameters()}
+    kept = {
+        name: p.shape if name not in ("resid_scales", "x0_scales") else torch.Size([1])
+        for name, p in before.named_parameters()
+        if not name.startswith("transformer.h.") or name.startswith("transformer.h.0.")
+    }
+    assert shapes == kept
+    assert len(hidden_matrices(after)) * parent.n_layer == len(hidden_matrices(before))
 
 
 @pytest.mark.parametrize("profile", ["cpu", "reference"])
