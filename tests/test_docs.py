@@ -472,6 +472,46 @@ def check_judged_paragraph(folder: Path, first: dict) -> None:
         assert f"{metrics['tokens_per_s']:,.0f}" in lead and f"{metrics['minor_faults_per_step']:,.0f}" in lead, stage
 
 
+def test_readme_names_the_first_speedrun_stage_that_compiles_nothing_from_the_committed_run():
+    """The README's speedrun section names the first stage of the committed run that ran eager, and none after compiles.
+
+    From each stage's record in records/cpu-cpu (its `compile_mode`, None where it ran eager). Seen failing on the
+    sentence it replaced, "the last three stages compile nothing", typed when there were fourteen stages."""
+    from gpt.ladder import stages_of
+
+    folder = REPO / "records" / "cpu-cpu" / "speedrun"
+    eager = [
+        json.loads((folder / f"{stage}.json").read_text())["choices"]["compile_mode"] is None
+        for stage in stages_of("speedrun")[1:]
+    ]
+    first = eager.index(True)
+    assert all(eager[first:]), "a stage after the first eager one compiles"
+    name = stages_of("speedrun")[1:][first]
+    short = name[: name.index("_", len("speedrun_"))]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"from `{short}` on, no stage compiles." in readme
+
+
+def test_readme_quotes_how_far_one_seed_moves_between_two_full_runs_from_their_records():
+    """The README's spread of one seed's training seconds, from the committed run against the kept run it names.
+
+    Each speedrun stage both ran (seed 3407), the committed run's seconds over the kept run's: their range and median.
+    Seen failing on the sentence it replaced ("10-20% between runs"), and with 1.18x typed for 1.19x."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    kept = re.search(r"\[(\w+)'s\]\(records/([\w-]+)/results\.md#speedrun\), kept\), each stage both ran took", readme)
+    now, before = REPO / "records" / "cpu-cpu" / "speedrun", REPO / "records" / kept[2] / "speedrun"
+    assert json.loads((REPO / "records" / kept[2] / "machine.json").read_text())["git_commit"].startswith(kept[1])
+    ratios = [
+        speedrun_metrics(now.parent, path.stem)["train_seconds"]
+        / speedrun_metrics(before.parent, path.stem)["train_seconds"]
+        for path in sorted(now.glob("speedrun_*.json"))
+        if ".seed" not in path.name and (before / path.name).exists()
+    ]
+    assert len(ratios) >= 10
+    spread = f"took {min(ratios):.2f}-{max(ratios):.2f}x its seconds there (median {statistics.median(ratios):.2f}x)"
+    assert spread in readme
+
+
 def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     """docs/speedrun.md's paragraph judging the last stage in the committed full run quotes that run's records.
 
