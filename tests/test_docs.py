@@ -512,6 +512,20 @@ def test_readme_quotes_how_far_one_seed_moves_between_two_full_runs_from_their_r
     assert spread in readme
 
 
+def test_docs_speedrun_lists_every_speedrun_stage_with_its_kind():
+    """docs/speedrun.md's stage table has a row for each speedrun stage, in order, whose kind is the stage's KIND.
+
+    Seen failing when `speedrun_23` had landed without its row."""
+    from gpt.ladder import load_stage, stages_of
+
+    words = {"systems": "keeps the model", "training": "changes the training", "model": "changes the model"}
+    doc = (REPO / "docs" / "speedrun.md").read_text()
+    rows = re.findall(r"^\| `stages/(speedrun_\w+)\.py` \| .+? \| (keeps the model|changes the \w+) \| ", doc, re.M)
+    assert [name for name, _ in rows] == stages_of("speedrun")
+    for name, kind in rows:
+        assert kind == words[load_stage(name).KIND], name
+
+
 def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
     """docs/speedrun.md's paragraph judging the last stage in the committed full run quotes that run's records.
 
