@@ -116,20 +116,24 @@ def test_the_gpu_tests_are_planned_at_their_cap_where_no_folder_of_the_kind_ran_
 def test_a_gpu_plan_reads_every_folder_of_its_kind_newest_first_then_another_kinds_wall_clocks(tmp_path, capsys):
     """A GPU's plan reads every committed folder of its kind, newest first, then another kind's measured wall clocks.
 
-    The H100's newest folder (records/h100-2026-11-27, a quick run's) lacks speed_5 and the fast ladder: they come from
-    records/h100-2026-11-24, not the H200's records; the H200's newest (records/h200-2026-11-28, a quick run's) lacks
-    fast_4, which comes from its older one. speedrun_14, which no H100 ran, comes from the H200's measured wall clock,
-    before rule 5's model (a third too slow on the H100). The GPU tests take the seconds of this kind's committed run of
-    them (gpu_tests.json), else their cap; a stage that needs 2 GPUs costs its start-up and says why."""
+    The H100's newest folder (records/h100-2026-11-27, a quick run's) lacks speed_5 and the fast ladder: they come
+    from records/h100-2026-11-24, not the H200's records; the H200's newest (records/h200-2026-12-04, a quick run's)
+    has the speedrun to speedrun_21 and no ladder: speed_1 comes from the next (records/h200-2026-11-28), which
+    lacks fast_4, which comes from the oldest. speedrun_14, which no H100 ran, comes from the H200's measured wall
+    clock, before rule 5's model (a third too slow on the H100); speedrun_22, which no GPU finished, from that
+    model. The GPU tests take the seconds of this kind's committed run of them (gpu_tests.json), else their cap; a
+    stage that needs 2 GPUs costs its start-up and says why."""
     h100, h200 = (planned(capsys, kind, tmp_path / "q") for kind in ("H100", "H200"))
     for stage in ("speed_5_amp", "fast_1_pretokenized", "fast_5_fused_adamw"):
         assert h100[("speed" if stage.startswith("speed") else "fast", stage)][1].startswith("h100-2026-11-24: ")
     assert h100[("speed", "speed_1_batch_size")][1] == "h100-2026-11-27's wall clock"
-    assert h200[("speedrun", "speedrun_1_systems")] == (42, "h200-2026-11-28's wall clock")
-    assert h200[("fast", "fast_4_padded_vocab")][1].startswith("h200-2026-11-27: ")  # the newest folder lacks it
-    assert h100[("speedrun", "speedrun_14_adamw_rate")] == (12, "h200-2026-11-28's wall clock")  # no H100 has it
+    assert h200[("speedrun", "speedrun_1_systems")] == (46, "h200-2026-12-04's wall clock")
+    assert h200[("speed", "speed_1_batch_size")] == (12, "h200-2026-11-28's wall clock")  # the newest lacks it
+    assert h200[("fast", "fast_4_padded_vocab")][1].startswith("h200-2026-11-27: ")  # the two newest lack it
+    assert h100[("speedrun", "speedrun_14_adamw_rate")] == (15, "h200-2026-12-04's wall clock")  # no H100 has it
+    assert h200[("speedrun", "speedrun_22_eval_near_target")][1].startswith("h200-2026-11-28: speed_0's 2000 steps")
     assert h100[("gpu tests", "pytest")] == (37, "h100-2026-11-27's run of them")
-    assert h200[("gpu tests", "pytest")] == (29, "h200-2026-11-28's run of them")
+    assert h200[("gpu tests", "pytest")] == (28, "h200-2026-12-04's run of them")
     assert h100[("speed", "speed_6_ddp")] == (
         10,
         "start-up only, then it records itself skipped: needs 2 GPUs, planned for 1",

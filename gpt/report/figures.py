@@ -210,6 +210,9 @@ def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:
             devices = sorted({r.record["device"]["name"] for r in rungs if r.ok})
             series.append((f"{display(folder)}: {', '.join(devices)}", changes))
             caption.append(f"`{display(folder)}`: {machine_of(folder, rungs)}")
+        elif folder != Path(runs):  # listed all the same, so that a folder does not vanish from the section unsaid
+            why = f" (its {NOTE} says why)" if (folder / NOTE).is_file() else ""
+            caption.append(f"`{display(folder)}`: no bar, none of these stages finished there{why}")
     if not series:
         return []
     if documented:

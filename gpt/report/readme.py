@@ -259,14 +259,23 @@ def gpu_speedrun_line() -> str:
     return "no committed GPU run has trained the speedrun"
 
 
-def newest_gpu_quick_run() -> tuple[Path, dict, list[dict]] | None:
-    """The newest committed GPU folder a quick run made: the folder, one of its stage records, quick_run.json's runs."""
+def gpu_quick_runs_of() -> list[tuple[Path, dict, list[dict]]]:
+    """The committed GPU folders a quick run made, newest first: each folder, one finished stage record, its runs.
+
+    A finished record, since only one that trained names its device: a quick run's folder also holds the records of
+    the stages it had no room for."""
+    found = []
     for folder in gpu_folders():
         runs = (read_record(folder / quick_run.RUN_FILE) or {}).get("runs")
-        record = next((r for p in sorted(folder.rglob("*.json")) if (r := read_record(p)) and "env" in r), None)
+        record = next((r for p in sorted(folder.rglob("*.json")) if ok(r := read_record(p))), None)
         if runs and record:
-            return folder, record, runs
-    return None
+            found.append((folder, record, runs))
+    return found
+
+
+def newest_gpu_quick_run() -> tuple[Path, dict, list[dict]] | None:
+    """The newest committed GPU folder a quick run made (gpu_quick_runs_of), else None."""
+    return next(iter(gpu_quick_runs_of()), None)
 
 
 def gpu_quick_line() -> str:
@@ -280,21 +289,19 @@ def gpu_quick_line() -> str:
     return (
         f"its newest, on one {gpu} ([note](records/{folder.name}/note.md), "
         f"commit {record['env']['git_commit'][:7]}), planned {quick_run.minutes(first['planned_s'])} and took "
-        f"{quick_run.minutes(first['wall_s'])}, {reflowed} stage runs more than planned in the time left"
+        f"{quick_run.minutes(first['wall_s'])}, {reflowed} stage run{'s' * (reflowed != 1)} more than planned in the "
+        "time left"
     )
 
 
-def gpu_quick_runs() -> str:
-    """The newest GPU quick run's commands: the first's wall clock and what ran, then each --resume's."""
-    if (found := newest_gpu_quick_run()) is None:
-        return "no committed GPU run has made one"
+def gpu_quick_runs(runs: list[dict]) -> str:
+    """A GPU quick run's commands (quick_run.json's runs): the first's wall clock and what ran, then each --resume's."""
 
     def ran(run: dict) -> str:
         names = [item["name"] for item in run["items"] if item.get("ran") and item["section"] != "gpu tests"]
         sections = ", ".join(dict.fromkeys(item["section"] for item in run["items"] if item.get("ran")))
         return f"{quick_run.minutes(run['wall_s'])} ({len(names)} stage runs: {sections})"
 
-    _, _, runs = found
     text = f"`--quick`: {ran(runs[0])} of its {quick_run.minutes(runs[0]['limit_s'])}"
     if runs[1:]:
         text += "; then `--quick --only <section> --resume`: " + ", ".join(ran(run) for run in runs[1:])
@@ -513,7 +520,7 @@ def blocks(runs: Path) -> dict[str, str]:
         "gpu-speedrun": gpu_speedrun_line(),
         "gpu-batch": gpu_batch_line(),
         "gpu-quick": gpu_quick_line(),
-        "gpu-quick-runs": gpu_quick_runs(),
+        **{f"gpu-quick-runs-{folder.name}": gpu_quick_runs(runs) for folder, _, runs in gpu_quick_runs_of()},
         "models": models_table(runs),
         "cpu-run-time": run_time(runs),
         "cpu-run-minutes": run_minutes(runs),
