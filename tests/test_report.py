@@ -1294,6 +1294,21 @@ def test_the_readmes_try_block_says_so_where_the_last_speedrun_stage_has_no_reco
     assert f"no committed record of {stages_of('speedrun')[-1]}" in try_output(tmp_path)
 
 
+def test_the_readmes_gpu_speedrun_line_names_the_stages_its_run_did_not_finish():
+    """The GPU line quotes the last stage its run trained; where later ones did not finish, it names each of them.
+
+    Seen failing before it did (records/h200-2026-12-04 stopped at speedrun_22; speedrun_21 read as the last)."""
+    from gpt.ladder import stages_of
+    from gpt.report.readme import gpu_speedrun_line
+
+    line = gpu_speedrun_line()
+    trained = re.search(r"and `(speedrun_\w+)` in ", line)[1]
+    later = stages_of("speedrun")[stages_of("speedrun").index(trained) + 1 :]
+    if later:
+        assert f"{len(later)} later stage{'s' * (len(later) > 1)} did not finish there" in line
+    assert all(f"`{stage}`" in line for stage in later)
+
+
 def test_the_first_findings_gain_in_tokens_a_second_is_a_range_over_the_baselines_seeds(tmp_path):
     """The faster step's gain, against each of speed_0's seeds: its one seed's rate is not a finding on its own.
 
