@@ -417,14 +417,147 @@ def test_the_cpu_quick_runs_figures_are_its_quick_run_json():
     assert f"the fast ladder's {n_fast} runs into the time left and {ended}" in running
 
 
+MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:x\b|\s?(?:%|s\b|ms\b|GiB|MiB|GB|MB|tokens/s|GFLOP/s|min\b))")
+SOURCE = re.compile(r"records/|\b[0-9a-f]{7}\b|\b20\d\d-\d\d-\d\d\b")  # a record folder, a commit, a log's date
+# Paragraphs whose figures are settings, definitions, tolerances or the book's, by their opening words: none is a
+# measurement of this project's code, so none names a record. A new one is added here with its reason, or sourced.
+NOT_MEASURED = {
+    ("README.md", "**Words used throughout.**"): "a definition: the loss at 80% of a budget",
+    ("README.md", "GPU memory per process on the `reference` profile"): "the book's figures, cited as the book's",
+    ("docs/measurement.md", "- **Two tables per ladder**"): 'examples of the report\'s words ("backward 48%")',
+    ("docs/measurement.md", "- **Generated notes**"): "an example of a generated note's form",
+    ("docs/measurement.md", "- **vs parent: to its loss**"): "a definition: the loss at 80% of the budget",
+    ("docs/time-to-loss.md", "- **The target**"): "a definition: the loss at 80% of the budget",
+    ("docs/time-to-loss.md", "- **The table**"): "a definition: the loss at 80% of the budget",
+    ("docs/measurement.md", "After the timed repeats (so they never change"): "a definition: shares adding to 100%",
+    ("docs/memory-planner.md", "**Block sizes.**"): "the CUDA caching allocator's rounding rules",
+    ("docs/running.md", "A quick run shows the ladders on your machine"): "settings: the tests' cap, the report's 5%",
+    ("docs/speedrun.md", "| stage | the one change | kind | code |"): "settings: each stage's shares of the budget",
+}
+
+
+def unsourced_paragraphs(page: Path) -> list[str]:
+    """A page's prose paragraphs and list items that hold a measured-looking figure and name no record, commit or date.
+
+    Generated blocks, code and a section whose heading names a commit or a date (a log's entry) are left out."""
+    text = re.sub(r"<!-- generated: (\S+) -->.*?<!-- end: \1 -->", "", page.read_text(), flags=re.S)
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    found, heading = [], ""
+    for paragraph in re.split(r"\n\s*\n|\n(?=[-*] )", text):  # a list's items one by one
+        if paragraph.startswith("#"):
+            heading = paragraph.splitlines()[0]
+        if paragraph.startswith("    ") or SOURCE.search(heading) or SOURCE.search(paragraph):
+            continue
+        if MEASURED.search(paragraph):
+            found.append(" ".join(paragraph.split()))
+    return found
+
+
+def test_every_measured_figure_in_the_readme_and_docs_names_the_record_commit_or_log_date_it_comes_from():
+    """A paragraph of README.md or docs/ with a figure of seconds, a ratio, a share or memory names where it comes from.
+
+    Its record folder, its commit, or its log entry's date (history); or it is one of NOT_MEASURED, each entry of which
+    must still match a paragraph. Seen failing on docs/design.md's bf16 and SDPA figures typed from memory of no kept
+    run, and on a sentence added to docs/running.md in a scratch copy ("it took 12.3 s")."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = [
+        (page.relative_to(REPO).as_posix(), paragraph) for page in pages for paragraph in unsourced_paragraphs(page)
+    ]
+    unknown = [
+        (page, text[:120])
+        for page, text in found
+        if not any(page == known and text.startswith(words) for known, words in NOT_MEASURED)
+    ]
+    assert not unknown, unknown
+    stale = [key for key in NOT_MEASURED if not any(page == key[0] and text.startswith(key[1]) for page, text in found)]
+    assert not stale, stale
+
+
+def typed_range(values: list[float], digits: int) -> str:
+    """A range as the docs type it: "low-high", or the one value where they round alike."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def test_docs_design_quotes_the_cpus_bf16_and_attention_figures_from_the_committed_records():
+    """design.md's "figures behind the rules" for bf16 and SDPA on a CPU, and fast's DataLoader share, are records'.
+
+    bf16: the matmul peaks of each committed CPU run whose machine.json names the family and model, grouped by them;
+    SDPA: each CPU run's fast_3 times in `choices.attention_why` where it kept the explicit attention. Seen failing on
+    the paragraphs they replaced (2.2x and 7x, "half as fast", "about 100x"; SDPA "about 5x", which no record shows:
+    1.06-1.21x) and with 4.18x typed for 4.17x."""
+    text = " ".join((REPO / "docs" / "design.md").read_text().split())
+    groups: dict[str, list[float]] = {}
+    for path in sorted((REPO / "records").glob("cpu-*/machine.json")):
+        machine = json.loads(path.read_text())
+        if kind := re.search(r"\(family \d+, model \d+\)", machine.get("cpu", "")):
+            peaks = machine["cpu_peaks_gflops"]
+            groups.setdefault(kind[0], []).append(peaks["bfloat16 x2 threads"] / peaks["float32 x2 threads"])
+    assert len(groups) == 3, groups
+    for kind, ratios in groups.items():
+        runs = f"{len(ratios)} run{'s' * (len(ratios) > 1)}"
+        if max(ratios) < 1:  # slower: the docs give fp32 over bf16
+            typed = f"{typed_range([1 / r for r in ratios], 0)}x slower on the EPYC without AVX-512 {kind[:-1]}; {runs}"
+        else:
+            zen = "4" if "family 25" in kind else "5"
+            typed = (
+                f"{typed_range(ratios, 2)}x{' as fast' * (len(ratios) > 1)} on the Zen {zen} EPYC {kind[:-1]}; {runs})"
+            )
+        assert typed in text, typed
+    sdpa = []
+    for path in sorted((REPO / "records").glob("cpu-*/fast_3_sdpa.json")):
+        why = json.loads(path.read_text())["choices"].get("attention_why") or ""
+        if times := re.search(r"explicit ([\d.]+) ms, SDPA ([\d.]+) ms", why):
+            sdpa.append(float(times[2]) / float(times[1]))
+    assert f"SDPA took {typed_range(sdpa, 2)}x the explicit attention's time" in text
+    assert f"`choices.attention_why`, {len(sdpa)} runs in records/cpu-*)" in text
+    fast_1 = json.loads((REPO / "records" / "h100-2026-11-24" / "fast_1_pretokenized.json").read_text())
+    share = fast_1["metrics"]["time_breakdown_pct"]["data"]
+    assert f"the DataLoader's host work was {share:.0f}% of `fast_1`'s step" in text
+
+
+def test_docs_design_quotes_sdpa_against_the_explicit_attention_under_cuda_graphs_from_each_gpu_record():
+    """design.md's fast_3 against fast_2 under CUDA graphs, per GPU run it names, is those records' median steps.
+
+    Rounded as the tour rounds a change (a whole percent from 10% on). Seen failing on the sentence it replaced (11%
+    and 0.6% of two runs, while the newer H200 run went the other way: -9.2%)."""
+    text = " ".join((REPO / "docs" / "design.md").read_text().split())
+    quoted = re.findall(r"([+-][\d.]+)% on the (H\d00) of records/(\S+?)[,. ]", text)
+    assert len(quoted) == 3, quoted
+    for typed, gpu, folder in quoted:
+        steps = [
+            json.loads((REPO / "records" / folder / f"{stage}.json").read_text())["metrics"]["step_time_median_s"]
+            for stage in ("fast_2_bf16", "fast_3_sdpa")
+        ]
+        change = 100 * (steps[1] / steps[0] - 1)
+        assert typed == (f"{change:+.0f}" if abs(change) >= 10 else f"{change:+.1f}"), folder
+        assert gpu.lower() in folder
+
+
+def test_docs_measurement_quotes_the_cuda_graph_stages_eager_rest_from_its_record():
+    """measurement.md's speed_4 on an H100 (what a CUDA-graph stage's recorded step holds) is that record's."""
+    text = " ".join((REPO / "docs" / "measurement.md").read_text().split())
+    metrics = json.loads((REPO / "records" / "h100-2026-11-24" / "speed_4_compile.json").read_text())["metrics"]
+    typed = (
+        f"records/h100-2026-11-24: {metrics['peak_memory_allocated_mib']:.0f} of {metrics['peak_memory_mib']:,.0f} MiB"
+    )
+    assert typed in text
+
+
 def tour_h200_figures(readme: str) -> list[tuple[str, str, str]]:
-    """The tour's "<change> on the H200" figures: (stage prefix, what, the typed figure), from each table row."""
+    """The tour's "<change> on the H200" figures: (stage prefix, what, the typed figure), from each table row.
+
+    And the baseline's GPU idle share the paragraph under the table quotes, as the share speed_1 attacks."""
     tour = readme[readme.index("## A tour: each optimization") :]
     found = []
     for line in tour.splitlines():
         if row := re.match(r"\| `(\w+?_\d+)`", line):
             found += [(row[1], "change", f) for f in re.findall(r"(-?[\d.]+)% (?:on the H200|per sample)", line)]
             found += [(row[1], "gpu idle", f) for f in re.findall(r"GPU idled ([\d.]+)%", line)]
+    after = " ".join(tour[tour.index("What carries over") :].split())  # the paragraph under the table
+    found += [
+        ("speed_1", "gpu idle", f) for f in re.findall(r"GPU idle ([\d.]+)% of the baseline's step on the", after)
+    ]
     return found
 
 
@@ -591,6 +724,26 @@ def test_docs_speedrun_lists_every_speedrun_stage_with_its_kind():
     assert [name for name, _ in rows] == stages_of("speedrun")
     for name, kind in rows:
         assert kind == words[load_stage(name).KIND], name
+
+
+def test_docs_speedrun_gives_the_least_budget_left_of_each_committed_speedrun_run_from_its_records():
+    """The least share of its budget a stage had left at the target, per committed run, is what the records hold.
+
+    Every finished stage of those runs stopped at the target (a miss would make the sentence false). Seen failing on
+    the sentence it replaced ("3 to 11%" of one older CPU run, and "no speedrun has run on a GPU yet")."""
+    text = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    runs = re.search(
+        r"the tightest with (\d+)% of it left on the CPU \(\[records/(\S+?)\].*?, (\d+)% on an H100 "
+        r"\(\[records/(\S+?)\].*? and (\d+)% on an H200 \(\[records/(\S+?)\]",
+        text,
+    )
+    assert runs, "the sentence on the budget left is gone"
+    for typed, folder in zip(runs.groups()[::2], runs.groups()[1::2], strict=True):
+        paths = sorted((REPO / "records" / folder / "speedrun").glob("speedrun_*.json"))
+        records = [r for r in (json.loads(p.read_text()) for p in paths) if r.get("status") == "ok"]
+        assert records and all(r["metrics"]["stopped_at_target"] for r in records), folder
+        left = min(1 - r["metrics"]["tokens"] / r["config"]["train_tokens"] for r in records)
+        assert typed == f"{100 * left:.0f}", folder
 
 
 def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
