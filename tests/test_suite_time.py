@@ -40,8 +40,8 @@ def test_pytests_closing_line_gives_the_tally_and_its_seconds():
     assert suite_time.closing_counts("Traceback ...\n") == {}
 
 
-def test_the_readme_sentence_gives_each_cpus_newest_timing_then_its_history(tmp_path, monkeypatch):
-    """Newest CPU kind first; each kind's newest entry in full, its older ones by commit as history."""
+def test_the_readme_sentence_gives_each_cpus_newest_timing_and_points_to_the_rest(tmp_path, monkeypatch):
+    """Newest CPU kind first; each kind's newest entry in full; the older ones counted, left to the record."""
     entry = {"cores": 2, "command": "time .ci/run", "date": "2026-11-28"}
     runs = [
         {**entry, "commit": "aaaaaaa", "cpu": "B", "wall_s": 700, "note": "one test at a time"},
@@ -54,7 +54,7 @@ def test_the_readme_sentence_gives_each_cpus_newest_timing_then_its_history(tmp_
         "on a 2-core A, 6 min 1 s in all, 5 min 8 s of them pytest's, at commit bbbbbbb (2026-11-28; 782 passed, "
         "50 skipped); "
         "on a 2-core B, 9 min 2 s in all, 7 min 20 s of them pytest's, at commit ccccccc (2026-11-28) "
-        "(earlier: 11 min 40 s at aaaaaaa, one test at a time)"
+        "(1 earlier timing, each with its commit: `records/test_suite.json`)"
     )
 
 

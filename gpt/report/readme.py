@@ -21,7 +21,7 @@ from gpt.data import REPO_ROOT
 from gpt.devices import same_cpu_kind
 from gpt.files import write_atomically
 from gpt.flops import peak_label
-from gpt.formatting import fmt_minutes, table
+from gpt.formatting import table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.optimizations.compilation import COMPILE_COSTS
 from gpt.records import read_record, time_to_loss_dir
@@ -493,21 +493,15 @@ def try_output(runs: Path) -> str:
 def test_suite_time() -> str:
     """The test suite's time from a fresh clone, per CPU kind, newest kind first (records/test_suite.json).
 
-    Each kind's newest timing, then its older ones as history, each with its commit (gpt/suite_time.py writes them)."""
+    Each kind's newest timing, with its commit (gpt/suite_time.py writes them); the older ones stay in the record,
+    which the sentence points to, so the README's first screen carries one figure a kind."""
     entries = (read_record(suite_time.RECORD) or {}).get("runs", [])
     kinds = list(dict.fromkeys(e["cpu"] for e in reversed(entries)))
-    parts = []
-    for kind in kinds:
-        mine = [e for e in reversed(entries) if e["cpu"] == kind]
-        newest, older = mine[0], mine[1:]
-        text = f"on a {newest['cores']}-core {kind}, {suite_time.summary(newest)}"
-        if older:
-            history = "; ".join(
-                f"{fmt_minutes(e['wall_s'])} at {e['commit']}" + (f", {e['note']}" if e.get("note") else "")
-                for e in older
-            )
-            text += f" (earlier: {history})"
-        parts.append(text)
+    newest = [next(e for e in reversed(entries) if e["cpu"] == kind) for kind in kinds]
+    parts = [f"on a {e['cores']}-core {e['cpu']}, {suite_time.summary(e)}" for e in newest]
+    older = len(entries) - len(newest)
+    if older:
+        parts[-1] += f" ({older} earlier timing{'s' * (older > 1)}, each with its commit: `records/test_suite.json`)"
     return "; ".join(parts)
 
 
