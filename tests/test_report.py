@@ -6,6 +6,7 @@ Fast."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -1332,6 +1333,29 @@ def test_the_first_findings_gain_in_tokens_a_second_is_a_range_over_the_baseline
     )
     assert rate_change(4.6, 5.4) == "5% more" and rate_change(-5.4, -1.2) == "1-5% fewer"
     assert rate_change(-3.0, 10.0) == "from 3% fewer to 10% more"
+
+
+def test_the_speedrun_on_every_machine_gives_each_runs_last_held_stage_and_what_came_after_it(tmp_path):
+    """A run's row: the last stage whose seeds all reached the target, and the later ones, recorded or not there.
+
+    On a copy of records/h200-2026-12-04 (speedrun_22 failed, speedrun_23 skipped), then with speedrun_21's record
+    taken out; and the project run's row agrees with the README's generated headline. Seen failing on a first
+    version that called every later stage "not held there", the ones newer than a run's code among them."""
+    from gpt.report.figures import speedrun_machine_row
+    from gpt.report.speedrun import Speedrun
+
+    folder = tmp_path / "h200"
+    shutil.copytree(REPO / "records" / "h200-2026-12-04", folder)
+    row = speedrun_machine_row(folder, Speedrun(folder))
+    assert row[2] == "5eabd4b" and row[4].startswith("`speedrun_21_plain_optimizer`: 0.46 s (1 seed)")
+    assert row[1] == "NVIDIA H200 (host: 16-core Intel(R) Xeon(R) Processor with AMX (family 6, model 207))"
+    assert row[6] == "2 recorded, not held"
+    (folder / "speedrun" / "speedrun_21_plain_optimizer.json").unlink()
+    row = speedrun_machine_row(folder, Speedrun(folder))
+    assert row[4].startswith("`speedrun_20_untied_head`") and row[6] == "2 recorded, not held; 1 not in its records"
+    project = speedrun_machine_row(REPO / "records" / "cpu-cpu", Speedrun(REPO / "records" / "cpu-cpu"))
+    headline = re.search(r"reaches it ([\d.]+)x .*?, ([\d.]+)x \(", (REPO / "README.md").read_text())
+    assert project[5] == f"{headline[1]}x; {headline[2]}x whole", (project, headline.groups())
 
 
 def test_a_speedrun_row_slower_than_its_parent_says_why_it_stands():

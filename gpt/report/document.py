@@ -14,7 +14,7 @@ from gpt.errors import UserError
 from gpt.files import write_atomically
 from gpt.ladder import LADDERS, ladder_of
 from gpt.records import read_record
-from gpt.report.figures import machines_section, plot_thesis, thesis_lines
+from gpt.report.figures import machines_section, plot_thesis, speedrun_machines_lines, thesis_lines
 from gpt.report.findings import memory_findings, method_notes, noise_line, speed_findings
 from gpt.report.memory_planner import planner_section
 from gpt.report.plots import plot_memory, plot_speed, plot_time_breakdown, plot_timelines
@@ -28,7 +28,7 @@ from gpt.report.where_time_goes import time_lines, time_section
 PLOTS = "plots"  # the plots' folder beside results.md, as its links name it
 MAX_COLUMNS = 7  # the widest table the page may hold (tests/test_report.py checks the whole page)
 # Links into the repo (docs, code notes, records) are written relative to its root, then to the page's folder.
-REPO_LINK = re.compile(r"\]\(((?:docs|gpt|records)/[^)\s#]*)((?:#[^)\s]*)?)\)")
+REPO_LINK = re.compile(r"\]\(((?:docs|gpt|records)/[^)\s#]*|results\.md)((?:#[^)\s]*)?)\)")  # results.md: the root's
 
 
 def write_report(runs: Path, out: Path | None = None) -> Path:
@@ -67,6 +67,8 @@ def write_report(runs: Path, out: Path | None = None) -> Path:
     if plot_thesis(to_a_loss, speedrun, plots / "thesis.png"):
         lines += thesis_lines(PLOTS)
     lines += speedrun_section(speedrun, plots, PLOTS)
+    if speedrun.ran:
+        lines += speedrun_machines_lines(runs)
     planner = planner_section(runs, plots, PLOTS)
     if planner:
         lines += [""] + planner

@@ -5,6 +5,7 @@ import textwrap
 from pathlib import Path
 
 from gpt.committed_records import NOTE, PUBLISHED
+from gpt.formatting import table
 from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.records import read_record
 from gpt.report.plots import pyplot, save_figure, short
@@ -234,4 +235,79 @@ def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:
         *[f"- {c}." for c in caption],
         "",
         f"![one change across machines]({rel}/{MACHINES})",
+    ]
+
+
+def machine_label(folder: Path, record: dict) -> str:
+    """A run's machine as a reader compares machines: the device, and the CPU's kind where machine.json names it."""
+    machine = read_record(folder / MACHINE_FILE) or {}
+    cpu = machine.get("cpu") or "CPU, its kind not recorded"
+    cores = f"{machine['cpu_count']}-core " if machine.get("cpu_count") else ""
+    if record["device"]["type"] == "cpu":
+        return f"{cores}{cpu}"
+    return f"{record['device']['name']} (host: {cores}{cpu})"
+
+
+def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
+    """One run's speedrun: its machine, commit, `speed_0`, the last stage that held there and what did not finish."""
+    if not sr.ran or not sr.holds(SPEEDRUN_BASELINE):
+        return None
+    held = [s for s in sr.stages if sr.holds(s)]
+    record = sr.baseline[0]
+    page = folder / "results.md"
+    if not page.is_file() and folder.resolve().parent == PUBLISHED.resolve():  # a default run's: the project's page
+        page = PUBLISHED.parent / "results.md"
+    link = f"[{display(folder)}]({display(page)})" if page.is_file() else f"`{display(folder)}`"
+    base, (base_walls, _) = sr.mean_seconds(SPEEDRUN_BASELINE), sr.walls(SPEEDRUN_BASELINE)
+    cells = [link, machine_label(folder, record), record["env"]["git_commit"][:7], f"{base:.1f}"]
+    if not held:
+        return [*cells, "none held", "", ""]
+    last = held[-1]
+    mine, (walls, _) = sr.mean_seconds(last), sr.walls(last)
+    whole = f"; {statistics.fmean(base_walls) / statistics.fmean(walls):.2f}x whole" if base_walls and walls else ""
+    later = list(sr.stages)[list(sr.stages).index(last) + 1 :]
+    tried = sum(1 for s in later if sr.stages[s])  # recorded there: failed, skipped or short of the target
+    after = [
+        f"{tried} recorded, not held" * bool(tried),
+        f"{len(later) - tried} not in its records" * bool(len(later) - tried),
+    ]
+    seeds = len(sr.stages[last])
+    return [
+        *cells,
+        f"`{last}`: {mine:.2f} s ({seeds} seed{'s' * (seeds > 1)})",
+        f"{base / mine:.2f}x{whole}",  # as the speedrun table gives a ratio
+        "; ".join(a for a in after if a) or "none: the last stage",
+    ]
+
+
+def speedrun_machines_lines(runs: Path) -> list[str]:
+    """The speedrun on every committed run that raced it: per machine, the last stage that held and how much sooner.
+
+    The page's own run first, then the committed folders, CPUs before GPUs, each kind's newest first."""
+    folders = [Path(runs), *sorted(p for p in PUBLISHED.glob("*/") if p.is_dir())]
+    rows, seen = [], set()
+    for folder in folders:
+        if folder.resolve() in seen:
+            continue
+        seen.add(folder.resolve())
+        machine = read_record(folder / MACHINE_FILE) or {}
+        if row := speedrun_machine_row(folder, Speedrun(folder)):
+            rows.append(((folder != Path(runs), machine.get("device", ""), row[1], machine.get("started", "")), row))
+    if len(rows) < 2:  # the page's own run alone: its section says it all
+        return []
+    own = [row for key, row in rows if not key[0]]
+    others = sorted((r for r in rows if r[0][0]), key=lambda r: r[0][3], reverse=True)  # newest first ...
+    others = sorted(others, key=lambda r: (r[0][1] != "cpu", r[0][2]))  # ... within each kind (a stable sort)
+    header = ["run", "machine", "commit", "`speed_0` s", "last stage held", "sooner", "the stages after it"]
+    return [
+        "",
+        "### The speedrun on every machine",
+        "",
+        "Each committed run that raced the speedrun, on its own `speed_0`'s seconds (each machine its own clock; the "
+        "task and the target are one everywhere): the last stage whose every seed reached the target, its training "
+        "seconds, and how much sooner than `speed_0` it got there in training seconds and in the whole process. Runs "
+        "of older code stop at older stages (the later ones are not in their records); a GPU's quick run trains one "
+        "seed a stage, a single timing.",
+        "",
+        *table(header, [*own, *(row for _, row in others)]),
     ]
