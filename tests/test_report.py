@@ -1235,7 +1235,8 @@ def test_the_page_draws_the_thesis_the_waterfall_and_one_change_across_machines(
         assert f"(plots/{name})" in md, name
     assert not (plots / "lean.png").exists() and not (plots / "lean_timeline.png").exists()
     machines = md.split("## One change across machines")[1].split("\n## ")[0]
-    assert "- `records/cpu-cpu`: AMD EPYC (cpu), 2 CPU cores, profile cpu." in machines
+    machine = json.loads((REPO / "records" / "cpu-cpu" / "machine.json").read_text())  # its CPU's kind, as it names it
+    assert f"- `records/cpu-cpu`: {machine['cpu_count']}-core {machine['cpu']}, profile cpu." in machines
     assert "the book's documented H100 run" in machines
     gpu_folders = [f.name for f in (REPO / "records").glob("h*") if f.is_dir()]
     unfinished = [f for f in gpu_folders if f"- `records/{f}`: NVIDIA" not in machines]
@@ -1259,7 +1260,7 @@ def test_the_machines_figure_names_each_series_machine(tmp_path):
         tmp_path, [fake_record("speed_0_baseline", seconds=8.0), fake_record("speed_1_batch_size", seconds=2.0)]
     )
     md = write_report(tmp_path).read_text()
-    assert f"- `{tmp_path}`: Test CPU (cpu), profile smoke." in md
+    assert f"- `{tmp_path}`: Test CPU (its kind not recorded), profile smoke." in md  # no machine.json
     assert "- the book's documented H100 run: each stage script's REFERENCE seconds." in md
     assert (tmp_path / "plots" / "machines.png").read_bytes()[:4] == PNG
     only_memory = tmp_path / "memory"

@@ -168,14 +168,12 @@ def timed_rungs(folder: Path) -> list[Rung]:
 
 
 def machine_of(folder: Path, rungs: list[Rung]) -> str:
-    """The folder's device, profile and processes as its records give them, for the legend and the caption."""
+    """The folder's machine, profile and provenance as its records give them, for the legend and the caption."""
     done = [r.record for r in rungs if r.ok]
-    devices = sorted({f"{r['device']['name']} ({r['device']['type']})" for r in done})
+    machines = sorted({machine_label(folder, r) for r in done})
     profiles = sorted({r.get("profile", "?") for r in done})
-    machine = read_record(folder / MACHINE_FILE) or {}
-    cores = f", {machine['cpu_count']} CPU cores" if machine.get("cpu_count") else ""
     older = f" (its {NOTE} says how it was made)" if (folder / NOTE).is_file() else ""
-    return f"{', '.join(devices)}{cores}, profile {', '.join(profiles)}{older}"
+    return f"{', '.join(machines)}, profile {', '.join(profiles)}{older}"
 
 
 def plot_machines(series: list[tuple[str, dict[str, float]]], stages: list[str], path: Path) -> None:
@@ -241,11 +239,10 @@ def machines_section(runs: Path, plots: Path, rel: str) -> list[str]:
 def machine_label(folder: Path, record: dict) -> str:
     """A run's machine as a reader compares machines: the device, and the CPU's kind where machine.json names it."""
     machine = read_record(folder / MACHINE_FILE) or {}
-    cpu = machine.get("cpu") or "CPU, its kind not recorded"
     cores = f"{machine['cpu_count']}-core " if machine.get("cpu_count") else ""
     if record["device"]["type"] == "cpu":
-        return f"{cores}{cpu}"
-    return f"{record['device']['name']} (host: {cores}{cpu})"
+        return f"{cores}{machine.get('cpu') or record['device']['name'] + ' (its kind not recorded)'}"
+    return f"{record['device']['name']} (host: {cores}{machine.get('cpu') or 'CPU, its kind not recorded'})"
 
 
 def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
