@@ -256,7 +256,8 @@ def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
         page = PUBLISHED.parent / "results.md"
     link = f"[{display(folder)}]({display(page)})" if page.is_file() else f"`{display(folder)}`"
     base, (base_walls, _) = sr.mean_seconds(SPEEDRUN_BASELINE), sr.walls(SPEEDRUN_BASELINE)
-    cells = [link, machine_label(folder, record), record["env"]["git_commit"][:7], f"{base:.1f}"]
+    commit = (record.get("env") or {}).get("git_commit")  # a stand-in's record has none
+    cells = [link, machine_label(folder, record), commit[:7] if commit else "not recorded", f"{base:.1f}"]
     if not held:
         return [*cells, "none held", "", ""]
     last = held[-1]
