@@ -263,7 +263,7 @@ def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
     last = held[-1]
     mine, (walls, _) = sr.mean_seconds(last), sr.walls(last)
     whole = f"; {statistics.fmean(base_walls) / statistics.fmean(walls):.2f}x whole" if base_walls and walls else ""
-    later = list(sr.stages)[list(sr.stages).index(last) + 1 :]
+    later = sr.after(last)
     tried = sum(1 for s in later if sr.stages[s])  # recorded there: failed, skipped or short of the target
     after = [
         f"{tried} recorded, not held" * bool(tried),
@@ -282,20 +282,16 @@ def speedrun_machines_lines(runs: Path) -> list[str]:
     """The speedrun on every committed run that raced it: per machine, the last stage that held and how much sooner.
 
     The page's own run first, then the committed folders, CPUs before GPUs, each kind's newest first."""
-    folders = [Path(runs), *sorted(p for p in PUBLISHED.glob("*/") if p.is_dir())]
-    rows, seen = [], set()
-    for folder in folders:
-        if folder.resolve() in seen:
-            continue
-        seen.add(folder.resolve())
-        machine = read_record(folder / MACHINE_FILE) or {}
+    own = speedrun_machine_row(Path(runs), Speedrun(runs))
+    others = []  # (its machine.json, its row)
+    for folder in sorted(p for p in PUBLISHED.glob("*/") if p.is_dir() and p.resolve() != Path(runs).resolve()):
         if row := speedrun_machine_row(folder, Speedrun(folder)):
-            rows.append(((folder != Path(runs), machine.get("device", ""), row[1], machine.get("started", "")), row))
+            others.append((read_record(folder / MACHINE_FILE) or {}, row))
+    others.sort(key=lambda o: o[0].get("started", ""), reverse=True)  # newest first ...
+    others.sort(key=lambda o: (o[0].get("device") != "cpu", o[1][1]))  # ... within each kind (a stable sort)
+    rows = [own] * bool(own) + [row for _, row in others]
     if len(rows) < 2:  # the page's own run alone: its section says it all
         return []
-    own = [row for key, row in rows if not key[0]]
-    others = sorted((r for r in rows if r[0][0]), key=lambda r: r[0][3], reverse=True)  # newest first ...
-    others = sorted(others, key=lambda r: (r[0][1] != "cpu", r[0][2]))  # ... within each kind (a stable sort)
     header = ["run", "machine", "commit", "`speed_0` s", "last stage held", "sooner", "the stages after it"]
     return [
         "",
@@ -307,5 +303,5 @@ def speedrun_machines_lines(runs: Path) -> list[str]:
         "of older code stop at older stages (the later ones are not in their records); a GPU's quick run trains one "
         "seed a stage, a single timing.",
         "",
-        *table(header, [*own, *(row for _, row in others)]),
+        *table(header, rows),
     ]

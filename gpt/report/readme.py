@@ -256,7 +256,7 @@ def gpu_speedrun_line() -> str:
         if fewest != last:
             text += f"; the fewest training seconds are `{fewest}`'s, {sr.mean_seconds(fewest):.2f} s"
         # said, so that the last stage trained there is not taken for the speedrun's last
-        if untrained := list(sr.stages)[list(sr.stages).index(last) + 1 :]:
+        if untrained := sr.after(last):
             names = ", ".join(f"`{s}`" for s in untrained)
             text += f"; {len(untrained)} later stage{'s' * (len(untrained) > 1)} did not finish there ({names})"
         return text

@@ -68,6 +68,11 @@ class Speedrun:
         seconds = self.seconds(stage)
         return bool(seconds) and None not in seconds
 
+    def after(self, stage: str) -> list[str]:
+        """The speedrun's stages after `stage`, in their order (whether or not this run recorded them)."""
+        names = list(self.stages)
+        return names[names.index(stage) + 1 :]
+
     def mean_seconds(self, stage: str) -> float | None:
         return statistics.fmean(self.seconds(stage)) if self.holds(stage) else None
 
