@@ -356,7 +356,8 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     """The README's typed run times: the CPU quick run's limit and plan, and the H200 ladders' wall clocks.
 
     The CPU's quick plan is what `./run_all.sh --quick --dry-run` prints from the committed records (its last line,
-    and the sections it leaves out: seen failing when the Zen 4 run's records left out the fast ladder the row named);
+    and the sections it leaves out and how many of their runs: seen failing when the Zen 4 run's records left out the
+    fast ladder the row named, and with "all 6" typed where it left out 1);
     the limit is quick_run.DEFAULT_LIMIT_MIN's; the H200 figures are those its note's commands took."""
     from gpt import quick_run, run_all
 
@@ -365,8 +366,10 @@ def test_the_readmes_run_times_are_the_dry_run_plan_the_quick_limit_and_the_h200
     assert run_all.main(["--quick", "--dry-run", "--device", "cpu", "--out", str(tmp_path / "quick")]) == 0
     out = capsys.readouterr().out
     planned = re.search(r"^total: (.+)$", out, re.M)[1]
-    left_out = re.findall(r"^\s+not run, no room in the plan: (\w+), ", out, re.M)
-    assert f"the plan leaves out: {', '.join(left_out) or 'nothing'}; " in readme
+    left_out = re.findall(r"^\s+not run, no room in the plan: (\w+), (\d+) of its runs", out, re.M)
+    assert f"the plan leaves out: {', '.join(name for name, _ in left_out) or 'nothing'}; " in readme
+    for name, runs in left_out:  # and how many of its runs
+        assert f"of the {name} ladder {runs} of its " in readme, name
     limit = f"{quick_run.DEFAULT_LIMIT_MIN['cpu']:.0f} min"
     assert f"`./run_all.sh --quick` | at most {limit} (its own limit); planned from the committed records by " in readme
     assert f"`--dry-run`: {planned} |" in readme
@@ -698,7 +701,9 @@ def test_readme_quotes_how_far_one_seed_moves_between_two_full_runs_from_their_r
     Each speedrun stage both ran (seed 3407), the committed run's seconds over the kept run's: their range and median.
     Seen failing on the sentence it replaced ("10-20% between runs"), and with 1.18x typed for 1.19x."""
     readme = " ".join((REPO / "README.md").read_text().split())
-    kept = re.search(r"\[(\w+)'s\]\(records/([\w-]+)/results\.md#speedrun\), kept\), each stage both ran took", readme)
+    kept = re.search(
+        r"\[(\w+)'s\]\(records/([\w-]+)/results\.md#speedrun\), kept[^)]*\), each stage both ran took", readme
+    )
     now, before = REPO / "records" / "cpu-cpu" / "speedrun", REPO / "records" / kept[2] / "speedrun"
     assert json.loads((REPO / "records" / kept[2] / "machine.json").read_text())["git_commit"].startswith(kept[1])
     ratios = [
@@ -778,6 +783,7 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         ("cpu-epyc-bf16-2026-12-03-48c22d9", "48c22d9"),  # and the next, before speedrun_21
         ("cpu-epyc-bf16-2026-12-03-51daa66", "51daa66"),  # and the next, before speedrun_22
         ("cpu-epyc-bf16-2026-12-03-1da27c8", "1da27c8"),  # and the next, before speedrun_23
+        ("cpu-epyc-bf16-2026-12-04-764216d", "764216d"),  # and the next, the stage code of the run after it
     ],
 )
 def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder, commit):
@@ -933,15 +939,16 @@ def test_docs_speedrun_judges_speedrun_22_in_the_run_of_1da27c8_from_its_records
 def test_docs_speedrun_judges_speedrun_23_in_the_run_of_764216d_from_its_records():
     """The log of 2026-12-04: the bars per seed, the first runs' median, and the pace against the parent's.
 
-    From records/cpu-cpu (the run of 764216d), the kept run of 1da27c8 (its parent's tokens on the same seeds) and
-    records/first_run.json; the judged paragraph's other figures are check_judged_paragraph's. Seen failing with
-    57.01x typed for the slowest seed's 57.02x."""
+    From its kept folder (records/cpu-epyc-bf16-2026-12-04-764216d), the kept run of 1da27c8 (its parent's tokens on
+    the same seeds) and records/first_run.json; the judged paragraph's other figures are check_judged_paragraph's.
+    Seen failing with 57.01x typed for the slowest seed's 57.02x."""
     from gpt.report.speedrun import Speedrun, speedup_range
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     entry = log[log.index("Judged in the full `./run_all.sh` of 764216d") :][:2600]
     last, parent = "speedrun_23_one_block", "speedrun_22_eval_near_target"
-    folder, kept = REPO / "records" / "cpu-cpu", REPO / "records" / "cpu-epyc-bf16-2026-12-03-1da27c8"
+    folder = REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-03-1da27c8"
     sr = Speedrun(folder)
     check_seed_bars(entry, sr, last, "holds", "holds")
     now, before = speedrun_metrics(folder, last), speedrun_metrics(folder, parent)
@@ -958,6 +965,61 @@ def test_docs_speedrun_judges_speedrun_23_in_the_run_of_764216d_from_its_records
     (walls, _), (base_walls, _) = sr.walls(last), sr.walls("speed_0_baseline")
     whole = speedup_range(base_walls, walls).split()[0]
     assert f"whole process holds in the run ({whole})" in entry and max(walls) < mean_base / 15
+
+
+def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their_records():
+    """The log of 2026-12-05: the run of 4be151f against the kept run of 764216d, whose stages ran the same code.
+
+    The bars per seed and the first runs (check_seed_bars, check_two_first_runs); each speedrun stage's seed-3407
+    seconds over the kept run's and each speed and fast stage's tokens a second over its, their ranges and medians;
+    the matmul peaks of both machine.json; which stages trained the same tokens in both (the eager ones) and which not;
+    the noise scale's choice in each.
+    Seen failing with 1.10x typed for the tokens-a-second median's 1.11x."""
+    from gpt.ladder import stages_of
+    from gpt.report.speedrun import Speedrun
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    entry = log[log.index("### 2026-12-05: the full run of 4be151f") :][:6000]
+    now, kept = REPO / "records" / "cpu-cpu", REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
+    assert json.loads((now / "machine.json").read_text())["git_commit"].startswith("4be151f")
+    sr = Speedrun(now)
+    check_seed_bars(entry, sr, "speedrun_23_one_block", "holds", "holds")
+    check_two_first_runs(entry, sr, "4be151f")
+    first = first_runs("4be151f")[0]["split"]["import_setup_s"]
+    assert f"its imports and arguments took {first:.1f} s against the second's" in entry
+
+    def ratio_range(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    stages = [s for s in stages_of("speedrun") if (kept / "speedrun" / f"{s}.json").exists()]
+    seconds = [speedrun_metrics(now, s)["train_seconds"] / speedrun_metrics(kept, s)["train_seconds"] for s in stages]
+    assert f"took {ratio_range(seconds)} its seed-3407 seconds of the run of 764216d" in entry
+    assert f"(median {statistics.median(seconds):.2f}x, {len(seconds)} stages)" in entry
+    pace = [
+        json.loads((now / f"{s}.json").read_text())["metrics"]["tokens_per_s"]
+        / json.loads((kept / f"{s}.json").read_text())["metrics"]["tokens_per_s"]
+        for s in stages_of("speed") + stages_of("fast")
+    ]
+    median = statistics.median(pace)
+    assert f"trained {ratio_range(pace)} its tokens a second (median {median:.2f}x, {len(pace)} stages)" in entry
+    peaks = [json.loads((f / "machine.json").read_text())["cpu_peaks_gflops"] for f in (now, kept)]
+    for dtype in ("bf16", "fp32"):
+        key = f"{'bfloat16' if dtype == 'bf16' else 'float32'} x2 threads"
+        assert f"{dtype} {peaks[0][key]} against {peaks[1][key]}" in entry, dtype
+    same, moved = [], []
+    for s in stages:
+        record = json.loads((now / "speedrun" / f"{s}.json").read_text())
+        tokens = (record["metrics"]["tokens"], speedrun_metrics(kept, s)["tokens"])
+        (same if tokens[0] == tokens[1] else moved).append((s, record["choices"]["compile_mode"], tokens))
+    eager = [s for s, mode, _ in same if mode is None]
+    assert all(mode is not None for _, mode, _ in moved) and len(eager) == len(stages) - stages.index(eager[0])
+    first_eager = eager[0][: eager[0].index("_", len("speedrun_"))]
+    assert f"The {len(eager)} eager stages (`{first_eager}` on) trained the same tokens" in entry
+    assert f"{len(moved)} of the {len(stages) - len(eager)} compiled ones did not" in entry
+    choices = [json.loads((f / "speedrun" / "noise_scale.json").read_text())["choice"]["batch"] for f in (kept, now)]
+    assert f"its `choice` was batch {choices[0]} in the run of 764216d and batch {choices[1]} in this one" in entry
+    name, _, (ours, theirs) = moved[0]
+    assert f"`{name[: name.index('_', len('speedrun_'))]}` {ours:,} against {theirs:,} tokens" in entry
 
 
 def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_from_their_records():

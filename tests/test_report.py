@@ -1359,6 +1359,28 @@ def test_the_speedrun_on_every_machine_gives_each_runs_last_held_stage_and_what_
     assert project[5] == f"{headline[1]}x; {headline[2]}x whole", (project, headline.groups())
 
 
+def test_a_kept_run_without_its_own_page_is_named_not_linked_to_the_projects_page(tmp_path, monkeypatch):
+    """Only a default run's folder borrows the root results.md as its page; a kept run without one is named in code.
+
+    Seen failing on the version that linked every folder under records/ without a results.md to the root's page (the
+    row of records/cpu-epyc-bf16-2026-12-04-764216d, before its page was written, linked to the run of 4be151f's)."""
+    import gpt.committed_records
+    import gpt.report.figures
+    from gpt.report.figures import speedrun_machine_row
+    from gpt.report.speedrun import Speedrun
+
+    published = tmp_path / "records"
+    monkeypatch.setattr(gpt.committed_records, "PUBLISHED", published)
+    monkeypatch.setattr(gpt.report.figures, "PUBLISHED", published)
+    (tmp_path / "results.md").write_text("the project's page\n")
+    for name in ("cpu-cpu", "cpu-epyc-kept"):
+        shutil.copytree(REPO / "records" / "cpu-cpu", published / name, ignore=shutil.ignore_patterns("*.md", "plots"))
+    kept = speedrun_machine_row(published / "cpu-epyc-kept", Speedrun(published / "cpu-epyc-kept"))
+    assert kept[0] == f"`{published / 'cpu-epyc-kept'}`", kept[0]
+    default = speedrun_machine_row(published / "cpu-cpu", Speedrun(published / "cpu-cpu"))
+    assert default[0] == f"[{published / 'cpu-cpu'}]({tmp_path / 'results.md'})", default[0]
+
+
 def test_a_speedrun_row_slower_than_its_parent_says_why_it_stands():
     """Slower than its parent: within the spread of speed_0's seeds, kept for its tokens, or see its docstring.
 

@@ -4,7 +4,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from gpt.committed_records import NOTE, PUBLISHED
+from gpt.committed_records import NOTE, PUBLISHED, is_default_run
 from gpt.formatting import table
 from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.records import read_record
@@ -252,7 +252,7 @@ def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
     held = [s for s in sr.stages if sr.holds(s)]
     record = sr.baseline[0]
     page = folder / "results.md"
-    if not page.is_file() and folder.resolve().parent == PUBLISHED.resolve():  # a default run's: the project's page
+    if not page.is_file() and is_default_run(folder):  # a default run's: the project's page
         page = PUBLISHED.parent / "results.md"
     link = f"[{display(folder)}]({display(page)})" if page.is_file() else f"`{display(folder)}`"
     base, (base_walls, _) = sr.mean_seconds(SPEEDRUN_BASELINE), sr.walls(SPEEDRUN_BASELINE)
