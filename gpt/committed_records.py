@@ -9,7 +9,7 @@ from pathlib import Path
 from gpt.data import REPO_ROOT
 from gpt.ladder import ladder_names
 from gpt.records import time_to_loss_dir
-from gpt.settings_profiles import SPEEDRUN, default_profile, profile_settings
+from gpt.settings_profiles import SPEEDRUN, profile_settings
 
 PUBLISHED = REPO_ROOT / "records"
 NOTE = "note.md"  # a records folder's provenance (e.g. made by older code), shown under the report's header
@@ -21,11 +21,6 @@ SPEEDRUN_TARGET_SET_BY = ("cpu", "cpu")
 def published_dir(profile: str, device: str) -> Path:
     """Where a default run of this profile on this device commits its records."""
     return PUBLISHED / f"{profile}-{device}"
-
-
-def is_default_run(folder: Path) -> bool:
-    """Whether `folder` is where a default run of some device commits its records (the root results.md is its page)."""
-    return any(Path(folder).resolve() == published_dir(default_profile(d), d).resolve() for d in ("cpu", "cuda"))
 
 
 def committed_speedrun_target(profile: str, device: str) -> tuple[Path, str]:

@@ -4,7 +4,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from gpt.committed_records import NOTE, PUBLISHED, is_default_run
+from gpt.committed_records import NOTE, PUBLISHED, published_dir
 from gpt.formatting import table
 from gpt.ladder import ladder_names, parent_of, stages_of
 from gpt.records import read_record
@@ -14,6 +14,7 @@ from gpt.report.speedrun import BASELINE as SPEEDRUN_BASELINE
 from gpt.report.speedrun import Speedrun
 from gpt.report.tables import ANCHOR, anchor_change
 from gpt.report.time_to_loss import BASELINE, LossRuns
+from gpt.settings_profiles import default_profile
 
 THESIS = "thesis.png"
 MACHINES = "machines.png"
@@ -243,6 +244,11 @@ def machine_label(folder: Path, record: dict) -> str:
     if record["device"]["type"] == "cpu":
         return f"{cores}{machine.get('cpu') or record['device']['name'] + ' (its kind not recorded)'}"
     return f"{record['device']['name']} (host: {cores}{machine.get('cpu') or 'CPU, its kind not recorded'})"
+
+
+def is_default_run(folder: Path) -> bool:
+    """Whether `folder` is where a default run of some device commits its records (the root results.md is its page)."""
+    return any(Path(folder).resolve() == published_dir(default_profile(d), d).resolve() for d in ("cpu", "cuda"))
 
 
 def speedrun_machine_row(folder: Path, sr: Speedrun) -> list[str] | None:
