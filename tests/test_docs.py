@@ -595,6 +595,15 @@ def speedrun_metrics(folder: Path, stage: str, seed: str = "") -> dict:
     return json.loads((folder / "speedrun" / f"{stage}{seed}.json").read_text())["metrics"]
 
 
+def seed_seconds_ratios(now: Path, before: Path) -> list[float]:
+    """Per speedrun stage both runs hold: its first seed's training seconds in `now` over those in `before`."""
+    return [
+        speedrun_metrics(now, path.stem)["train_seconds"] / speedrun_metrics(before, path.stem)["train_seconds"]
+        for path in sorted((now / "speedrun").glob("speedrun_*.json"))
+        if ".seed" not in path.name and (before / "speedrun" / path.name).exists()
+    ]
+
+
 def seed_bars(sr, stage: str) -> tuple[list[float], float]:
     """The issue's two per-seed bars of a speedrun stage in a run (`sr`, a report Speedrun), in training seconds.
 
@@ -704,14 +713,8 @@ def test_readme_quotes_how_far_one_seed_moves_between_two_full_runs_from_their_r
     kept = re.search(
         r"\[(\w+)'s\]\(records/([\w-]+)/results\.md#speedrun\), kept[^)]*\), each stage both ran took", readme
     )
-    now, before = REPO / "records" / "cpu-cpu" / "speedrun", REPO / "records" / kept[2] / "speedrun"
     assert json.loads((REPO / "records" / kept[2] / "machine.json").read_text())["git_commit"].startswith(kept[1])
-    ratios = [
-        speedrun_metrics(now.parent, path.stem)["train_seconds"]
-        / speedrun_metrics(before.parent, path.stem)["train_seconds"]
-        for path in sorted(now.glob("speedrun_*.json"))
-        if ".seed" not in path.name and (before / path.name).exists()
-    ]
+    ratios = seed_seconds_ratios(REPO / "records" / "cpu-cpu", REPO / "records" / kept[2])
     assert len(ratios) >= 10
     spread = f"took {min(ratios):.2f}-{max(ratios):.2f}x its seconds there (median {statistics.median(ratios):.2f}x)"
     assert spread in readme
@@ -988,12 +991,9 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
     first = first_runs("4be151f")[0]["split"]["import_setup_s"]
     assert f"its imports and arguments took {first:.1f} s against the second's" in entry
 
-    def ratio_range(values: list[float]) -> str:
-        return f"{min(values):.2f}-{max(values):.2f}x"
-
     stages = [s for s in stages_of("speedrun") if (kept / "speedrun" / f"{s}.json").exists()]
-    seconds = [speedrun_metrics(now, s)["train_seconds"] / speedrun_metrics(kept, s)["train_seconds"] for s in stages]
-    assert f"took {ratio_range(seconds)} its seed-3407 seconds of the run of 764216d" in entry
+    seconds = seed_seconds_ratios(now, kept)
+    assert f"took {typed_range(seconds, 2)}x its seed-3407 seconds of the run of 764216d" in entry
     assert f"(median {statistics.median(seconds):.2f}x, {len(seconds)} stages)" in entry
     pace = [
         json.loads((now / f"{s}.json").read_text())["metrics"]["tokens_per_s"]
@@ -1001,7 +1001,7 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
         for s in stages_of("speed") + stages_of("fast")
     ]
     median = statistics.median(pace)
-    assert f"trained {ratio_range(pace)} its tokens a second (median {median:.2f}x, {len(pace)} stages)" in entry
+    assert f"trained {typed_range(pace, 2)}x its tokens a second (median {median:.2f}x, {len(pace)} stages)" in entry
     peaks = [json.loads((f / "machine.json").read_text())["cpu_peaks_gflops"] for f in (now, kept)]
     for dtype in ("bf16", "fp32"):
         key = f"{'bfloat16' if dtype == 'bf16' else 'float32'} x2 threads"
