@@ -12,7 +12,7 @@ import torch
 from gpt.config import TrainConfig
 from gpt.optimizations import parallel
 from gpt.optimizations.chunked_loss import implementation_of, loss_how, loss_used
-from gpt.optimizations.compilation import compile_choice, uses_cuda_graphs
+from gpt.optimizations.compilation import compile_choice, serial_scatter_adds, uses_cuda_graphs
 from gpt.optimizations.feeding import non_blocking
 from gpt.optimizations.fused_attention import attention_how, attention_used
 from gpt.optimizations.precision import MixedPrecision, mixed_precision
@@ -28,6 +28,7 @@ class RunChoices:
     fp32_matmuls: str
     compile_mode: str | None
     compile_why: str | None  # why a stage that compiles ran eager here (compile only where it pays), else None
+    compile_scatter_adds: str | None  # how a compiled CPU run adds into its embeddings' gradients, else None
     non_blocking: bool
     backend: str | None
     memory_method: str
@@ -50,6 +51,7 @@ class RunChoices:
             "fp32_matmuls": self.fp32_matmuls,
             "compile_mode": self.compile_mode,
             "compile_why": self.compile_why,
+            "compile_scatter_adds": self.compile_scatter_adds,
             "pinned_memory_non_blocking": self.non_blocking,
             "distributed_backend": self.backend,
             "memory_method": self.memory_method,
@@ -75,6 +77,7 @@ def resolve(
         fp32_matmuls=fp32_matmuls,
         compile_mode=mode,
         compile_why=compile_why,
+        compile_scatter_adds=serial_scatter_adds(mode, device.type),
         non_blocking=non_blocking(cfg, device),
         backend=parallel.backend(cfg, device),
         memory_method=memory_method(device, mode),

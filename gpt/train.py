@@ -55,7 +55,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, device: torch.device):
         optimizer = make_plain_muon_adamw(model, cfg)
     else:
         optimizer = make_muon(model, cfg) if cfg.matrix_optimizer == "muon" else make_optimizer(model, cfg)
-    model = compile_model(model, compile_mode(cfg, device))  # speed_4: None (eager) where the rule says so
+    model = compile_model(model, compile_mode(cfg, device), device.type)  # speed_4: None (eager) where the rule says so
     torch.manual_seed(cfg.seed + distributed.rank())
     return raw, model, optimizer
 

@@ -14,9 +14,29 @@ from gpt.formatting import fmt_time, steady_steps
 from gpt.optimizations.optimization import Optimization, SimulationPlan, check_flag
 
 
-def compile_model(model: nn.Module, mode: str | None) -> nn.Module:
+def compile_model(model: nn.Module, mode: str | None, device_type: str) -> nn.Module:
     """The model compiled in `mode` (element-wise ops fused into fewer kernels), or itself where `mode` is None."""
-    return torch.compile(model, mode=mode) if mode else model
+    if not mode:
+        return model
+    if serial_scatter_adds(mode, device_type):
+        # the process-wide switch Inductor reads when it lowers: scatter-adds to ATen's serial kernel, not atomics
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # else every torch.empty is filled with NaN
+    return torch.compile(model, mode=mode)
+
+
+def serial_scatter_adds(mode: str | None, device_type: str) -> str | None:
+    """What a compiled CPU run does with its scatter-adds (the embeddings' backward), or None where it changes nothing.
+
+    Inductor lowers an embedding's backward to an index_put with accumulate, which its C++ kernels run with atomic adds
+    across threads: the order of the additions, and so the last bits of the gradient, changed from call to call, and two
+    runs of one seed reached the target at different steps. Under deterministic algorithms the lowering calls ATen's
+    serial kernel instead (one order, every run), which on 2 CPU cores was no slower (docs/speedrun.md, the log of
+    2026-12-05, "Why two runs of one compiled stage differ"). On CUDA unchanged: deterministic algorithms there need a
+    cuBLAS workspace setting and a sorting scatter, neither measured (no GPU lent since)."""
+    if not mode or device_type != "cpu":
+        return None
+    return "serial (torch.use_deterministic_algorithms): one order of additions, so two runs of one seed are one model"
 
 
 # ---- the rule: the mode a run compiles in, eager where compiling would not pay (speedrun_12) -------------------------

@@ -14,7 +14,13 @@ from equivalence import report, tiny_config, train_with_grads
 from gpt import optimizations, train
 from gpt.errors import UserError
 from gpt.ladder import stage_config, stages_of
-from gpt.optimizations.compilation import COMPILE_COSTS, compile_mode, compile_skipped
+from gpt.optimizations.compilation import (
+    COMPILE_COSTS,
+    compile_mode,
+    compile_model,
+    compile_skipped,
+    serial_scatter_adds,
+)
 
 # ---- torch.compile (speed_4) -----------------------------------------------------------------------------
 
@@ -84,11 +90,25 @@ def test_the_cpu_decision_of_every_speedrun_stage_is_the_one_before_the_rule_cov
         assert compile_mode(cfg, cpu) == (None if eager else "default"), stage
 
 
-def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why(char_data, traced_not_compiled):
+@pytest.fixture
+def restores_deterministic_algorithms():
+    """The process-wide switches compile_model sets on a CPU, put back after the test (others share the process)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    threads = torch.get_num_threads()
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.utils.deterministic.fill_uninitialized_memory = before[1]
+    torch.set_num_threads(threads)
+
+
+def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why(
+    char_data, traced_not_compiled, restores_deterministic_algorithms
+):
     """A stage that skips compiling trains an uncompiled model and records why.
 
     What the run does, not only what the rule says: the trainer's model is the GPT itself (no compiled wrapper), and the
-    record's choices say why; the parent's model is compiled."""
+    record's choices say why; the parent's model is compiled, its record saying its scatter-adds run serially (None in
+    the eager run, and on CUDA)."""
     cpu = torch.device("cpu")
     eager_cfg = stage_config("speedrun_12_eager", "smoke", True, data_dir=str(char_data), device="cpu")
     parent_cfg = stage_config("speedrun_11_budget", "smoke", True, data_dir=str(char_data), device="cpu")
@@ -96,6 +116,31 @@ def test_a_stage_that_skips_compiling_trains_an_uncompiled_model_and_records_why
     assert eager.model is eager.gpt and not hasattr(eager.model, "_orig_mod")
     assert eager.choices.record()["compile_mode"] is None and "ran eager" in eager.choices.record()["compile_why"]
     assert hasattr(parent.model, "_orig_mod") and parent.choices.record()["compile_why"] is None
+    assert eager.choices.record()["compile_scatter_adds"] is None
+    assert parent.choices.record()["compile_scatter_adds"].startswith("serial")
+    assert torch.are_deterministic_algorithms_enabled()
+    assert serial_scatter_adds("reduce-overhead", "cuda") is None and serial_scatter_adds(None, "cpu") is None
+
+
+def test_a_compiled_cpu_embedding_adds_its_gradient_in_one_order_every_call(restores_deterministic_algorithms):
+    """A compiled CPU model's embedding gradient is the same to the bit in every backward (serial scatter-adds).
+
+    Inductor's own lowering adds the rows of an embedding's gradient with atomic adds across threads: on 2 threads
+    each of 12 calls gave a different gradient in the last bits, and two runs of one seed reached the target at
+    different steps (docs/speedrun.md, log of 2026-12-05). Compiled through compile_model, all calls must agree."""
+    torch.use_deterministic_algorithms(False)
+    torch.set_num_threads(2)  # the race needs threads; one thread adds in one order anyway
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(80, 128)
+    rows = torch.randint(0, 80, (48, 64))  # a speedrun batch: 3,072 rows into 80, most rows hit ~40 times
+    upstream = torch.randn(48, 64, 128)
+    compiled = compile_model(embedding, "default", "cpu")
+    gradients = set()
+    for _ in range(12):
+        embedding.zero_grad(set_to_none=True)
+        compiled(rows).backward(upstream)
+        gradients.add(embedding.weight.grad.numpy().tobytes())
+    assert len(gradients) == 1, f"{len(gradients)} different gradients in 12 calls"
 
 
 # ---- the attention and the loss under CUDA graphs ------------------------------------------------------------
