@@ -787,6 +787,7 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         ("cpu-epyc-bf16-2026-12-03-51daa66", "51daa66"),  # and the next, before speedrun_22
         ("cpu-epyc-bf16-2026-12-03-1da27c8", "1da27c8"),  # and the next, before speedrun_23
         ("cpu-epyc-bf16-2026-12-04-764216d", "764216d"),  # and the next, the stage code of the run after it
+        ("cpu-epyc-bf16-2026-12-05-4be151f", "4be151f"),  # and the next, before the compiled adds were made serial
     ],
 )
 def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder, commit):
@@ -983,7 +984,8 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     entry = log[log.index("### 2026-12-05: the full run of 4be151f") :][:6000]
-    now, kept = REPO / "records" / "cpu-cpu", REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
+    now = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
     assert json.loads((now / "machine.json").read_text())["git_commit"].startswith("4be151f")
     sr = Speedrun(now)
     check_seed_bars(entry, sr, "speedrun_23_one_block", "holds", "holds")
