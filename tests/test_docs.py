@@ -971,31 +971,29 @@ def test_docs_speedrun_judges_speedrun_23_in_the_run_of_764216d_from_its_records
     assert f"whole process holds in the run ({whole})" in entry and max(walls) < mean_base / 15
 
 
-def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their_records():
-    """The log of 2026-12-05: the run of 4be151f against the kept run of 764216d, whose stages ran the same code.
+def judged_pair(heading: str, now: Path, commit: str):
+    """A log entry on a full run (`now`, of `commit`) against a kept one: its text and the run, its bars checked.
 
-    The bars per seed and the first runs (check_seed_bars, check_two_first_runs); each speedrun stage's seed-3407
-    seconds over the kept run's and each speed and fast stage's tokens a second over its, their ranges and medians;
-    the matmul peaks of both machine.json; which stages trained the same tokens in both (the eager ones) and which not;
-    the noise scale's choice in each.
-    Seen failing with 1.10x typed for the tokens-a-second median's 1.11x."""
-    from gpt.ladder import stages_of
+    Returns the entry (6,000 characters from `heading`, whitespace made single) and the run (a report Speedrun)."""
     from gpt.report.speedrun import Speedrun
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
-    entry = log[log.index("### 2026-12-05: the full run of 4be151f") :][:6000]
-    now = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
-    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
-    assert json.loads((now / "machine.json").read_text())["git_commit"].startswith("4be151f")
+    entry = log[log.index(heading) :][:6000]
+    assert json.loads((now / "machine.json").read_text())["git_commit"].startswith(commit)
     sr = Speedrun(now)
     check_seed_bars(entry, sr, "speedrun_23_one_block", "holds", "holds")
-    check_two_first_runs(entry, sr, "4be151f")
-    first = first_runs("4be151f")[0]["split"]["import_setup_s"]
-    assert f"its imports and arguments took {first:.1f} s against the second's" in entry
+    return entry, sr
 
-    stages = [s for s in stages_of("speedrun") if (kept / "speedrun" / f"{s}.json").exists()]
+
+def check_pace_between_runs(entry: str, now: Path, kept: Path, kept_commit: str) -> None:
+    """A log entry (`entry`) compares a full run (`now`) with a kept one (`kept`, of `kept_commit`) on one machine kind.
+
+    Each speedrun stage's seed-3407 seconds over the kept run's and each speed and fast stage's tokens a second over
+    its, their ranges, medians and counts; and the bf16 and fp32 matmul peaks of both machine.json."""
+    from gpt.ladder import stages_of
+
     seconds = seed_seconds_ratios(now, kept)
-    assert f"took {typed_range(seconds, 2)}x its seed-3407 seconds of the run of 764216d" in entry
+    assert f"took {typed_range(seconds, 2)}x its seed-3407 seconds of the run of {kept_commit}" in entry
     assert f"(median {statistics.median(seconds):.2f}x, {len(seconds)} stages)" in entry
     pace = [
         json.loads((now / f"{s}.json").read_text())["metrics"]["tokens_per_s"]
@@ -1008,11 +1006,44 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
     for dtype in ("bf16", "fp32"):
         key = f"{'bfloat16' if dtype == 'bf16' else 'float32'} x2 threads"
         assert f"{dtype} {peaks[0][key]} against {peaks[1][key]}" in entry, dtype
+
+
+def same_and_moved_tokens(now: Path, kept: Path) -> tuple[list, list]:
+    """The speedrun stages both runs ran (seed 3407), split by whether they trained the same tokens to the target.
+
+    Each as (stage, its compile mode in `now`, (tokens in `now`, tokens in `kept`)), in the ladder's order."""
+    from gpt.ladder import stages_of
+
     same, moved = [], []
-    for s in stages:
+    for s in stages_of("speedrun"):
+        if not (kept / "speedrun" / f"{s}.json").exists():
+            continue
         record = json.loads((now / "speedrun" / f"{s}.json").read_text())
         tokens = (record["metrics"]["tokens"], speedrun_metrics(kept, s)["tokens"])
         (same if tokens[0] == tokens[1] else moved).append((s, record["choices"]["compile_mode"], tokens))
+    return same, moved
+
+
+def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their_records():
+    """The log of 2026-12-05: the run of 4be151f against the kept run of 764216d, whose stages ran the same code.
+
+    The bars per seed and the first runs (check_seed_bars, check_two_first_runs); each speedrun stage's seed-3407
+    seconds over the kept run's and each speed and fast stage's tokens a second over its, their ranges and medians;
+    the matmul peaks of both machine.json; which stages trained the same tokens in both (the eager ones) and which not;
+    the noise scale's choice in each.
+    Seen failing with 1.10x typed for the tokens-a-second median's 1.11x."""
+    from gpt.ladder import stages_of
+
+    now = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
+    entry, sr = judged_pair("### 2026-12-05: the full run of 4be151f", now, "4be151f")
+    check_two_first_runs(entry, sr, "4be151f")
+    first = first_runs("4be151f")[0]["split"]["import_setup_s"]
+    assert f"its imports and arguments took {first:.1f} s against the second's" in entry
+
+    check_pace_between_runs(entry, now, kept, "764216d")
+    same, moved = same_and_moved_tokens(now, kept)
+    stages = [s for s in stages_of("speedrun") if (kept / "speedrun" / f"{s}.json").exists()]
     eager = [s for s, mode, _ in same if mode is None]
     assert all(mode is not None for _, mode, _ in moved) and len(eager) == len(stages) - stages.index(eager[0])
     first_eager = eager[0][: eager[0].index("_", len("speedrun_"))]
@@ -1022,6 +1053,55 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
     assert f"its `choice` was batch {choices[0]} in the run of 764216d and batch {choices[1]} in this one" in entry
     name, _, (ours, theirs) = moved[0]
     assert f"`{name[: name.index('_', len('speedrun_'))]}` {ours:,} against {theirs:,} tokens" in entry
+
+
+def test_docs_speedrun_compares_the_run_of_2504406_with_the_kept_run_of_4be151f_and_its_reruns():
+    """The log of 2026-12-06: the run of 2504406 against the kept run of 4be151f, and four compiled stages rerun.
+
+    The bars per seed and the first runs (check_seed_bars, check_two_first_runs), the paces between the two runs
+    (check_pace_between_runs), the compiled stages whose tokens moved with the serial adds, and the reruns of
+    records/cpu-epyc-bf16-2026-12-06-reruns, whose every evaluation's losses are the committed run's to the bit.
+    Seen failing with one rerun's validation loss moved in its last bit."""
+    now = REPO / "records" / "cpu-cpu"
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
+    entry, sr = judged_pair("### 2026-12-06: the full run of 2504406", now, "2504406")
+    mean_base, median = check_two_first_runs(entry, sr, "2504406")
+    assert f"in the first runs timed apart ({mean_base / median:.1f}x, {mean_base / 15:.1f} s the bar)" in entry
+    first = first_runs("2504406")[0]
+    assert (
+        f"its imports and arguments took {first['split']['import_setup_s']:.1f} s of its {first['wall_s']:.1f}" in entry
+    )
+    check_pace_between_runs(entry, now, kept, "4be151f")
+    same, moved = same_and_moved_tokens(now, kept)
+    compiled = [s for s, mode, _ in same + moved if mode is not None]
+    assert all(mode is not None for _, mode, _ in moved)
+    assert (
+        f"{len(compiled) - len(moved)} of the {len(compiled)} compiled stages reached the target at the same step"
+        in entry
+    )
+    assert f"and {len(moved)} did not (" in entry
+    for name, _, (ours, theirs) in moved:
+        assert f"`{name[: name.index('_', len('speedrun_'))]}` {ours:,} against {theirs:,} tokens" in entry or (
+            f"`{name[: name.index('_', len('speedrun_'))]}` {ours:,} against {theirs:,})" in entry
+        ), name
+    reruns = sorted(
+        (REPO / "records" / "cpu-epyc-bf16-2026-12-06-reruns" / "speedrun").glob("*.json"),
+        key=lambda p: int(p.stem.split("_")[1]),
+    )
+    counts = []
+    for path in reruns:
+        rerun = json.loads(path.read_text())
+        committed = json.loads((now / "speedrun" / path.name).read_text())
+        assert rerun["choices"]["compile_mode"] is not None and rerun["seed"] == committed["seed"] == 3407
+        assert rerun["config"]["target_loss"] == committed["config"]["target_loss"]
+        losses = [
+            [(p["step"], p["train_loss"], p["val_loss"]) for p in r["metrics"]["curve"]] for r in (rerun, committed)
+        ]
+        assert losses[0] == losses[1], path.name
+        counts.append(len(losses[0]))
+    names = ", ".join(f"`_{p.stem.split('_')[1]}`" for p in reruns[1:])
+    assert f"(`speedrun_{reruns[0].stem.split('_')[1]}`, {names}, seed 3407" in entry
+    assert f"({', '.join(map(str, counts[:-1]))} and {counts[-1]} of them)" in entry
 
 
 def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_from_their_records():
