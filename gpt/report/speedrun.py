@@ -159,11 +159,13 @@ def task_line(sr: Speedrun) -> str:
     )
 
 
-def slower_than_parent(sr: Speedrun, stage: str, parent: str) -> str:
+def slower_than_parent(sr: Speedrun, stage: str, parent: str, keeps_model: bool = False) -> str:
     """Where a stage trains slower than its parent, why it stands; "" where it is not slower.
 
     Within the spread of speed_0's own seeds (the same settings, another seed), the difference is not the stage's;
-    beyond it, the stage is kept for what it gives instead: fewer tokens on the seed both trained, or its nature."""
+    beyond it, the stage is kept for what it gives instead: fewer tokens on the seed both trained, a shorter whole
+    process, or its nature. A stage that keeps the model (`keeps_model`) is never kept for its tokens: where they
+    differ from its parent's, it is in the last bits of one model's losses, between two evaluations."""
     ratio = sr.mean_seconds(parent) / sr.mean_seconds(stage)
     if ratio >= 1:
         return ""
@@ -171,6 +173,12 @@ def slower_than_parent(sr: Speedrun, stage: str, parent: str) -> str:
     spread = max(base) / min(base) if base else None
     if spread and 1 / ratio <= spread:
         return f" (slower, within the {spread:.2f}x that `{BASELINE}`'s seeds span)"
+    if keeps_model:
+        (mine, _), (theirs, _) = sr.walls(stage), sr.walls(parent)
+        mine, theirs = (statistics.fmean(w) if w else None for w in (mine, theirs))
+        if mine and theirs and mine < theirs:
+            return f" (slower: kept for its whole process, {mine:.1f} s against {theirs:.1f})"
+        return " (slower: its docstring says what it is kept for)"
     mine, theirs = sr.tokens(stage)[0], sr.tokens(parent)[0]
     if mine is not None and theirs is not None and mine < theirs:
         return " (slower: kept for its tokens)"
@@ -196,7 +204,9 @@ def stage_row(sr: Speedrun, stage: str, base: list[float | None]) -> list[str]:
     parent = parent_of(stage)
     vs_parent = ""
     if parent != BASELINE and sr.holds(parent):
-        vs_parent = f"; {speedup_range(sr.seconds(parent), seconds)} vs parent" + slower_than_parent(sr, stage, parent)
+        vs_parent = f"; {speedup_range(sr.seconds(parent), seconds)} vs parent" + slower_than_parent(
+            sr, stage, parent, keeps_model=declared.kind == "systems"
+        )
     return [
         number,
         change,
