@@ -1008,20 +1008,24 @@ def check_pace_between_runs(entry: str, now: Path, kept: Path, kept_commit: str)
         assert f"{dtype} {peaks[0][key]} against {peaks[1][key]}" in entry, dtype
 
 
-def same_and_moved_tokens(now: Path, kept: Path) -> tuple[list, list]:
-    """The speedrun stages both runs ran (seed 3407), split by whether they trained the same tokens to the target.
+def tokens_in_both(now: Path, kept: Path) -> list[tuple[str, str | None, tuple[int, int]]]:
+    """The speedrun stages both runs ran (seed 3407), in the ladder's order, with the tokens each took to the target.
 
-    Each as (stage, its compile mode in `now`, (tokens in `now`, tokens in `kept`)), in the ladder's order."""
+    Each as (stage, its compile mode in `now`, (tokens in `now`, tokens in `kept`))."""
     from gpt.ladder import stages_of
 
-    same, moved = [], []
+    both = []
     for s in stages_of("speedrun"):
-        if not (kept / "speedrun" / f"{s}.json").exists():
-            continue
-        record = json.loads((now / "speedrun" / f"{s}.json").read_text())
-        tokens = (record["metrics"]["tokens"], speedrun_metrics(kept, s)["tokens"])
-        (same if tokens[0] == tokens[1] else moved).append((s, record["choices"]["compile_mode"], tokens))
-    return same, moved
+        if (kept / "speedrun" / f"{s}.json").exists():
+            record = json.loads((now / "speedrun" / f"{s}.json").read_text())
+            tokens = (record["metrics"]["tokens"], speedrun_metrics(kept, s)["tokens"])
+            both.append((s, record["choices"]["compile_mode"], tokens))
+    return both
+
+
+def same_and_moved(both: list) -> tuple[list, list]:
+    """tokens_in_both's stages split by whether they trained the same tokens in both runs."""
+    return [b for b in both if b[2][0] == b[2][1]], [b for b in both if b[2][0] != b[2][1]]
 
 
 def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their_records():
@@ -1032,8 +1036,6 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
     the matmul peaks of both machine.json; which stages trained the same tokens in both (the eager ones) and which not;
     the noise scale's choice in each.
     Seen failing with 1.10x typed for the tokens-a-second median's 1.11x."""
-    from gpt.ladder import stages_of
-
     now = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
     kept = REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d"
     entry, sr = judged_pair("### 2026-12-05: the full run of 4be151f", now, "4be151f")
@@ -1042,8 +1044,9 @@ def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their
     assert f"its imports and arguments took {first:.1f} s against the second's" in entry
 
     check_pace_between_runs(entry, now, kept, "764216d")
-    same, moved = same_and_moved_tokens(now, kept)
-    stages = [s for s in stages_of("speedrun") if (kept / "speedrun" / f"{s}.json").exists()]
+    both = tokens_in_both(now, kept)
+    same, moved = same_and_moved(both)
+    stages = [s for s, _, _ in both]
     eager = [s for s, mode, _ in same if mode is None]
     assert all(mode is not None for _, mode, _ in moved) and len(eager) == len(stages) - stages.index(eager[0])
     first_eager = eager[0][: eager[0].index("_", len("speedrun_"))]
@@ -1072,8 +1075,9 @@ def test_docs_speedrun_compares_the_run_of_2504406_with_the_kept_run_of_4be151f_
         f"its imports and arguments took {first['split']['import_setup_s']:.1f} s of its {first['wall_s']:.1f}" in entry
     )
     check_pace_between_runs(entry, now, kept, "4be151f")
-    same, moved = same_and_moved_tokens(now, kept)
-    compiled = [s for s, mode, _ in same + moved if mode is not None]
+    both = tokens_in_both(now, kept)
+    same, moved = same_and_moved(both)
+    compiled = [s for s, mode, _ in both if mode is not None]
     assert all(mode is not None for _, mode, _ in moved)
     assert (
         f"{len(compiled) - len(moved)} of the {len(compiled)} compiled stages reached the target at the same step"

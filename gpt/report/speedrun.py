@@ -178,10 +178,10 @@ def slower_than_parent(sr: Speedrun, stage: str, parent: str, keeps_model: bool 
         mine, theirs = (statistics.fmean(w) if w else None for w in (mine, theirs))
         if mine and theirs and mine < theirs:
             return f" (slower: kept for its whole process, {mine:.1f} s against {theirs:.1f})"
-        return " (slower: its docstring says what it is kept for)"
-    mine, theirs = sr.tokens(stage)[0], sr.tokens(parent)[0]
-    if mine is not None and theirs is not None and mine < theirs:
-        return " (slower: kept for its tokens)"
+    else:
+        mine, theirs = sr.tokens(stage)[0], sr.tokens(parent)[0]
+        if mine is not None and theirs is not None and mine < theirs:
+            return " (slower: kept for its tokens)"
     return " (slower: its docstring says what it is kept for)"
 
 
