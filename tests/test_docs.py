@@ -788,6 +788,7 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         ("cpu-epyc-bf16-2026-12-03-1da27c8", "1da27c8"),  # and the next, before speedrun_23
         ("cpu-epyc-bf16-2026-12-04-764216d", "764216d"),  # and the next, the stage code of the run after it
         ("cpu-epyc-bf16-2026-12-05-4be151f", "4be151f"),  # and the next, before the compiled adds were made serial
+        ("cpu-epyc-bf16-2026-12-06-2504406", "2504406"),  # and the next, the stage code of the run after it
     ],
 )
 def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder, commit):
@@ -971,6 +972,16 @@ def test_docs_speedrun_judges_speedrun_23_in_the_run_of_764216d_from_its_records
     assert f"whole process holds in the run ({whole})" in entry and max(walls) < mean_base / 15
 
 
+def check_first_runs_against_the_bar(entry: str, sr, commit: str) -> None:
+    """A log entry quotes `commit`'s two first runs (check_two_first_runs), their 15x bar and the first's imports."""
+    mean_base, median = check_two_first_runs(entry, sr, commit)
+    assert f"in the first runs timed apart ({mean_base / median:.1f}x, {mean_base / 15:.1f} s the bar)" in entry
+    first = first_runs(commit)[0]
+    assert (
+        f"its imports and arguments took {first['split']['import_setup_s']:.1f} s of its {first['wall_s']:.1f}" in entry
+    )
+
+
 def judged_pair(heading: str, now: Path, commit: str):
     """A log entry on a full run (`now`, of `commit`) against a kept one: its text and the run, its bars checked.
 
@@ -1028,6 +1039,19 @@ def same_and_moved(both: list) -> tuple[list, list]:
     return [b for b in both if b[2][0] == b[2][1]], [b for b in both if b[2][0] != b[2][1]]
 
 
+def compared_runs(heading: str, now: Path, kept: Path):
+    """A log entry on a full run (`now`) against the kept run before it, checked for the figures every such entry gives.
+
+    The bars per seed (judged_pair), the first runs and their bar, the paces between the runs. Returns the entry,
+    tokens_in_both's stages, those whose tokens moved, and the compiled ones."""
+    commit, kept_commit = (json.loads((f / "machine.json").read_text())["git_commit"][:7] for f in (now, kept))
+    entry, sr = judged_pair(heading, now, commit)
+    check_first_runs_against_the_bar(entry, sr, commit)
+    check_pace_between_runs(entry, now, kept, kept_commit)
+    both = tokens_in_both(now, kept)
+    return entry, both, same_and_moved(both)[1], [s for s, mode, _ in both if mode is not None]
+
+
 def test_docs_speedrun_compares_two_runs_of_the_stage_code_of_764216d_from_their_records():
     """The log of 2026-12-05: the run of 4be151f against the kept run of 764216d, whose stages ran the same code.
 
@@ -1065,19 +1089,9 @@ def test_docs_speedrun_compares_the_run_of_2504406_with_the_kept_run_of_4be151f_
     (check_pace_between_runs), the compiled stages whose tokens moved with the serial adds, and the reruns of
     records/cpu-epyc-bf16-2026-12-06-reruns, whose every evaluation's losses are the committed run's to the bit.
     Seen failing with one rerun's validation loss moved in its last bit."""
-    now = REPO / "records" / "cpu-cpu"
+    now = REPO / "records" / "cpu-epyc-bf16-2026-12-06-2504406"
     kept = REPO / "records" / "cpu-epyc-bf16-2026-12-05-4be151f"
-    entry, sr = judged_pair("### 2026-12-06: the full run of 2504406", now, "2504406")
-    mean_base, median = check_two_first_runs(entry, sr, "2504406")
-    assert f"in the first runs timed apart ({mean_base / median:.1f}x, {mean_base / 15:.1f} s the bar)" in entry
-    first = first_runs("2504406")[0]
-    assert (
-        f"its imports and arguments took {first['split']['import_setup_s']:.1f} s of its {first['wall_s']:.1f}" in entry
-    )
-    check_pace_between_runs(entry, now, kept, "4be151f")
-    both = tokens_in_both(now, kept)
-    same, moved = same_and_moved(both)
-    compiled = [s for s, mode, _ in both if mode is not None]
+    entry, both, moved, compiled = compared_runs("### 2026-12-06: the full run of 2504406", now, kept)
     assert all(mode is not None for _, mode, _ in moved)
     assert (
         f"{len(compiled) - len(moved)} of the {len(compiled)} compiled stages reached the target at the same step"
@@ -1106,6 +1120,53 @@ def test_docs_speedrun_compares_the_run_of_2504406_with_the_kept_run_of_4be151f_
     names = ", ".join(f"`_{p.stem.split('_')[1]}`" for p in reruns[1:])
     assert f"(`speedrun_{reruns[0].stem.split('_')[1]}`, {names}, seed 3407" in entry
     assert f"({', '.join(map(str, counts[:-1]))} and {counts[-1]} of them)" in entry
+
+
+def losses_of(record: dict) -> list:
+    """Every loss a record keeps: a speedrun or time-to-loss record's curve, a ladder record's logged losses."""
+    metrics = record["metrics"]
+    if "curve" in metrics:
+        return [(p["step"], p["train_loss"], p["val_loss"]) for p in metrics["curve"]]
+    return [metrics["loss_first"], metrics["loss_final"], *metrics["losses"]]
+
+
+def test_docs_speedrun_compares_the_run_of_be500b7_with_the_kept_run_of_2504406_of_one_stage_code():
+    """The log of 2026-12-06 (later): the run of be500b7 against the kept run of 2504406, whose stages ran one code.
+
+    The bars per seed and the first runs, the paces between the two runs, and the models: every speedrun stage at the
+    same step, and every record's losses equal to the bit but `speed_6_ddp`'s ladder record, whose step-0 losses are
+    quoted. Seen failing with 16 typed for the 15 time-to-loss records."""
+    now = REPO / "records" / "cpu-epyc-bf16-2026-12-06-be500b7"
+    if not now.exists():  # until the next full run replaces it, the run of be500b7 is the committed one
+        now = REPO / "records" / "cpu-cpu"
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-06-2504406"
+    entry, both, moved, compiled = compared_runs("### 2026-12-06 (later): the full run of be500b7", now, kept)
+    assert not moved
+    eager = len(both) - len(compiled)
+    assert f"all {len(both)} speedrun stages, the {len(compiled)} compiled and the {eager} eager" in entry
+    counts, moved_records = {}, []
+    for path in sorted(now.rglob("*.json")):
+        record = json.loads(path.read_text())
+        metrics = record.get("metrics") if isinstance(record, dict) else None
+        if not metrics or not ({"curve", "losses"} & metrics.keys()):
+            continue
+        part = path.parent.name if path.parent != now else "ladder"
+        counts[part] = counts.get(part, 0) + 1
+        if losses_of(record) != losses_of(json.loads((kept / path.relative_to(now)).read_text())):
+            moved_records.append((part, path.stem))
+    assert moved_records == [("ladder", "speed_6_ddp")]
+    assert f"the {counts['speedrun']} speedrun records" in entry
+    assert f"the {counts['time_to_loss']} of the time" in entry
+    assert f"and {counts['ladder'] - 1} of the {counts['ladder']} ladder stages that finished" in entry
+    firsts = [json.loads((f / "speed_6_ddp.json").read_text())["metrics"]["loss_first"] for f in (now, kept)]
+    assert f"rank 0's loss before any update {firsts[0]!r} here against {firsts[1]!r} there" in entry
+    older = json.loads((REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d" / "speed_6_ddp.json").read_text())
+    assert f"({older['metrics']['loss_first']!r} in the run of 764216d)" in entry
+    rates = [
+        re.search(r"bf16 ([\d.]+)", json.loads((f / "speed_6_ddp.json").read_text())["choices"]["amp_why"])[1]
+        for f in (kept, now)
+    ]
+    assert f"(its records' bf16 rates {rates[0]} and {rates[1]} GFLOP/s)" in entry
 
 
 def test_docs_speedrun_compares_the_run_of_33f0172_with_the_kept_run_of_f0ba4ca_from_their_records():
