@@ -137,6 +137,21 @@ def test_cpu_training_is_deterministic(char_data):
     assert a == b  # bit-identical on the CPU for the same seed
 
 
+def test_a_run_whose_choices_were_measured_trains_as_one_that_found_them_cached(char_data, tmp_path, monkeypatch):
+    """The run's choices time kernels on random inputs: with an empty machine cache they measure, with a full one not.
+
+    Two runs with dropout and bf16 autocast, whose rule times matmuls once the model is seeded (the explicit attention
+    asks it nothing before), the first measuring into an empty cache, the second reading it: the same losses, to the
+    bit. Seen failing with resolve's generators_kept taken out (the speed_6_ddp of the runs of 2504406 and be500b7)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing measured before
+    cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False, amp=True)
+    measured = protocol.run(cfg)
+    assert "measured matmul rates" in measured["choices"]["amp_why"]
+    cached = protocol.run(cfg)
+    assert measured["metrics"]["loss_first"] == cached["metrics"]["loss_first"]
+    assert measured["metrics"]["losses"] == cached["metrics"]["losses"]
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside torch's inductor import
 def test_step_loop_with_cuda_graph_bookkeeping_runs_on_the_cpu(char_data, traced_not_compiled, monkeypatch):
     """The step loop's CUDA-graph bookkeeping runs on the CPU and trains as eager training does.
