@@ -1040,6 +1040,22 @@ def same_and_moved(both: list) -> tuple[list, list]:
     return [b for b in both if b[2][0] == b[2][1]], [b for b in both if b[2][0] != b[2][1]]
 
 
+def losses_of(record: dict) -> list:
+    """Every loss a record keeps: a speedrun or time-to-loss record's curve, a ladder record's logged losses."""
+    metrics = record["metrics"]
+    if "curve" in metrics:
+        return [(p["step"], p["train_loss"], p["val_loss"]) for p in metrics["curve"]]
+    return [metrics["loss_first"], metrics["loss_final"], *metrics["losses"]]
+
+
+def speed_6_bf16_rates(*folders: Path) -> list[str]:
+    """The one-thread bf16 matmul rate in each run's `speed_6_ddp` record's bf16 reason, as typed there."""
+    return [
+        re.search(r"bf16 ([\d.]+)", json.loads((f / "speed_6_ddp.json").read_text())["choices"]["amp_why"])[1]
+        for f in folders
+    ]
+
+
 def compared_runs(heading: str, now: Path, kept: Path):
     """A log entry on a full run (`now`) against the kept run before it, checked for the figures every such entry gives.
 
@@ -1113,22 +1129,12 @@ def test_docs_speedrun_compares_the_run_of_2504406_with_the_kept_run_of_4be151f_
         committed = json.loads((now / "speedrun" / path.name).read_text())
         assert rerun["choices"]["compile_mode"] is not None and rerun["seed"] == committed["seed"] == 3407
         assert rerun["config"]["target_loss"] == committed["config"]["target_loss"]
-        losses = [
-            [(p["step"], p["train_loss"], p["val_loss"]) for p in r["metrics"]["curve"]] for r in (rerun, committed)
-        ]
+        losses = [losses_of(r) for r in (rerun, committed)]
         assert losses[0] == losses[1], path.name
         counts.append(len(losses[0]))
     names = ", ".join(f"`_{p.stem.split('_')[1]}`" for p in reruns[1:])
     assert f"(`speedrun_{reruns[0].stem.split('_')[1]}`, {names}, seed 3407" in entry
     assert f"({', '.join(map(str, counts[:-1]))} and {counts[-1]} of them)" in entry
-
-
-def losses_of(record: dict) -> list:
-    """Every loss a record keeps: a speedrun or time-to-loss record's curve, a ladder record's logged losses."""
-    metrics = record["metrics"]
-    if "curve" in metrics:
-        return [(p["step"], p["train_loss"], p["val_loss"]) for p in metrics["curve"]]
-    return [metrics["loss_first"], metrics["loss_final"], *metrics["losses"]]
 
 
 def records_whose_losses_moved(now: Path, kept: Path) -> tuple[dict, list]:
@@ -1155,8 +1161,6 @@ def test_docs_speedrun_compares_the_run_of_be500b7_with_the_kept_run_of_2504406_
     same step, and every record's losses equal to the bit but `speed_6_ddp`'s ladder record, whose step-0 losses are
     quoted. Seen failing with 16 typed for the 15 time-to-loss records."""
     now = REPO / "records" / "cpu-epyc-bf16-2026-12-06-be500b7"
-    if not now.exists():  # until the next full run replaces it, the run of be500b7 is the committed one
-        now = REPO / "records" / "cpu-cpu"
     kept = REPO / "records" / "cpu-epyc-bf16-2026-12-06-2504406"
     entry, both, moved, compiled = compared_runs("### 2026-12-06 (later): the full run of be500b7", now, kept)
     assert not moved
@@ -1171,10 +1175,7 @@ def test_docs_speedrun_compares_the_run_of_be500b7_with_the_kept_run_of_2504406_
     assert f"rank 0's loss before any update {firsts[0]!r} here against {firsts[1]!r} there" in entry
     older = json.loads((REPO / "records" / "cpu-epyc-bf16-2026-12-04-764216d" / "speed_6_ddp.json").read_text())
     assert f"({older['metrics']['loss_first']!r} in the run of 764216d)" in entry
-    rates = [
-        re.search(r"bf16 ([\d.]+)", json.loads((f / "speed_6_ddp.json").read_text())["choices"]["amp_why"])[1]
-        for f in (kept, now)
-    ]
+    rates = speed_6_bf16_rates(kept, now)
     assert f"(its records' bf16 rates {rates[0]} and {rates[1]} GFLOP/s)" in entry
 
 
@@ -1197,10 +1198,7 @@ def test_docs_speedrun_compares_the_run_of_7d2b260_with_the_kept_run_of_be500b7_
     assert f"and all {counts['ladder']} ladder stages that finished" in entry
     firsts = {json.loads((f / "speed_6_ddp.json").read_text())["metrics"]["loss_first"] for f in (now, kept)}
     assert len(firsts) == 1 and f"(its step-0 loss {firsts.pop()!r} in both)" in entry
-    rates = [
-        re.search(r"bf16 ([\d.]+)", json.loads((f / "speed_6_ddp.json").read_text())["choices"]["amp_why"])[1]
-        for f in (kept, now)
-    ]
+    rates = speed_6_bf16_rates(kept, now)
     assert f"(bf16 {rates[0]} and {rates[1]} GFLOP/s)" in entry
 
 
