@@ -109,11 +109,16 @@ def measure_cpu_matmul_flops(
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:
-    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds."""
+    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds.
+
+    Its inputs are drawn with the CPU's generator forked: a clock decides how many sizes it tries, and a cached rate
+    draws none, so drawn from the generator a run was seeded with they would move its dropout masks with a clock and
+    a cache (docs/speedrun.md, the log of 2026-12-06, later)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     round_s = seconds / rounds
-    with unset_fake_temporarily():  # real tensors even when called under FakeTensorMode (the memory planner)
+    # real tensors even when called under FakeTensorMode (the memory planner); the run's random state kept
+    with unset_fake_temporarily(), torch.random.fork_rng(devices=[]):
         size = 256
         while size < n:
             a = torch.randn(size, size, dtype=dtype)

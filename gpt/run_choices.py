@@ -68,24 +68,7 @@ def resolve(
     """Every per-device decision of a run, each asked of its module once.
 
     `fp32_matmuls` and `host_allocator` as the run set them up; `model_config` the model's GPTConfig (its attention and
-    loss already decided). Asked with the random generators forked (generators_kept)."""
-    with generators_kept(device):
-        return _resolve(cfg, device, fp32_matmuls, host_allocator, model_config)
-
-
-def generators_kept(device: torch.device):
-    """A context that gives the CPU's generator, and the run's GPU's, back as it found them.
-
-    A choice may time kernels on random inputs (the bf16 rule's matmuls, first asked here where the attention is not
-    timed), as many as a clock decides, and none where the machine's cache holds the answer: drawn from the generators
-    the run was seeded with, they would move its dropout masks with a clock and a cache (docs/speedrun.md, the log of
-    2026-12-06, later)."""
-    if device.type != "cuda":
-        return torch.random.fork_rng(devices=[])
-    return torch.random.fork_rng(devices=[torch.cuda.current_device() if device.index is None else device.index])
-
-
-def _resolve(cfg: TrainConfig, device: torch.device, fp32_matmuls: str, host_allocator: str | None, model_config):
+    loss already decided)."""
     amp = mixed_precision(cfg, device)
     mode, compile_why = compile_choice(cfg, device)
     return RunChoices(

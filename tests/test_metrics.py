@@ -284,6 +284,15 @@ def test_matmul_rate_keeps_the_best_round(monkeypatch):
     assert best == pytest.approx(2 * 256**3 / 0.0005)
 
 
+def test_matmul_rate_leaves_the_cpu_generator_as_it_found_it():
+    """Timing the matmul rate draws its inputs from a fork: the generator a run was seeded with does not move.
+
+    Seen failing with its fork_rng taken out."""
+    before = torch.random.get_rng_state()
+    flops.matmul_rate(torch.float32, n=256, seconds=0.05)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_timeline_tracker_peak_is_memtrackers_without_the_per_module_cost():
     """TimelineMemTracker's global peak is MemTracker's, without the cost of the per-module peaks.
 

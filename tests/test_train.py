@@ -142,7 +142,7 @@ def test_a_run_whose_choices_were_measured_trains_as_one_that_found_them_cached(
 
     Two runs with dropout and bf16 autocast, whose rule times matmuls once the model is seeded (the explicit attention
     asks it nothing before), the first measuring into an empty cache, the second reading it: the same losses, to the
-    bit. Seen failing with resolve's generators_kept taken out (the speed_6_ddp of the runs of 2504406 and be500b7)."""
+    bit. Seen failing with matmul_rate's fork_rng taken out (the speed_6_ddp of the runs of 2504406 and be500b7)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing measured before
     cfg = tiny_config(char_data, samples=16, repeats=1, dropout=0.1, measure_memory=False, amp=True)
     measured = protocol.run(cfg)
