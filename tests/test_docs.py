@@ -107,6 +107,30 @@ def test_every_records_folder_is_listed_in_docs_records_md():
     assert all(re.search(r"commit [0-9a-f]{7}", row) for row in table.splitlines()[2:])
 
 
+def test_docs_records_says_what_each_run_reused_from_its_records():
+    """Each docs/records.md row on a run's noise-scale curve and H100 estimates says what its records show.
+
+    Measured afresh or reused, by when each was computed (measured_or_reused).
+
+    Seen failing on the row of 7d2b260 typed from the row before it ("the planner's H100 estimates reused (their code
+    unchanged)"), where the records show both computed during that run."""
+    from datetime import datetime
+
+    from gpt.report.readme import measured_or_reused
+
+    rows = [
+        r
+        for r in (REPO / "docs" / "records.md").read_text().splitlines()
+        if r.startswith("| ") and "H100 estimates" in r
+    ]
+    assert len(rows) >= 3
+    for row in rows:
+        folder = REPO / "records" / re.search(r"`records/([\w.-]+)/`", row)[1]
+        started = datetime.fromisoformat(json.loads((folder / "machine.json").read_text())["started"])
+        said = measured_or_reused(folder, started)
+        assert said and said in row, folder.name
+
+
 def test_docs_records_quotes_two_runs_on_one_kind_of_machine_from_their_records():
     """The spread docs/records.md gives between two full runs on one kind of machine (two Zen 5 EPYCs), kept.
 

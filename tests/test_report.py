@@ -1457,3 +1457,31 @@ def test_the_thesis_figures_labels_cover_no_other_label_from_the_committed_recor
     assert len(labels) >= 17  # every stage that reaches the target, the baseline included
     crossed = [(a, b) for i, (a, box) in enumerate(labels) for b, other in labels[:i] if box.overlaps(other)]
     assert crossed == []
+
+
+def test_measured_or_reused_tells_a_runs_own_records_from_those_it_took_from_records(tmp_path):
+    """Each reusable record counts as the run's own where it was computed after the run started, else as reused.
+
+    A part with two records (the planner's) is reused unless both are the run's; a part with no record is left out."""
+    from datetime import datetime
+
+    from gpt.report.readme import measured_or_reused
+
+    start = datetime.fromisoformat("2026-12-06T12:00:00+00:00")
+
+    def computed(name: str, when: str) -> None:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps({"provenance": {"computed": f"2026-12-06T{when}:00+00:00"}}))
+
+    assert measured_or_reused(tmp_path, start) == ""
+    computed("speedrun/noise_scale.json", "12:30")
+    computed("memory_reference.json", "11:00")
+    computed("memory_fit.json", "12:40")
+    assert measured_or_reused(tmp_path, start) == (
+        "measured the noise-scale curve afresh and reused the planner's H100 estimates from `records/` "
+        "(their code unchanged)"
+    )
+    computed("memory_reference.json", "12:45")
+    assert measured_or_reused(tmp_path, start) == (
+        "measured the noise-scale curve and the planner's H100 estimates afresh"
+    )

@@ -142,9 +142,36 @@ def run_split(runs: Path) -> str:
         spans.append(
             f"the planner and the report {(machine['wall_s'] - (before - start).total_seconds()) / 60:.1f} min"
         )
+    reuse = measured_or_reused(runs, start)
     return (
         f"{run_minutes(runs)} ({start:%Y-%m-%d}, commit {machine.get('git_commit', 'unknown')[:7]}): {', '.join(spans)}"
+        + (f"; that run {reuse}" if reuse else "")
     )
+
+
+# the machine-independent records a full run reuses from records/ where their code is unchanged (gpt/record_reuse.py)
+REUSABLE = {
+    "the noise-scale curve": ["speedrun/noise_scale.json"],
+    "the planner's H100 estimates": ["memory_reference.json", "memory_fit.json"],
+}
+
+
+def measured_or_reused(runs: Path, start: datetime) -> str:
+    """Which of the REUSABLE records the run that started at `start` computed, and which it took from records/.
+
+    From each record's provenance: computed after the run's start means computed by it. Empty where none is there."""
+    measured, reused = [], []
+    for name, files in REUSABLE.items():
+        records = [r for r in (read_record(runs / f) for f in files) if r and r.get("provenance", {}).get("computed")]
+        if records:
+            times = [datetime.fromisoformat(r["provenance"]["computed"]) for r in records]
+            (measured if min(times) >= start else reused).append(name)
+    said = []
+    if measured:
+        said.append(f"measured {' and '.join(measured)} afresh")
+    if reused:
+        said.append(f"reused {' and '.join(reused)} from `records/` (their code unchanged)")
+    return " and ".join(said)
 
 
 def run_time(runs: Path) -> str:
