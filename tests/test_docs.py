@@ -110,12 +110,10 @@ def test_every_records_folder_is_listed_in_docs_records_md():
 def test_docs_records_says_what_each_run_reused_from_its_records():
     """Each docs/records.md row on a run's noise-scale curve and H100 estimates says what its records show.
 
-    Measured afresh or reused, by when each was computed (measured_or_reused).
+    Measured afresh or reused, by the mark a reused record carries (measured_or_reused).
 
     Seen failing on the row of 7d2b260 typed from the row before it ("the planner's H100 estimates reused (their code
     unchanged)"), where the records show both computed during that run."""
-    from datetime import datetime
-
     from gpt.report.readme import measured_or_reused
 
     rows = [
@@ -126,8 +124,7 @@ def test_docs_records_says_what_each_run_reused_from_its_records():
     assert len(rows) >= 3
     for row in rows:
         folder = REPO / "records" / re.search(r"`records/([\w.-]+)/`", row)[1]
-        started = datetime.fromisoformat(json.loads((folder / "machine.json").read_text())["started"])
-        said = measured_or_reused(folder, started)
+        said = measured_or_reused(folder)
         assert said and said in row, folder.name
 
 
@@ -1258,8 +1255,6 @@ def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pac
     headlines, the last stage's per-seed seconds to the target over the kept run's, and the two earlier pairs of
     one stage code whose spread it cites, as their own entries type them. Seen failing with 1.20x typed for the
     seeds' highest ratio, 1.19x."""
-    from datetime import datetime
-
     from gpt.report.readme import measured_or_reused
     from gpt.report.speedrun import Speedrun, speedup_range
 
@@ -1270,7 +1265,7 @@ def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pac
     machines = [json.loads((f / "machine.json").read_text()) for f in (now, kept)]
     minutes = [round(m["wall_s"] / 60) for m in machines]
     assert f"it took {minutes[0]} min, {minutes[1] - minutes[0]} fewer than the run of f987190" in entry
-    said = [measured_or_reused(f, datetime.fromisoformat(m["started"])) for f, m in zip((now, kept), machines)]
+    said = [measured_or_reused(f) for f in (now, kept)]
     assert said[0].startswith("reused the noise-scale curve and the planner's H100 estimates")
     assert said[1].startswith("measured the noise-scale curve and the planner's H100 estimates afresh")
     last = "speedrun_23_one_block"

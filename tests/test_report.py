@@ -1460,28 +1460,24 @@ def test_the_thesis_figures_labels_cover_no_other_label_from_the_committed_recor
 
 
 def test_measured_or_reused_tells_a_runs_own_records_from_those_it_took_from_records(tmp_path):
-    """Each reusable record counts as the run's own where it was computed after the run started, else as reused.
+    """Each reusable record counts as the run's own unless it carries reuse_record's `reused_from` mark.
 
-    A part with two records (the planner's) is reused unless both are the run's; a part with no record is left out."""
-    from datetime import datetime
-
+    A part with two records (the planner's) is reused where either was; a part with no record is left out."""
     from gpt.report.readme import measured_or_reused
 
-    start = datetime.fromisoformat("2026-12-06T12:00:00+00:00")
-
-    def computed(name: str, when: str) -> None:
+    def written(name: str, reused: bool) -> None:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(json.dumps({"provenance": {"computed": f"2026-12-06T{when}:00+00:00"}}))
+        record = {"provenance": {"computed": "2026-12-06T12:30:00+00:00"}}
+        mark = {"reused_from": f"records/cpu-cpu/{name}"} if reused else {}
+        (tmp_path / name).write_text(json.dumps({**record, **mark}))
 
-    assert measured_or_reused(tmp_path, start) == ""
-    computed("speedrun/noise_scale.json", "12:30")
-    computed("memory_reference.json", "11:00")
-    computed("memory_fit.json", "12:40")
-    assert measured_or_reused(tmp_path, start) == (
+    assert measured_or_reused(tmp_path) == ""
+    written("speedrun/noise_scale.json", reused=False)
+    written("memory_reference.json", reused=True)
+    written("memory_fit.json", reused=False)
+    assert measured_or_reused(tmp_path) == (
         "measured the noise-scale curve afresh and reused the planner's H100 estimates from `records/` "
         "(their code unchanged)"
     )
-    computed("memory_reference.json", "12:45")
-    assert measured_or_reused(tmp_path, start) == (
-        "measured the noise-scale curve and the planner's H100 estimates afresh"
-    )
+    written("memory_reference.json", reused=False)
+    assert measured_or_reused(tmp_path) == ("measured the noise-scale curve and the planner's H100 estimates afresh")

@@ -142,7 +142,7 @@ def run_split(runs: Path) -> str:
         spans.append(
             f"the planner and the report {(machine['wall_s'] - (before - start).total_seconds()) / 60:.1f} min"
         )
-    reuse = measured_or_reused(runs, start)
+    reuse = measured_or_reused(runs)
     return (
         f"{run_minutes(runs)} ({start:%Y-%m-%d}, commit {machine.get('git_commit', 'unknown')[:7]}): {', '.join(spans)}"
         + (f"; that run {reuse}" if reuse else "")
@@ -156,16 +156,16 @@ REUSABLE = {
 }
 
 
-def measured_or_reused(runs: Path, start: datetime) -> str:
-    """Which of the REUSABLE records the run that started at `start` computed, and which it took from records/.
+def measured_or_reused(runs: Path) -> str:
+    """Which of the REUSABLE records a run computed, and which it took from records/.
 
-    From each record's provenance: computed after the run's start means computed by it. Empty where none is there."""
+    By the mark `record_reuse.reuse_record` leaves on a record it reuses (`reused_from`): a part is reused where any
+    of its records carries it. Empty where none is there."""
     measured, reused = [], []
     for name, files in REUSABLE.items():
-        records = [r for r in (read_record(runs / f) for f in files) if r and r.get("provenance", {}).get("computed")]
+        records = [r for r in (read_record(runs / f) for f in files) if r and r.get("provenance")]
         if records:
-            times = [datetime.fromisoformat(r["provenance"]["computed"]) for r in records]
-            (measured if min(times) >= start else reused).append(name)
+            (reused if any("reused_from" in r for r in records) else measured).append(name)
     said = []
     if measured:
         said.append(f"measured {' and '.join(measured)} afresh")
