@@ -1251,10 +1251,10 @@ def test_docs_speedrun_compares_a_run_whose_models_did_not_move_with_the_kept_ru
 def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pace_from_the_records():
     """The log of 2026-12-07 (morning): the run of 1603ec5 against the kept run of f987190, which trained its models.
 
-    Both runs' minutes (machine.json's wall_s) and what each computed afresh or reused (measured_or_reused), both
-    headlines, the last stage's per-seed seconds to the target over the kept run's, and the two earlier pairs of
-    one stage code whose spread it cites, as their own entries type them. Seen failing with 1.20x typed for the
-    seeds' highest ratio, 1.19x."""
+    Both runs' minutes (machine.json's wall_s), the load at the run's start and what each computed afresh or reused
+    (measured_or_reused), both headlines, the last stage's per-seed seconds to the target over the kept run's, and
+    the two earlier pairs of one stage code whose spread it cites, as their own entries type them. Seen failing with
+    1.20x typed for the seeds' highest ratio, 1.19x, and with 0.01 for the load 0.00."""
     from gpt.report.readme import measured_or_reused
     from gpt.report.speedrun import Speedrun, speedup_range
 
@@ -1265,6 +1265,7 @@ def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pac
     machines = [json.loads((f / "machine.json").read_text()) for f in (now, kept)]
     minutes = [round(m["wall_s"] / 60) for m in machines]
     assert f"it took {minutes[0]} min, {minutes[1] - minutes[0]} fewer than the run of f987190" in entry
+    assert f"the load average was {machines[0]['load_average']:.2f} at its start" in entry
     said = [measured_or_reused(f) for f in (now, kept)]
     assert said[0].startswith("reused the noise-scale curve and the planner's H100 estimates")
     assert said[1].startswith("measured the noise-scale curve and the planner's H100 estimates afresh")
