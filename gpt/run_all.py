@@ -52,8 +52,10 @@ from gpt.records import (
     write_record,
 )
 from gpt.report.document import write_report
+from gpt.report.memory_planner import MACHINE_INDEPENDENT, report_file
 from gpt.report.readme import README_RECORDS, rewrite_readme
 from gpt.report.rows import MACHINE_FILE
+from gpt.report.speedrun import NOISE_SCALE_FILE
 from gpt.settings_profiles import PROFILES, default_profile, profile_settings, speedrun_task_is_time_to_loss
 from gpt.stage import unfinished_record
 from gpt.supervision import Progress, TimeLimitReached, clock, last_line, lock_output, run_stage
@@ -440,21 +442,23 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     unchanged (gpt/record_reuse.py)."""
 
     def reuse(name: str) -> list[str]:
-        return ["--reuse", str(reuse_from / f"memory_{name}.json")] if reuse_from else []
+        reusable = reuse_from and name in MACHINE_INDEPENDENT
+        return ["--reuse", str(reuse_from / report_file(name))] if reusable else []
 
     commands = {
         "compare": ["compare", "--runs", str(out)],
-        "reference": ["reference", *reuse("reference")],
-        "fit": ["fit", "--budget-gib", "80", *reuse("fit")],
+        "reference": ["reference"],
+        "fit": ["fit", "--budget-gib", "80"],
     }
     running = {}  # side by side: each is one busy Python thread, and no timing is left to disturb
     for name, args in commands.items():
+        args = [*args, *reuse(name)]
         log = out / f"memory_{name}.log"
         print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
         with open(log, "w") as f:
             running[name] = (
                 subprocess.Popen(
-                    [sys.executable, "-m", "gpt.memory", *args, "--json", str(out / f"memory_{name}.json")],
+                    [sys.executable, "-m", "gpt.memory", *args, "--json", str(out / report_file(name))],
                     stdout=f,
                     stderr=subprocess.STDOUT,
                 ),
@@ -561,7 +565,7 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
     It also gives the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while
     its code is unchanged (gpt/record_reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
-    reuse = ["--reuse", str(reuse_from / "noise_scale.json")] if reuse_from else []
+    reuse = ["--reuse", str(reuse_from / NOISE_SCALE_FILE)] if reuse_from else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
     with open(log, "w") as f:
         rc = subprocess.call(
@@ -574,7 +578,7 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
                 "--device",
                 device,
                 "--out",
-                str(folder / "noise_scale.json"),
+                str(folder / NOISE_SCALE_FILE),
                 *reuse,
             ],
             stdout=f,

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import REPO
@@ -1457,6 +1458,29 @@ def test_the_thesis_figures_labels_cover_no_other_label_from_the_committed_recor
     assert len(labels) >= 17  # every stage that reaches the target, the baseline included
     crossed = [(a, b) for i, (a, box) in enumerate(labels) for b, other in labels[:i] if box.overlaps(other)]
     assert crossed == []
+
+
+def test_the_records_the_readme_calls_reusable_are_those_run_all_passes_to_reuse(tmp_path, monkeypatch):
+    """readme.reusable_records names, for a run folder, exactly the records run_all hands its processes' --reuse.
+
+    run_all's planner and noise-scale calls, with a published folder to reuse from, and their commands collected:
+    a record passed and not named (or named and never passed) would be said of a run wrongly or not at all."""
+    from gpt import run_all
+    from gpt.records import time_to_loss_dir
+    from gpt.report.readme import reusable_records
+
+    commands = []
+    monkeypatch.setattr(run_all.subprocess, "Popen", lambda cmd, **k: commands.append(cmd) or mock.Mock(wait=lambda: 0))
+    monkeypatch.setattr(run_all.subprocess, "call", lambda cmd, **k: commands.append(cmd) or 0)
+    published, out = tmp_path / "published", tmp_path / "out"
+    (out / "speedrun").mkdir(parents=True)
+    run_all.run_memory_planner(out, published)
+    run_all.run_noise_scale(
+        "smoke", "cpu", time_to_loss_dir(out, run_all.SPEEDRUN), time_to_loss_dir(published, run_all.SPEEDRUN)
+    )
+    passed = sorted(Path(c[c.index("--reuse") + 1]) for c in commands if "--reuse" in c)
+    named = sorted(path for paths in reusable_records(published).values() for path in paths)
+    assert passed == named and len(named) == 3
 
 
 def test_measured_or_reused_tells_a_runs_own_records_from_those_it_took_from_records(tmp_path):

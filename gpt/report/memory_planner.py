@@ -9,10 +9,18 @@ from gpt.record_reuse import reused_note
 from gpt.records import read_record
 from gpt.report.plots import pyplot, save_figure, short, stacked_memory_bars
 
+REPORTS = ("compare", "reference", "fit")  # the `python -m gpt.memory` reports a full run keeps (gpt/run_all.py)
+MACHINE_INDEPENDENT = ("reference", "fit")  # those it reuses from records/ while their code is unchanged
+
+
+def report_file(report: str) -> str:
+    """The file of a run directory that holds one of the REPORTS."""
+    return f"memory_{report}.json"
+
 
 def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
     """The section, from the planner's reports in `runs` (none: no section); its figure goes to `plots`."""
-    files = {k: read_record(runs / f"memory_{k}.json") for k in ("reference", "fit", "compare")}
+    files = {k: read_record(runs / report_file(k)) for k in REPORTS}
     if not any(files.values()):
         return []
     lines = [

@@ -25,8 +25,17 @@ from gpt.formatting import table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.optimizations.compilation import COMPILE_COSTS
 from gpt.records import read_record, time_to_loss_dir
+from gpt.report.memory_planner import MACHINE_INDEPENDENT, report_file
 from gpt.report.rows import MACHINE_FILE, ok
-from gpt.report.speedrun import BASELINE, LADDER, Speedrun, speedrun_findings, speedrun_table, speedup_range
+from gpt.report.speedrun import (
+    BASELINE,
+    LADDER,
+    NOISE_SCALE_FILE,
+    Speedrun,
+    speedrun_findings,
+    speedrun_table,
+    speedup_range,
+)
 from gpt.report.time_to_loss import LossRuns
 from gpt.stage import print_loss_summary
 
@@ -84,7 +93,7 @@ def planner_headline(runs: Path) -> str:
 
     From the planner's reference record in `runs` and this project's own measurement of memory_0 on a GPU, the
     newest committed GPU folder that has one."""
-    reference = read_record(runs / "memory_reference.json")
+    reference = read_record(runs / report_file("reference"))
     gpu = newest_gpu_record("memory_0_baseline.json")
     if not reference or not gpu:
         return "the planner's comparison with the book's traced steps is not in the committed records"
@@ -149,21 +158,24 @@ def run_split(runs: Path) -> str:
     )
 
 
-# the machine-independent records a full run reuses from records/ where their code is unchanged (gpt/record_reuse.py)
-REUSABLE = {
-    "the noise-scale curve": ["speedrun/noise_scale.json"],
-    "the planner's H100 estimates": ["memory_reference.json", "memory_fit.json"],
-}
+def reusable_records(runs: Path) -> dict[str, list[Path]]:
+    """The machine-independent records a full run reuses from records/ where their code is unchanged, by name.
+
+    Those gpt/run_all.py passes to their processes' --reuse (gpt/record_reuse.py)."""
+    return {
+        "the noise-scale curve": [time_to_loss_dir(runs, LADDER) / NOISE_SCALE_FILE],
+        "the planner's H100 estimates": [runs / report_file(r) for r in MACHINE_INDEPENDENT],
+    }
 
 
 def measured_or_reused(runs: Path) -> str:
-    """Which of the REUSABLE records a run computed, and which it took from records/.
+    """Which of the reusable records a run computed, and which it took from records/.
 
     By the mark `record_reuse.reuse_record` leaves on a record it reuses (`reused_from`): a part is reused where any
     of its records carries it. Empty where none is there."""
     measured, reused = [], []
-    for name, files in REUSABLE.items():
-        records = [r for r in (read_record(runs / f) for f in files) if r and r.get("provenance")]
+    for name, files in reusable_records(runs).items():
+        records = [r for r in map(read_record, files) if r and r.get("provenance")]
         if records:
             (reused if any("reused_from" in r for r in records) else measured).append(name)
     said = []
