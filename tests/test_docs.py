@@ -1226,6 +1226,11 @@ def committed_or_kept(folder: str) -> Path:
             "cpu-epyc-bf16-2026-12-07-1603ec5",
             "cpu-epyc-bf16-2026-12-06-f987190",
         ),
+        (  # no stage's code changed again: the reused records' one list; the compile caches cold
+            "### 2026-12-07 (midday): the full run of c9ed59d",
+            "cpu-epyc-bf16-2026-12-07-c9ed59d",
+            "cpu-epyc-bf16-2026-12-07-1603ec5",
+        ),
     ],
 )
 def test_docs_speedrun_compares_a_run_whose_models_did_not_move_with_the_kept_run_before_it(heading, now, kept):
