@@ -74,7 +74,7 @@ def measure(stage: str) -> dict:
         rc = subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode
         wall_s = time.perf_counter() - t0
         record = read_record(time_to_loss_dir(out, LADDER) / f"{stage}.json") or {}
-    metrics = record.get("metrics", {})
+    metrics, choices = record.get("metrics", {}), record.get("choices", {})
     return {
         "stage": stage,
         "commit": commit.strip(),
@@ -87,6 +87,9 @@ def measure(stage: str) -> dict:
         "wall_s": round(wall_s, 1),
         "split": {key: round(metrics[key], 1) for key, _ in SPLIT if metrics.get(key) is not None},
         "tokens_to_target": round(t) if (t := (metrics.get("target") or {}).get("tokens")) else None,
+        # the machine's measured choice: a first run measures it afresh, and its training's pace follows it
+        "precision": choices.get("compute_dtype"),
+        "precision_why": choices.get("amp_why"),
         "source": "measured by python -m gpt.first_run",
     }
 

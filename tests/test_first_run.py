@@ -172,3 +172,32 @@ def test_a_stage_process_imports_none_of_what_a_first_runs_code_leaves_out(tmp_p
     assert "gpt.stage" in modules and "gpt.train" in modules
     files = {m.replace(".", "/") + suffix for m in modules for suffix in (".py", "/")}
     assert not {f for f in files if f.startswith(first_run.NOT_RUN)}, first_run.NOT_RUN
+
+
+def test_a_first_runs_entry_keeps_the_precision_its_stage_measured_and_why(monkeypatch):
+    """measure() copies the stage record's compute dtype and its reason into the entry, beside the wall clock.
+
+    A first run measures the bf16 rule afresh (its caches are empty), so two first runs of one code may train at two
+    precisions: the entry must say which. The stage's process is stood in for by one that writes its record."""
+    from types import SimpleNamespace
+
+    from gpt.records import time_to_loss_dir
+
+    stage = stages_of("speedrun")[-1]
+    why = "measured matmul rates on this CPU: bf16 90.0, fp32 180.0 GFLOP/s (1024 x 1024)"
+
+    real_run = subprocess.run
+
+    def stage_process(cmd, **kwargs):
+        if "--out" not in cmd:  # git, through subprocess.check_output
+            return real_run(cmd, **kwargs)
+        out = cmd[cmd.index("--out") + 1]
+        choices = {"compute_dtype": "float32", "amp_why": why}
+        record = {"metrics": {"train_seconds": 1.25, "target": {"tokens": 64000}}, "choices": choices}
+        write_record(time_to_loss_dir(out, first_run.LADDER) / f"{stage}.json", record)
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(first_run.subprocess, "run", stage_process)
+    entry = first_run.measure(stage)
+    assert (entry["precision"], entry["precision_why"]) == ("float32", why)
+    assert entry["split"] == {"train_seconds": 1.2} and entry["tokens_to_target"] == 64000
