@@ -1253,6 +1253,19 @@ def test_docs_speedrun_compares_a_run_whose_models_did_not_move_with_the_kept_ru
     assert f"(bf16 {rates[0]} and {rates[1]} GFLOP/s)" in entry
 
 
+def last_stage_between(now: Path, kept: Path) -> tuple[list[str], str]:
+    """The last speedrun stage in two runs: each run's headline speedup, and `now`'s per-seed seconds over `kept`'s.
+
+    The headlines as the report gives them (speedup_range's first figure), the ratios as the docs type a range."""
+    from gpt.report.speedrun import Speedrun, speedup_range
+
+    last = "speedrun_23_one_block"
+    runs = [Speedrun(f) for f in (now, kept)]
+    headlines = [speedup_range(r.seconds("speed_0_baseline"), r.seconds(last)).split()[0] for r in runs]
+    ratios = [a / b for a, b in zip(runs[0].seconds(last), runs[1].seconds(last), strict=True)]
+    return headlines, typed_range(ratios, 2)
+
+
 def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pace_from_the_records():
     """The log of 2026-12-07 (morning): the run of 1603ec5 against the kept run of f987190, which trained its models.
 
@@ -1261,7 +1274,6 @@ def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pac
     the two earlier pairs of one stage code whose spread it cites, as their own entries type them. Seen failing with
     1.20x typed for the seeds' highest ratio, 1.19x, and with 0.01 for the load 0.00."""
     from gpt.report.readme import measured_or_reused
-    from gpt.report.speedrun import Speedrun, speedup_range
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     entry = log[log.index("### 2026-12-07 (morning): the full run of 1603ec5") :][:6000]
@@ -1274,12 +1286,9 @@ def test_docs_speedrun_puts_the_headlines_fall_of_2026_12_07_on_the_machines_pac
     said = [measured_or_reused(f) for f in (now, kept)]
     assert said[0].startswith("reused the noise-scale curve and the planner's H100 estimates")
     assert said[1].startswith("measured the noise-scale curve and the planner's H100 estimates afresh")
-    last = "speedrun_23_one_block"
-    runs = [Speedrun(f) for f in (now, kept)]
-    headlines = [speedup_range(r.seconds("speed_0_baseline"), r.seconds(last)).split()[0] for r in runs]
+    headlines, ratios = last_stage_between(now, kept)
     assert f"the headline's fall from {headlines[1]} to {headlines[0]} is the machine's pace" in entry
-    ratios = [a / b for a, b in zip(runs[0].seconds(last), runs[1].seconds(last), strict=True)]
-    assert f"three seeds took {typed_range(ratios, 2)}x their seconds to the target of the run before" in entry
+    assert f"three seeds took {ratios}x their seconds to the target of the run before" in entry
     for spread, heading in (
         ("0.63-1.17x", "### 2026-12-05: the full run of 4be151f"),
         ("0.81-1.33x", "### 2026-12-06 (later): the full run of be500b7"),
@@ -1487,3 +1496,51 @@ def test_the_readmes_word_list_gives_both_targets_as_the_committed_records_do():
     words = " ".join((REPO / "README.md").read_text().split())
     assert f"(the *time-to-loss target*, {LossRuns(runs).target:.3f} in the committed run)" in words
     assert f"(the *speedrun target*, {Speedrun(runs).target:.3f} in the committed run)" in words
+
+
+def compile_cache_states(folder: Path) -> dict:
+    """How many of a run's records compiled with each `compile_cache` state ("cold", "warm", "partly warm")."""
+    states = {}
+    for path in folder.rglob("*.json"):
+        record = json.loads(path.read_text())
+        state = (record.get("metrics") or {}).get("compile_cache") if isinstance(record, dict) else None
+        if state is not None:
+            states[state] = states.get(state, 0) + 1
+    return states
+
+
+def test_docs_speedrun_puts_the_midday_runs_extra_minutes_on_its_cold_compile_caches_from_the_records():
+    """The logs of 2026-12-07: the run of c9ed59d against the kept run of 1603ec5, which found its caches warm.
+
+    Both runs' minutes and their difference (machine.json's wall_s), each run's compile-cache states over its records,
+    `speed_4_compile`'s compile seconds in both, both headlines and the last stage's per-seed ratio, the slower first
+    run's split; and the morning entry's correction, against the run of f987190's states. Seen failing with 14 typed
+    for the 15 cold records."""
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    midday = log[log.index("### 2026-12-07 (midday): the full run of c9ed59d") :][:6000]
+    morning = log[log.index("### 2026-12-07 (morning): the full run of 1603ec5") :][:1500]
+    now = committed_or_kept("cpu-epyc-bf16-2026-12-07-c9ed59d")
+    kept, before = (
+        REPO / "records" / f for f in ("cpu-epyc-bf16-2026-12-07-1603ec5", "cpu-epyc-bf16-2026-12-06-f987190")
+    )
+    minutes = [round(json.loads((f / "machine.json").read_text())["wall_s"] / 60) for f in (now, kept)]
+    assert f"it took {minutes[0]} min" in midday and f"yet it took {minutes[0] - minutes[1]} min more" in midday
+    states = [compile_cache_states(f) for f in (now, kept, before)]
+    compiled = sum(states[0].values())
+    assert f'{states[0]["cold"]} of its {compiled} compiled records say `compile_cache` "cold"' in midday
+    assert states[1] == {"warm": compiled} and f'whose {compiled} were all "warm"' in midday
+    seconds = [json.loads((f / "speed_4_compile.json").read_text())["metrics"]["compile_s"] for f in (now, kept)]
+    assert f"`speed_4_compile` compiled for {seconds[0]:.1f} s against {seconds[1]:.1f} s" in midday
+    assert f'every one of its {compiled} compiled records says `compile_cache` "warm"' in morning
+    assert f"where the run of f987190 had {states[2]['cold']} cold" in morning
+
+    headlines, ratios = last_stage_between(now, kept)
+    assert f"move from {headlines[1]} to {headlines[0]} is the machine's pace" in midday
+    assert f"three seeds took {ratios}x their seconds to the target of the run before" in midday
+    first = first_runs("c9ed59d")[0]
+    split = first["split"]
+    assert (
+        f"its imports and arguments took {split['import_setup_s']:.1f} s of its {first['wall_s']:.1f}, its set-up "
+        f"{split['setup_s']:.1f} and its training {split['train_seconds']:.1f}"
+    ) in midday
