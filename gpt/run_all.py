@@ -453,7 +453,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     running = {}  # side by side: each is one busy Python thread, and no timing is left to disturb
     for name, args in commands.items():
         args = [*args, *reuse(name)]
-        log = out / f"memory_{name}.log"
+        log = (out / report_file(name)).with_suffix(".log")
         print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
         with open(log, "w") as f:
             running[name] = (
