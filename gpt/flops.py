@@ -6,6 +6,7 @@ The CPU's rate is benchmarked once per CPU model, thread count, dtype and torch 
 
 import re
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -109,26 +110,10 @@ def measure_cpu_matmul_flops(
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds: int = 1) -> float:
-    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds.
-
-    Its inputs are drawn with the CPU's generator forked: a clock decides how many sizes it tries, and a cached rate
-    draws none, so drawn from the generator a run was seeded with they would move its dropout masks with a clock and
-    a cache (docs/speedrun.md, the log of 2026-12-06, later)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+    """The measurement behind measure_cpu_matmul_flops, uncached: best FLOP/s over `rounds` rounds."""
     round_s = seconds / rounds
-    # real tensors even when called under FakeTensorMode (the memory planner); the run's random state kept
-    with unset_fake_temporarily(), torch.random.fork_rng(devices=[]):
-        size = 256
-        while size < n:
-            a = torch.randn(size, size, dtype=dtype)
-            a @ a  # the first call of a size pays for allocation and packing: time the second
-            t0 = time.perf_counter()
-            a @ a
-            if 8 * (time.perf_counter() - t0) > round_s / 4:  # the next size takes 8x longer
-                n = size
-                break
-            size *= 2
+    with _own_real_inputs():
+        n = _matmul_size((dtype,), n, round_s / 4)
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         for _ in range(3):
             a @ b
@@ -142,6 +127,70 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, rounds:
                 a @ b
                 best = max(best, 2 * n**3 / (time.perf_counter() - t0))
     return best
+
+
+def measure_cpu_matmul_rates_in_turns(
+    dtypes: tuple[torch.dtype, ...], n: int = 1024
+) -> tuple[int, dict[torch.dtype, float]]:
+    """matmul_rates_in_turns (the size measured, FLOP/s by dtype), cached on disk like the peaks."""
+    what = f"in turns|{','.join(map(str, dtypes))}|n={n}"
+    size, rates = machine_cache.remembered(PEAKS_CACHE, what, lambda: _listed(*matmul_rates_in_turns(dtypes, n)))
+    return size, dict(zip(dtypes, rates))
+
+
+def _listed(size: int, rates: dict) -> list:
+    return [size, list(rates.values())]  # as JSON keeps it
+
+
+def matmul_rates_in_turns(
+    dtypes: tuple[torch.dtype, ...], n: int = 1024, seconds: float = 0.6
+) -> tuple[int, dict[torch.dtype, float]]:
+    """FLOP/s of each dtype's matmul at one size, from the median of calls timed in turns (gpt/clocks.py:race).
+
+    For a decision between dtypes: a slowdown of the host for part of the measurement (a neighbour, a clock ramping
+    up) then slows every dtype's calls alike, where one dtype timed after the other took it all (the bf16 rule chose
+    fp32 once so, in the first run of c9ed59d). The size (returned first) is n, or smaller where one matmul of the
+    slowest dtype would take too long for `seconds` (bf16 on AVX2: ~1 GFLOP/s)."""
+    from gpt.clocks import race  # imported here: gpt.clocks needs the step profiler, which the peaks never do
+
+    with _own_real_inputs():
+        n = _matmul_size(dtypes, n, seconds / 8)
+        pairs = [(torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)) for dt in dtypes]
+        calls = [lambda a=a, b=b: a @ b for a, b in pairs]
+        for call in calls:
+            call()  # the first call of a size pays for allocation and packing
+        medians_ms = race(calls, seconds=seconds)
+    return n, {dt: 2 * n**3 / (ms / 1e3) for dt, ms in zip(dtypes, medians_ms)}
+
+
+@contextmanager
+def _own_real_inputs():
+    """Real tensors even under FakeTensorMode (the memory planner), drawn with the CPU's generator forked.
+
+    A clock decides how many sizes a measurement tries, and a cached rate draws none, so drawn from the generator a run
+    was seeded with they would move its dropout masks with a clock and a cache (docs/speedrun.md, the log of
+    2026-12-06, later)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.random.fork_rng(devices=[]):
+        yield
+
+
+def _matmul_size(dtypes: tuple[torch.dtype, ...], n: int, budget_s: float) -> int:
+    """n, or the first size from 256 up (doubling) where the next size's slowest matmul (8x longer) passes budget_s."""
+    size = 256
+    while size < n:
+        mats = [torch.randn(size, size, dtype=dt) for dt in dtypes]
+        slowest = 0.0
+        for a in mats:
+            a @ a  # the first call of a size pays for allocation and packing: time the second
+            t0 = time.perf_counter()
+            a @ a
+            slowest = max(slowest, time.perf_counter() - t0)
+        if 8 * slowest > budget_s:
+            return size
+        size *= 2
+    return n
 
 
 def calibrate_cpu_peaks(thread_counts: list[int], rounds: int = 5) -> dict[str, float]:

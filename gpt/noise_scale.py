@@ -24,14 +24,14 @@ from gpt.evaluation import ValidationSet, train_and_evaluate
 from gpt.ladder import stage_config
 from gpt.optimizations import accumulation
 from gpt.optimizations.precision import mixed_precision
-from gpt.record_reuse import data_sha256, provenance, reuse_record, reused_note
+from gpt.record_reuse import REUSED_FROM, data_sha256, provenance, reuse_record, reused_note, was_reused
 from gpt.records import environment, writable_dir, write_record
 from gpt.settings_profiles import PROFILES
 from gpt.time_to_loss import TrainingClock, validation_loss_of
 
 BASELINE = "speed_0_baseline"
 # The part of the record that does not depend on the machine (gpt/record_reuse.py): reused while its code is unchanged
-CURVE_KEYS = ("config", "batch_size", "block_size", "estimator", "curve", "window", "provenance", "reused_from")
+CURVE_KEYS = ("config", "batch_size", "block_size", "estimator", "curve", "window", "provenance", REUSED_FROM)
 # t(B) is timed with the code the batch stage runs on: its parent's (speedrun_1's systems changes, batch kept)
 TIMED_WITH = "speedrun_1_systems"
 EMA_SHARE = 1 / 20  # the moving averages' time constant, as a share of the run's steps (100 of the cpu run's 2000)
@@ -345,7 +345,7 @@ def summary_line(record: dict) -> str:
         "the tokens by the same model."
         + (
             f" The curve and B_noise were {reused_note(record, plural=True)}; the step times are this run's."
-            if record.get("reused_from")
+            if was_reused(record)
             else ""
         )
     )

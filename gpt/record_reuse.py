@@ -21,6 +21,7 @@ from gpt.records import environment, read_record, write_record
 
 HASH_RULE = "ast-without-docstrings-v1"  # what `code_digest` keeps of a file; a new rule, a new name
 STAGES = "stages"  # read or loaded from their files (gpt/ladder.py), never in sys.modules: hashed whole
+REUSED_FROM = "reused_from"  # the mark reuse_record leaves on a record it reuses: the path it came from
 
 
 def source_files() -> list[str]:
@@ -140,6 +141,11 @@ def reused_note(record: dict, plural: bool = False) -> str:
     )
 
 
+def was_reused(record: dict | None) -> bool:
+    """Whether reuse_record took this record from an earlier run (it carries the REUSED_FROM mark)."""
+    return bool((record or {}).get(REUSED_FROM))
+
+
 def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None = None) -> dict | None:
     """The record at `source`, marked `reused_from`, if it is still valid for `key`; None: compute it.
 
@@ -152,10 +158,7 @@ def reuse_record(source: str | Path | None, key: dict, dest: str | Path | None =
         print(f"not reusing {source} ({why}): computing it", flush=True)
         return None
     source = Path(source).resolve()
-    record = {
-        **record,
-        "reused_from": str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source),
-    }
+    record = {**record, REUSED_FROM: str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source)}
     if dest is not None:
         write_record(Path(dest), record)
     print(f"reused {source}: {reused_note(record)}", flush=True)

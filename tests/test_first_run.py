@@ -184,7 +184,7 @@ def test_a_first_runs_entry_keeps_the_precision_its_stage_measured_and_why(monke
     from gpt.records import time_to_loss_dir
 
     stage = stages_of("speedrun")[-1]
-    why = "measured matmul rates on this CPU: bf16 90.0, fp32 180.0 GFLOP/s (1024 x 1024)"
+    why = "measured matmul rates on this CPU: bf16 90.0, fp32 180.0 GFLOP/s (1024 x 1024, in turns)"
 
     real_run = subprocess.run
 

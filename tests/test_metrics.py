@@ -250,6 +250,10 @@ def test_cpu_matmul_benchmark_uses_real_tensors_under_fake_mode(tmp_path, monkey
         under_fake = flops.measure_cpu_matmul_flops(torch.float32, n=512, seconds=0.05)
     assert made and not any(isinstance(t, FakeTensor) for t in made)
     assert flops.measure_cpu_matmul_flops(torch.float32, n=512) == under_fake  # what was cached
+    made.clear()
+    with FakeTensorMode():  # the bf16 rule's measurement (gpt/optimizations/precision.py:cpu_bf16_is_faster)
+        flops.measure_cpu_matmul_rates_in_turns((torch.bfloat16, torch.float32), n=512)
+    assert made and not any(isinstance(t, FakeTensor) for t in made)
 
 
 def test_fresh_peak_measurement_replaces_a_stale_cached_figure(tmp_path, monkeypatch):
@@ -285,11 +289,13 @@ def test_matmul_rate_keeps_the_best_round(monkeypatch):
 
 
 def test_matmul_rate_leaves_the_cpu_generator_as_it_found_it():
-    """Timing the matmul rate draws its inputs from a fork: the generator a run was seeded with does not move.
+    """Timing the matmul rates draws their inputs from a fork: the generator a run was seeded with does not move.
 
     Seen failing with its fork_rng taken out."""
     before = torch.random.get_rng_state()
     flops.matmul_rate(torch.float32, n=256, seconds=0.05)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    flops.matmul_rates_in_turns((torch.bfloat16, torch.float32), n=256, seconds=0.05)  # the bf16 rule's
     assert torch.equal(torch.random.get_rng_state(), before)
 
 

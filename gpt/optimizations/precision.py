@@ -78,13 +78,17 @@ def cpu_bf16_is_faster() -> tuple[bool, str]:
 
     bf16 only where this CPU multiplies bf16 matrices faster than fp32 ones, measured (how far apart CPUs
     are: docs/design.md, "The figures behind the rules"). Returns (faster, the two rates for the record)."""
-    from gpt.flops import measure_cpu_matmul_flops  # cached per CPU model, threads and torch version
+    from gpt.flops import measure_cpu_matmul_rates_in_turns  # cached per CPU model, threads and torch version
 
-    # A decision needs only which is faster, and the CPUs measured differ by 2x or more either way: a 1024 x 1024
-    # matmul timed for 0.05 s each answers it (docs/design.md, "Deciding bf16 on a CPU quickly"). The MFU's peaks are
-    # the 2048 x 2048 ones, measured apart.
-    bf16, fp32 = (measure_cpu_matmul_flops(dt, n=1024, seconds=0.05) / 1e9 for dt in (torch.bfloat16, torch.float32))
-    return bf16 > fp32, f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s (1024 x 1024)"
+    # A decision needs only which is faster, and the CPUs measured differ by 2x or more either way: 1024 x 1024 matmuls
+    # timed in turns for 5 calls each answer it, where two close dtypes get up to 0.6 s (docs/design.md, "Deciding
+    # bf16 on a CPU quickly"). The MFU's peaks are the 2048 x 2048 ones, measured apart.
+    n, rates = measure_cpu_matmul_rates_in_turns((torch.bfloat16, torch.float32), n=1024)
+    bf16, fp32 = (rates[dt] / 1e9 for dt in (torch.bfloat16, torch.float32))
+    return (
+        bf16 > fp32,
+        f"measured matmul rates on this CPU: bf16 {bf16:,.1f}, fp32 {fp32:,.1f} GFLOP/s ({n} x {n}, in turns)",
+    )
 
 
 def matmul_precision(cfg: TrainConfig, device: torch.device) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from gpt.formatting import fmt_mib, fmt_pct, table
 from gpt.memory.planner import NOTES, reference_config
-from gpt.record_reuse import reused_note
+from gpt.record_reuse import reused_note, was_reused
 from gpt.records import read_record
 from gpt.report.plots import pyplot, save_figure, short, stacked_memory_bars
 
@@ -28,7 +28,7 @@ def planner_section(runs: Path, plots: Path, rel: str) -> list[str]:
         "",
         "Estimates of `python -m gpt.memory` (FakeTensorMode: shapes only, no real memory used).",
     ]
-    notes = {name: reused_note(files[name]) for name in ("reference", "fit") if (files[name] or {}).get("reused_from")}
+    notes = {name: reused_note(files[name]) for name in ("reference", "fit") if was_reused(files[name])}
     if len(notes) == 2 and len(set(notes.values())) == 1:  # computed together: one sentence
         lines += [f"The reference and fit reports were {reused_note(files['fit'], plural=True)}."]
     else:

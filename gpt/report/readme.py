@@ -24,6 +24,7 @@ from gpt.flops import peak_label
 from gpt.formatting import table
 from gpt.ladder import declaration, stage_config, stages_of, timed_ladders
 from gpt.optimizations.compilation import COMPILE_COSTS
+from gpt.record_reuse import was_reused
 from gpt.records import read_record, time_to_loss_dir
 from gpt.report.memory_planner import MACHINE_INDEPENDENT, report_file
 from gpt.report.rows import MACHINE_FILE, ok
@@ -177,7 +178,7 @@ def measured_or_reused(runs: Path) -> str:
     for name, files in reusable_records(runs).items():
         records = [r for r in map(read_record, files) if r and r.get("provenance")]
         if records:
-            (reused if any("reused_from" in r for r in records) else measured).append(name)
+            (reused if any(map(was_reused, records)) else measured).append(name)
     said = []
     if measured:
         said.append(f"measured {' and '.join(measured)} afresh")

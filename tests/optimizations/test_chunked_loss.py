@@ -85,9 +85,8 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     to fp32 training as the full loss's are (bound: twice the full loss's difference plus BF16_CHUNKED_WEIGHT_GRAD of
     the largest gradient; measured ~7e-3 for both here), and the loss within its bf16 summation error (n_chunks
     half-ulps, 2^-9 relative each)."""
-    monkeypatch.setattr(
-        "gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: 2.0 if dtype == torch.bfloat16 else 1.0
-    )
+    rates = {torch.bfloat16: 2.0, torch.float32: 1.0}
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_rates_in_turns", lambda dtypes, n: (n, rates))
     cfg = dict(grad_clip=NO_CLIP)
     fp32, grads_fp32 = train_with_grads(tiny_config(char_data, **cfg), 1)
     full, grads_full = train_with_grads(tiny_config(char_data, amp=True, **cfg), 1)

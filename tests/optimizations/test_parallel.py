@@ -379,9 +379,8 @@ def test_every_fsdp_unit_gets_the_offload_and_precision_policies(monkeypatch, ch
     and AdamW state on the GPU, or computes in fp32: every block and the root must get them."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
-    monkeypatch.setattr(
-        "gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: 2.0 if dtype == torch.bfloat16 else 1.0
-    )
+    rates = {torch.bfloat16: 2.0, torch.float32: 1.0}
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_rates_in_turns", lambda dtypes, n: (n, rates))
     cfg = tiny_config(char_data, distributed="fsdp", nproc=NPROC, fsdp_mixed_precision=True, fsdp_cpu_offload=True)
     with fake_process_group():
         groups = [unit._get_fsdp_state()._fsdp_param_group for unit in fsdp_units(build_model(cfg, 65, CPU)[0])]
@@ -395,7 +394,7 @@ def test_fsdp_policies_follow_the_config(monkeypatch, char_data):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     rates = {torch.float32: 300e9, torch.bfloat16: 2400e9}  # a CPU with AMX
-    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: rates[dtype])
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_rates_in_turns", lambda dtypes, n: (n, rates))
     assert fsdp_policies(tiny_config(char_data, distributed="fsdp"), CPU) == {}
     lean_3 = tiny_config(char_data, distributed="fsdp", fsdp_mixed_precision=True, fsdp_cpu_offload=True)
     policies = fsdp_policies(lean_3, CPU)

@@ -177,13 +177,44 @@ def test_bf16_without_a_scaler_trains_like_fp32(char_data, monkeypatch):
 def test_cpu_keeps_fp32_where_bf16_is_slower(monkeypatch, char_data):
     """speed_5_amp's CPU rule: autocast to bf16 only where bf16 matmuls were measured faster than fp32."""
     rates = {torch.float32: 300e9, torch.bfloat16: 150e9}  # a CPU with AVX512-BF16 but no AMX
-    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_flops", lambda dtype, **_: rates[dtype])
+    monkeypatch.setattr("gpt.flops.measure_cpu_matmul_rates_in_turns", lambda dtypes, n: (n, rates))
     amp = mixed_precision(tiny_config(char_data, amp=True), CPU)
     assert amp.dtype == torch.float32 and not amp.scaler.is_enabled() and "bf16 150.0, fp32 300.0 GFLOP/s" in amp.why
     assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) == amp.why
     rates[torch.bfloat16] = 2400e9  # a CPU with AMX
     assert mixed_precision(tiny_config(char_data, amp=True), CPU).dtype == torch.bfloat16
     assert owner("amp").no_effect(tiny_config(char_data, amp=True), CPU) is None
+
+
+def test_the_cpu_rule_times_bf16_and_fp32_in_turns_so_a_passing_slowdown_slows_both(monkeypatch, tmp_path):
+    """The CPU's bf16 rule times the two dtypes' matmuls in turns: a slowdown of the host that passes slows both alike.
+
+    A host here whose bf16 matmuls run at twice fp32's rate, every call 4x slower over its first 0.1 s (a neighbour,
+    a clock ramping up), on the test's own clock. Timed one dtype after the other, bf16 took all of the slowdown and
+    lost, as it did once in a first run of c9ed59d; in turns both calls of each round share it. Seen failing on the
+    version before, which timed bf16 for 0.05 s and then fp32 (it chose fp32)."""
+    import types
+
+    from gpt import clocks, flops
+    from gpt.optimizations.precision import cpu_bf16_is_faster
+
+    host = {"now": 0.0}
+    flop_s = {torch.bfloat16: 400e9, torch.float32: 200e9}
+
+    def matmul(a, b):
+        slowdown = 4.0 if host["now"] < 0.1 else 1.0
+        host["now"] += slowdown * 2 * a.shape[0] * a.shape[1] * b.shape[1] / flop_s[a.dtype]
+
+    fake_time = types.SimpleNamespace(
+        perf_counter=lambda: host["now"], sleep=lambda s: host.update(now=host["now"] + s)
+    )
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
+    monkeypatch.setattr(flops, "time", fake_time)
+    monkeypatch.setattr(clocks, "time", fake_time)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # measured here, not read from another test's cache
+    faster, why = cpu_bf16_is_faster()
+    assert faster, why
+    assert "bf16 400.0, fp32 200.0 GFLOP/s (1024 x 1024, in turns)" in why  # the medians: rounds after the slowdown
 
 
 @pytest.mark.parametrize("gpu, bf16_units", [("V100 or T4: emulated bf16 only", False), ("A100 or newer", True)])
