@@ -1231,6 +1231,11 @@ def committed_or_kept(folder: str) -> Path:
             "cpu-epyc-bf16-2026-12-07-c9ed59d",
             "cpu-epyc-bf16-2026-12-07-1603ec5",
         ),
+        (  # the bf16 rule timed in turns: it chose bf16 in both, so no model moved
+            "### 2026-12-07 (afternoon): the full run of c42133b",
+            "cpu-epyc-bf16-2026-12-07-c42133b",
+            "cpu-epyc-bf16-2026-12-07-c9ed59d",
+        ),
     ],
 )
 def test_docs_speedrun_compares_a_run_whose_models_did_not_move_with_the_kept_run_before_it(heading, now, kept):
@@ -1544,3 +1549,73 @@ def test_docs_speedrun_puts_the_midday_runs_extra_minutes_on_its_cold_compile_ca
         f"its imports and arguments took {split['import_setup_s']:.1f} s of its {first['wall_s']:.1f}, its set-up "
         f"{split['setup_s']:.1f} and its training {split['train_seconds']:.1f}"
     ) in midday
+
+
+def test_docs_speedrun_says_what_the_bf16_rule_in_turns_measured_and_moved_in_the_afternoons_run_from_the_records():
+    """The log of 2026-12-07 (afternoon): the run of c42133b, whose bf16 rule times its matmuls in turns.
+
+    The first run before the change (its precision and its top three costs), both first runs of c42133b (bf16, and the
+    rates their records keep), the curve and the planner's estimates measured afresh and equal to the reused ones but
+    the noise scale's step-time choice, the minutes, load and compile-cache states, the rule's choice over every record
+    that asks it, and the headline's rise against the last stage's per-seed ratio. Seen failing with 413.5 typed for the
+    first run's bf16 rate 414.4, and with 42 for the 43 records."""
+    from gpt.report.readme import measured_or_reused
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    entry = log[log.index("### 2026-12-07 (afternoon): the full run of c42133b") :][:7000]
+    now = committed_or_kept("cpu-epyc-bf16-2026-12-07-c42133b")
+    kept = REPO / "records" / "cpu-epyc-bf16-2026-12-07-c9ed59d"
+    before = first_runs("c9ed59d")
+    assert before[0]["wall_s"] > before[1]["wall_s"] and "precision" not in before[0]  # kept since 5492f89
+    split = before[0]["split"]
+    top = sorted(("training", "imports and arguments", "set-up"), key=lambda w: -split[SPLIT_KEYS[w]])
+    assert f"({', then '.join(top)} the top three costs)" in entry
+    assert (
+        f"its training {split['train_seconds']:.1f} s against the second's {before[1]['split']['train_seconds']:.1f}"
+        in entry
+    )
+    after = first_runs("c42133b")
+    assert [r["precision"] for r in after] == ["bfloat16", "bfloat16"]
+    rates = [re.search(r"bf16 ([\d.]+), fp32 ([\d.]+)", r["precision_why"]).groups() for r in after]
+    assert f"bf16 {rates[0][0]} and {rates[1][0]}, fp32 {rates[0][1]} and {rates[1][1]} GFLOP/s" in entry
+    assert measured_or_reused(now).startswith("measured the noise-scale curve and the planner's H100 estimates afresh")
+    assert measured_or_reused(kept).startswith("reused the noise-scale curve and the planner's H100 estimates")
+    curves = [json.loads((f / "speedrun" / "noise_scale.json").read_text()) for f in (now, kept)]
+    assert all(curves[0][k] == curves[1][k] for k in ("curve", "window", "batch_size", "estimator", "config"))
+    assert f"the curve and B_noise ({curves[0]['window']['b_noise']:.0f})" in entry
+    for name in ("memory_reference", "memory_fit"):
+        estimates = [json.loads((f / f"{name}.json").read_text()) for f in (now, kept)]
+        assert [{k: v for k, v in e.items() if k not in ("provenance", "reused_from")} for e in estimates] == [
+            {k: v for k, v in estimates[1].items() if k not in ("provenance", "reused_from")}
+        ] * 2, name
+    batches = [c["choice"]["batch"] for c in curves]
+    assert f"moved from {batches[1]} in the run of c9ed59d to {batches[0]} in this one" in entry
+    machine = json.loads((now / "machine.json").read_text())
+    assert (
+        f"the load average was {machine['load_average']:.2f} at its start, and it took {round(machine['wall_s'] / 60)}"
+    )
+    assert f"load average was {machine['load_average']:.2f} at its start" in entry
+    assert f"and it took {round(machine['wall_s'] / 60)} min" in entry
+    states = compile_cache_states(now)
+    assert set(states) == {"warm"} and f'all {states["warm"]} of its compiled records say "warm"' in entry
+    choices = [
+        [
+            record["choices"]
+            for record in map(json.loads, (p.read_text() for p in f.rglob("*.json")))
+            if isinstance(record, dict) and "choices" in record
+        ]
+        for f in (now, kept)
+    ]
+    asked = [[c for c in run if c["compute_dtype"] == "bfloat16"] for run in choices]
+    assert not [c for run in choices for c in run if c["amp_why"] != "amp off" and c["compute_dtype"] != "bfloat16"]
+    assert len(asked[0]) == len(asked[1]) and f"for every one of the {len(asked[0])} records in each run" in entry
+    headlines, ratios = last_stage_between(now, kept)
+    assert f"The headline's rise from {headlines[1]} to {headlines[0]} is the machine's pace" in entry
+    assert f"three seeds took {ratios}x their seconds to the target of the run before" in entry
+    assert f"the first runs of c42133b trained for {after[0]['split']['train_seconds']:.1f} s" in entry
+    assert (
+        after[0]["split"]["train_seconds"] == after[1]["split"]["train_seconds"] == before[1]["split"]["train_seconds"]
+    )
+
+
+SPLIT_KEYS = {"training": "train_seconds", "imports and arguments": "import_setup_s", "set-up": "setup_s"}
