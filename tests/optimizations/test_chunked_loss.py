@@ -4,6 +4,7 @@ It matches in fp32, and under bf16 as closely as the full loss does. Also which 
 around the two Triton kernels (liger, Cut Cross-Entropy), and where a run for time keeps the full loss instead. On the
 CPU, through the project's own code (tests/equivalence.py); on CUDA in tests/test_gpu.py."""
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -136,6 +137,9 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
 
     def op(input, linear_weight, target, *, linear_bias=None, options=None): ...  # the signature called
 
+    # PyTorch 2.12's op and its options, whatever torch runs the test (2.11 has neither)
+    options = dataclasses.make_dataclass("LinearCrossEntropyOptions", sorted(chunked_loss.OPTIONS_SET))
+    monkeypatch.setattr(torch.nn, "LinearCrossEntropyOptions", options, raising=False)
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", op, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
@@ -392,6 +396,7 @@ def test_a_cpu_run_for_time_keeps_the_full_loss_where_the_chunked_one_was_measur
     times = iter([{"median_ms": 2.0}, {"median_ms": 5.0}])
     monkeypatch.setattr(chunked_loss, "time_head_and_loss", lambda *a, **k: next(times))
     monkeypatch.setattr(chunked_loss, "resolve", lambda choice, device_type: "torch")
+    monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: True)  # as on torch 2.12 and newer
     cfg = tiny_config(char_data, loss="chunked", block_size=12, samples=320)  # a shape of its own
     loss, why = chunked_loss.loss_used(cfg, "cpu", 65)
     assert loss == "full" and why.startswith("kept the full loss: the chunked loss (torch) is slower on this CPU")

@@ -354,7 +354,9 @@ def test_cpu_offload_is_skipped_without_a_gpu(tmp_path):
     )
     assert r.returncode == EXIT_SKIPPED, r.stderr
     record = json.loads((tmp_path / "lean_3_cpu_offload.json").read_text())
-    assert record["status"] == "skipped" and record["reason"].startswith("nothing to offload to")
+    # every reason is given, so on a torch without F.linear_cross_entropy (2.11) the chunked loss's comes too
+    reasons = record["reason"].split("; ")
+    assert record["status"] == "skipped" and any(r.startswith("nothing to offload to") for r in reasons), reasons
     assert record["config"]["fsdp_cpu_offload"] and record["config"]["fsdp_mixed_precision"]
 
 
