@@ -16,8 +16,8 @@ planned); one that does not fit is recorded as "not run" with that command. The 
 completes the run. At its end it writes <out>/quick_run.json (`write_summary`): its limit, plan and wall clock, and
 each item's planned and measured seconds; a `--resume` adds its run to the list. Its records are real records, each
 marked `run.quick`, kept in their own folder (runs/<profile>-<device>-quick by default) and never published over the
-committed ones; `python -m gpt.report --runs <that folder>` makes their page. Every stage process and the GPU tests
-share one compile cache in that folder (`one_compile_cache`).
+committed ones; `python -m gpt.report --runs <that folder>` makes their page. Its stage processes share this
+machine's compile cache (torch.compile's, on disk): a stage loads what an earlier one, or an earlier run, compiled.
 """
 
 import importlib.util
@@ -26,7 +26,6 @@ import re
 import shlex
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -55,7 +54,6 @@ GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
 GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
 RUN_FILE = "quick_run.json"  # in the run's folder: each quick run's plan and wall clocks (write_summary)
-COMPILE_CACHE = "compile_cache"  # in the run's folder: torch.compile's on-disk caches, shared by its processes
 NOT_RUN_PREFIX = "not run: the quick run's "  # the reason of every record of a stage a quick run had no time for
 NOT_RUN = NOT_RUN_PREFIX + "{limit} limit was reached first (--resume runs it)"
 NOT_PLANNED = NOT_RUN_PREFIX + "plan for {limit} had no room for it (`{command}` runs it)"
@@ -157,10 +155,13 @@ class Warmed:
     """A recorded figure whose compile was warm: the stage run that fills the cache it loaded, and what a cold one adds.
 
     `by` is None where no stage before it in its record's run is known to have compiled: it compiles cold wherever it
-    runs first (speedrun_1 on the CPU loads what the time-to-loss section of a whole run compiled)."""
+    runs first (speedrun_1 on the CPU loads what the time-to-loss section of a whole run compiled). `seen` says whether
+    its record's run showed it loading what `by` compiled (`by` compiled cold there); else `by` is only the furthest
+    ancestor that compiled, and what it loaded may have come from an earlier run on that machine."""
 
     by: Path | None  # the record, relative to its folder, of the stage whose compile it loaded
     cold_s: float  # a cold compile's first step, less its own
+    seen: bool = False  # `by` compiled cold in the record's run: the record loaded its graphs
 
 
 def first_step_cost(record: dict) -> float:
@@ -174,18 +175,63 @@ def warmed(record: dict, folder: Path, rel: Path) -> Warmed | None:
 
     Its ancestors (parent, its parent, ...) in the same folder: the nearest that compiled cold filled it, at that
     cost; without one, the furthest that compiled (warm itself, from outside the ladder) fills it in a run where it
-    goes first, and a cold compile costs the slowest cold one beside it."""
+    goes first, and a cold compile costs what `cold_compile_seconds` finds."""
     if record["metrics"].get("compile_cache") != "warm":
         return None
     own, ancestor, furthest = first_step_cost(record), record, None
     while (parent := ancestor.get("parent")) and (ancestor := ok_record(folder / rel.parent / f"{parent}.json")):
         state = ancestor["metrics"].get("compile_cache")
         if state == "cold":
-            return Warmed(rel.parent / f"{parent}.json", max(0.0, first_step_cost(ancestor) - own))
+            return Warmed(rel.parent / f"{parent}.json", max(0.0, first_step_cost(ancestor) - own), seen=True)
         furthest = rel.parent / f"{parent}.json" if state else furthest
-    beside = [r for path in sorted((folder / rel.parent).glob("*.json")) if (r := ok_record(path))]
-    colds = [first_step_cost(r) for r in beside if r.get("metrics", {}).get("compile_cache") == "cold"]
-    return Warmed(furthest, max(0.0, max(colds or compile_seconds(folder), default=0.0) - own))
+    return Warmed(furthest, max(0.0, cold_compile_seconds(folder, rel) - own))
+
+
+def is_cold(record: dict | None) -> bool:
+    return bool(record) and record.get("metrics", {}).get("compile_cache") == "cold"
+
+
+def cold_compile_seconds(folder: Path, rel: Path) -> float:
+    """What a cold compile of the stage at folder/rel costs, from the records: the first that has a cold one.
+
+    The slowest cold first step beside it in `folder`; else, in the other committed runs of that folder's machine
+    (`same_machine_runs`, newest first), the stage's own where it compiled cold, or the slowest cold one beside it. A
+    run whose caches were warm from an earlier one has no cold figure (records/cpu-cpu of c42133b: all 29 warm, 2-3 s
+    a first step where a cold one took 17-30 s in the run of c9ed59d); with none anywhere, the slowest compile beside
+    it, a floor."""
+    for run in [folder, *same_machine_runs(folder)]:
+        if run != folder and is_cold(own := ok_record(run / rel)):
+            return first_step_cost(own)
+        beside = [r for path in sorted((run / rel.parent).glob("*.json")) if is_cold(r := ok_record(path))]
+        if beside:
+            return max(first_step_cost(r) for r in beside)
+    return max(compile_seconds(folder), default=0.0)
+
+
+def same_machine_runs(folder: Path) -> list[Path]:
+    """The other runs beside `folder` whose machine.json names its profile, device, CPU and torch, newest first."""
+    machine = read_record(folder / "machine.json") or {}
+    same = ("profile", "device", "cpu", "torch")  # another torch compiles other graphs at another pace
+    runs = [
+        (m.get("finished") or "", run)
+        for run in folder.parent.iterdir()
+        if run != folder
+        and run.is_dir()
+        and (m := read_record(run / "machine.json"))
+        and all(m.get(key) == machine.get(key) for key in same)
+    ]
+    return [run for _, run in sorted(runs, reverse=True)]
+
+
+def compile_cache_is_empty() -> bool:
+    """Whether torch.compile's on-disk caches on this machine hold no compiled graph: a fresh machine's first run.
+
+    Inductor's FX graph cache and AOTAutograd's, in TORCHINDUCTOR_CACHE_DIR or Inductor's default folder. Their
+    entries are not kept per torch version, so a machine that compiled with another torch reads as not empty."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    return not any(any((root / kind).glob("*")) for kind in ("fxgraph", "aotautograd"))
 
 
 @dataclass
@@ -380,6 +426,7 @@ class Plan:
 
     items: list[Item]
     budget_s: float  # the limit less the report's share
+    cold_cache: bool = False  # the machine's compile cache is empty (compile_cache_is_empty): nothing loads warm
     kept: list[Item] = field(init=False)
     dropped: list[Item] = field(init=False)
 
@@ -395,16 +442,18 @@ class Plan:
         self.kept = [item for item in self.items if item.cannot_run or item in ahead]
         self.dropped = [item for item in self.items if item not in self.kept]
 
-    @staticmethod
-    def cold_compile(item: Item, ahead: list[Item]) -> Item:
+    def cold_compile(self, item: Item, ahead: list[Item]) -> Item:
         """The item, a cold compile added where its seconds assume a warm one and what warms it does not run first.
 
-        A stage whose first step loaded what its parent compiled, planned without the parent before it."""
+        A stage whose first step loaded what its parent compiled, planned without the parent before it; on a machine
+        whose compile cache is empty, also one whose record loaded graphs no stage of its run was seen to compile."""
         warm = item.warmed
         if not warm or not warm.cold_s:
             return item
         if warm.by is None:
             why = "no stage before it compiles its graphs"
+        elif self.cold_cache and not warm.seen:
+            why = "this machine's compile cache is empty, and no stage before it was seen to compile its graphs"
         elif item.record.parent / warm.by.name not in [i.record for i in ahead]:
             why = f"{warm.by.stem}, which compiles its graphs, does not run before it"
         else:
@@ -507,20 +556,3 @@ def write_summary(out: Path, deadline: Deadline, plan: Plan, resume: bool) -> Pa
     path = out / RUN_FILE
     earlier = (read_record(path) or {}).get("runs", []) if resume else []
     return write_record(path, {"runs": [*earlier, run]})
-
-
-@contextmanager
-def one_compile_cache(out: Path):
-    """Every process started inside, with torch.compile's on-disk caches in <out>/compile_cache (unless set already).
-
-    Inductor's FX graph cache and AOTAutograd's cache (on by default) live in TORCHINDUCTOR_CACHE_DIR: a stage whose
-    graphs an earlier stage of the run compiled loads them instead of compiling. Without it they share the user's
-    default folder (/tmp/torchinductor_<user>); in the run's folder, a `--resume` finds them too."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:  # the user's own choice
-        yield
-        return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out / COMPILE_CACHE)
-    try:
-        yield
-    finally:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]

@@ -17,7 +17,6 @@ changes (the planner's H100 estimates, the noise-scale curve) are reused from re
 """
 
 import argparse
-import contextlib
 import os
 import shlex
 import signal
@@ -681,10 +680,9 @@ def run(args, device: str, profile: str, out: Path) -> int:
         measure_cpu_peaks(out, rounds)
     for name in (ATTENTION_CACHE, LOSS_CACHE):  # measured afresh, once a run, by the first stage that needs each
         machine_cache.forget(name)
-    with quick_run.one_compile_cache(out) if args.quick else contextlib.nullcontext():
-        if args.plan and args.plan.runs(quick_run.GPU_TESTS):
-            args.plan.item_of(None).wall_s = quick_run.run_gpu_tests(out, args.deadline)["seconds"]
-        failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
+    if args.plan and args.plan.runs(quick_run.GPU_TESTS):
+        args.plan.item_of(None).wall_s = quick_run.run_gpu_tests(out, args.deadline)["seconds"]
+    failures, interrupted = run_sections(args, jobs, sections, profile, device, out, progress)
     if interrupted:
         print("interrupted: finished stages are recorded; `./run_all.sh --resume` runs the rest")
 
@@ -724,9 +722,12 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
         cannot_run = figures.cannot_run(job.stage, rel, job.to_a_loss)
         items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run, warmed=warmed))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
-    plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE))
+    # a GPU planned from elsewhere (--gpu) is planned as a lent one starts: with nothing compiled
+    cold_cache = bool(args.gpu) or quick_run.compile_cache_is_empty()
+    plan = quick_run.Plan(items, 60 * limit_min * (1 - quick_run.REPORT_RESERVE), cold_cache)
     folders = ", ".join(f"records/{folder.name}" for folder in committed) or "none"
     source = f"{kind or device}'s records ({folders})" + (", then other GPUs'" if others else "")
+    source += ", for a machine whose compile cache is empty" if cold_cache else ""
     quick_run.print_plan(plan, quick_run.minutes(60 * limit_min), source)
     return plan
 

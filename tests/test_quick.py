@@ -1,4 +1,4 @@
-"""The quick run's own parts (gpt/quick_run.py): its plan and dry run, its GPU tests' cap, its limit, its compile cache.
+"""The quick run's own parts (gpt/quick_run.py): its plan and dry run, its GPU tests' cap, its limit, the compile cache.
 
 The run itself is tested with stub stages in tests/test_report.py."""
 
@@ -243,12 +243,65 @@ def test_the_gpu_tests_say_why_they_skipped_and_their_closing_line_is_still_foun
     assert quick_run.closing_line(output) == "9 passed, 3 skipped, 2 warnings in 27.13s"
 
 
-def test_the_quick_runs_processes_share_one_compile_cache_in_its_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    read = [sys.executable, "-c", "import os; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"]
-    with quick_run.one_compile_cache(tmp_path):
-        seen = subprocess.run(read, capture_output=True, text=True).stdout.strip()
-    assert seen == str(tmp_path / quick_run.COMPILE_CACHE) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
-    with quick_run.one_compile_cache(tmp_path):
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+def test_on_a_machine_whose_compile_cache_is_empty_every_compiled_stage_not_seen_sharing_is_planned_cold(tmp_path):
+    """On a machine whose compile cache is empty, a warm record plans a cold compile unless its run showed the sharing.
+
+    records/cpu-cpu of c42133b was made on a machine whose caches were warm from an earlier run: every compiled record
+    says "warm", 2-3 s a first step, and its ancestors tell nothing about which stage's graphs it loaded. A quick run
+    whose caches held nothing for its torch (2.11 on that machine, records/cpu-epyc-bf16-2026-12-07-torch211-quick)
+    compiled speedrun_1, _2, _4, _6, _9, _10 and speed_4 to fast_1 cold, 19-48 s a first step, where the plan had added
+    6 s to speedrun_1 and to speed_4 alone: it planned 16 min 26 s and reached its 20 min limit with five fast stages
+    left. Here the cold figure comes from the newest other run of the same machine and torch (the stage's own where it
+    compiled cold there); a stage whose run saw its parent compile cold stays warm after it."""
+    records = tmp_path / "records"
+    machine = {"profile": "cpu", "device": "cpu", "cpu": "a CPU", "torch": "2.13.0+cpu"}
+
+    def run(name, finished, states, **other):
+        write_record(records / name / "machine.json", {**machine, **other, "finished": finished})
+        for stage, (parent, cache, first_s) in states.items():
+            metrics = {"compile_cache": cache, "compile_s": first_s, "warmup_s": first_s + 0.1, "seconds_mean": 0.5}
+            record = {"stage": stage, "parent": parent, "status": "ok", "metrics": metrics}
+            write_record(records / name / f"{stage}.json", record)
+
+    warm = {
+        "fast_3_sdpa": ("fast_2_bf16", "warm", 2.0),
+        "fast_4_padded_vocab": ("fast_3_sdpa", "warm", 2.0),
+        "fast_5_fused_adamw": ("fast_4_padded_vocab", "warm", 2.5),
+    }
+    run("cpu-cpu", "2026-12-07T13:00:00", warm)
+    run("kept-older", "2026-12-06T00:00:00", {"fast_4_padded_vocab": ("fast_3_sdpa", "cold", 99.0)})
+    cold = {"fast_4_padded_vocab": ("fast_3_sdpa", "cold", 30.0), "fast_5_fused_adamw": (None, "cold", 40.0)}
+    run("kept-cold", "2026-12-07T11:00:00", cold)
+    run("kept-other-cpu", "2026-12-07T12:00:00", {"fast_4_padded_vocab": ("fast_3_sdpa", "cold", 50.0)}, cpu="another")
+    run("kept-other-torch", "2026-12-07T12:10:00", {"fast_4_padded_vocab": ("fast_3_sdpa", "cold", 60.0)}, torch="2.11")
+    run("kept-seen", "2026-12-05T00:00:00", {"fast_2_bf16": ("fast_1_pretokenized", "cold", 25.0), **warm})
+    figures = quick_run.Figures(tmp_path / "out", [records / "cpu-cpu"], "cpu", "cpu")
+
+    def plan(cold_cache, folder="cpu-cpu", stages=tuple(warm)):
+        figures.committed = [records / folder]
+        items = []
+        for stage in stages:
+            seconds, why, warmed = figures.seconds(stage, Path(f"{stage}.json"), False)
+            record = tmp_path / "out" / f"{stage}.json"
+            items.append(quick_run.Item("fast", stage, seconds, why, "cmd", record, warmed=warmed))
+        return {item.name: item for item in quick_run.Plan(items, 1000, cold_cache).kept}
+
+    rest = quick_run.TIMED_REST_S["fast"] + 0.1 + quick_run.QUICK_REPEATS * 0.5
+    cold = plan(cold_cache=True)  # the newest run of the same CPU with cold compiles: a stage's own, else the slowest
+    assert [cold[s].seconds - rest for s in warm] == pytest.approx([40.0, 30.0, 40.0])
+    assert "this machine's compile cache is empty" in cold["fast_4_padded_vocab"].why
+    warm_cache = plan(cold_cache=False)  # as before: only the first, which no stage before it compiles for
+    assert [warm_cache[s].seconds - rest for s in warm] == pytest.approx([40.0, 2.0, 2.5])
+    seen = plan(cold_cache=True, folder="kept-seen")  # fast_3 loaded what fast_2 compiled cold in that run
+    assert "fast_2_bf16, which compiles its graphs, does not run before it" in seen["fast_3_sdpa"].why
+    seen = plan(cold_cache=True, folder="kept-seen", stages=("fast_2_bf16", "fast_3_sdpa"))  # and fast_2 runs first
+    assert seen["fast_3_sdpa"].seconds - rest == pytest.approx(2.0) and "cold" not in seen["fast_3_sdpa"].why
+
+
+def test_the_compile_cache_is_empty_until_a_process_compiles_into_it(tmp_path, monkeypatch):
+    """The plan reads the folder the stages compile into: TORCHINDUCTOR_CACHE_DIR, or Inductor's default."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    assert quick_run.compile_cache_is_empty()
+    compile_one = "import torch; torch.compile(lambda x: x.sin() * 2)(torch.ones(3))"
+    subprocess.run([sys.executable, "-c", compile_one], check=True, timeout=300)
+    assert not quick_run.compile_cache_is_empty()
