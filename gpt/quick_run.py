@@ -188,6 +188,7 @@ def warmed(record: dict, folder: Path, rel: Path) -> Warmed | None:
 
 
 def is_cold(record: dict | None) -> bool:
+    """Whether a stage's record (None where none finished) compiled every graph anew, loading none from the cache."""
     return bool(record) and record.get("metrics", {}).get("compile_cache") == "cold"
 
 
