@@ -8,10 +8,6 @@ class UserError(Exception):
     """An error the user can fix (bad flag, missing data, impossible shape); its message is the fix."""
 
 
-class CannotSimulate(UserError):
-    """The memory planner cannot simulate this stage with what this machine has (the chunked loss without its op)."""
-
-
 def exit_on_user_error(main):
     """Decorate a CLI entry point: a UserError becomes `error: <message>` and exit code 2."""
 

@@ -52,6 +52,10 @@ GPU_TESTS_CAP_S = 90.0  # the GPU tests' share of a quick run, at most: where th
 # nothing to a loss (the quick run's own stages do both on the GPU).
 GPU_TESTS_MARKERS = "gpu and quick"
 GPU_TESTS = "gpu tests"  # their item's section in the plan
+PLANNER = "memory planner"  # the section of the planner's reports, after the memory ladder (gpt/run_all.py)
+# A gpt.memory process besides its report's own seconds: its imports, 2.7-4.0 s on the 2-core Zen 4 EPYC, which is also
+# what a reused report costs in all (2.9 s there).
+PLANNER_START_S = 5.0
 GPU_TESTS_FILE = "gpu_tests.json"  # in the run's folder: their command, exit code, seconds and closing line
 RUN_FILE = "quick_run.json"  # in the run's folder: each quick run's plan and wall clocks (write_summary)
 NOT_RUN_PREFIX = "not run: the quick run's "  # the reason of every record of a stage a quick run had no time for
@@ -255,7 +259,8 @@ class Figures:
     6. a timed stage: its ladder's slowest stage by rules 2 to 4;
     7. none (a profile without records, as the tests' smoke): 0 s, the limit alone bounds it.
 
-    The GPU tests' seconds (`gpu_tests`): this kind's newest committed run of them (gpu_tests.json), else their cap.
+    The GPU tests' seconds (`gpu_tests`): this kind's newest committed run of them (gpu_tests.json), else their cap;
+    the memory planner's reports' (`planner`): their own rules.
     """
 
     own: Path  # this run's folder
@@ -344,6 +349,34 @@ class Figures:
     def any_record(self, stage, rel):
         """Rules 2 to 4: a timed stage's figure from any record of it."""
         return self.measured(stage, rel, False) or self.recorded(stage, rel, False) or self.elsewhere(stage, rel, False)
+
+    def planner(self, file: str, reused: Path | None, machine_independent: bool, bound: str | None = None):
+        """A memory-planner report's expected seconds, launch to exit, and their rule: the first that has a figure.
+
+        `file`: its record's name in a run's folder. The rules:
+        1. reused (`reused`: the committed record it will copy, computed from the same code, torch and arguments):
+           PLANNER_START_S, the process's start-up;
+        2. computed: the report's `seconds` in this folder (an earlier quick run's), then in this kind's committed
+           folders, then, for one that does not depend on the machine (reference, fit), in the committed CPU run's (a
+           2-core machine's); plus PLANNER_START_S;
+        3. on a GPU, the `seconds` of the report in `bound` (compare: the reference report, which estimates the same
+           five memory stages, the reference profile's for CUDA, three ways each): an upper bound;
+        4. none: 0 s, the limit bounds it."""
+        if reused:
+            return PLANNER_START_S, f"start-up only: reused from {reused.parent.name}, its code and torch unchanged"
+        cpu_run = published_dir("cpu", "cpu")
+        found = [(folder, file) for folder in [self.own, *self.committed] + ([cpu_run] * machine_independent)]
+        if bound and self.device == "cuda":
+            found += [(folder, bound) for folder in [*self.committed, cpu_run]]
+        for folder, name in found:
+            if (seconds := (read_record(folder / name) or {}).get("seconds")) is not None:
+                where = "this folder's last run" if folder == self.own else folder.name
+                of = f" its {Path(name).stem} (an upper bound)" if name != file else ""
+                return (
+                    PLANNER_START_S + seconds,
+                    f"{where}:{of} {seconds:.0f} s computing + start-up {PLANNER_START_S:g}",
+                )
+        return 0.0, "no figure: the limit bounds it"
 
     def gpu_tests(self) -> tuple[float, str]:
         """The GPU tests' expected seconds and where they come from: this kind's committed run of them, else the cap."""
@@ -492,7 +525,8 @@ def print_plan(plan: Plan, limit_label: str, source: str) -> None:
     for section in dict.fromkeys(item.section for item in plan.dropped):
         left = [item for item in plan.dropped if item.section == section]
         expected = minutes(sum(item.seconds for item in left))
-        print(f"   not run, no room in the plan: {section}, {len(left)} of its runs ({expected}): {left[0].command}")
+        commands = "; ".join(dict.fromkeys(item.command for item in left))  # a section's, or each planner report's
+        print(f"   not run, no room in the plan: {section}, {len(left)} of its runs ({expected}): {commands}")
     print(f"total: {minutes(sum(item.seconds for item in plan.kept))}", flush=True)
 
 

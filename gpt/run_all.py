@@ -169,17 +169,10 @@ def prepare_data(profile: str, sections: list[str]) -> None:
 
 
 def say_what_cannot_run(jobs: list["Job"], profile: str, device: str) -> None:
-    """One line for each stage that cannot run here or gives way to the full loss, before the first stage runs.
-
-    A stage gives way to the full loss for want of a chunked implementation. The records and results.md say it again."""
-    from gpt.optimizations import chunked_loss
-
+    """One line for each stage that cannot run here, before the first stage runs (its record says it again)."""
     for job in jobs:
-        cfg = job.config(profile, device)
-        if reason := optimizations.why_cannot_run(cfg, device):
+        if reason := optimizations.why_cannot_run(job.config(profile, device), device):
             print(f"   {job.name} cannot run here: {reason}")
-        elif missing := chunked_loss.missing_here(cfg, device):
-            print(f"   {job.name} computes the full loss here: {missing}")
 
 
 def stage_command(stage: str, profile: str, device: str, wandb: str, out: Path) -> list[str]:
@@ -432,32 +425,39 @@ def not_run_reason(args, record: Path) -> str | None:
     return None
 
 
-def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
-    """The GPU memory planner's three reports (gpt/memory), run after the ladders.
+def planner_commands(out: Path, reuse_from: Path | None) -> dict[str, list[str]]:
+    """The memory planner's reports by name, each one's `python -m gpt.memory` arguments but its --json.
 
-    After them so they never share the CPU with a timed stage. The reports: estimates vs this run's measured peaks, vs
-    the documented H100 peaks, and the largest model that fits 80 GiB. Their JSON files become the report's "Memory
-    planner" section. The last two do not depend on the machine: `reuse_from`'s are reused while their code is
-    unchanged (gpt/record_reuse.py)."""
-
-    def reuse(name: str) -> list[str]:
-        reusable = reuse_from and name in MACHINE_INDEPENDENT
-        return ["--reuse", str(reuse_from / report_file(name))] if reusable else []
-
+    With --reuse of `reuse_from`'s record for those that do not depend on the machine (gpt/record_reuse.py)."""
     commands = {
         "compare": ["compare", "--runs", str(out)],
         "reference": ["reference"],
         "fit": ["fit", "--budget-gib", "80"],
     }
+    for name in MACHINE_INDEPENDENT:
+        if reuse_from:
+            commands[name] += ["--reuse", str(reuse_from / report_file(name))]
+    return commands
+
+
+def run_memory_planner(out: Path, reuse_from: Path | None, args=None) -> None:
+    """The GPU memory planner's three reports (gpt/memory), run after the ladders.
+
+    After them so they never share the CPU with a timed stage. The reports: estimates vs this run's measured peaks, vs
+    the documented H100 peaks, and the largest model that fits 80 GiB. Their JSON files become the report's "Memory
+    planner" section. The last two do not depend on the machine: `reuse_from`'s are reused while their code is
+    unchanged (gpt/record_reuse.py). A quick run (`args`) runs them one at a time, as its plan has them."""
+    commands = planner_commands(out, reuse_from)
+    if args is not None and args.plan:
+        return run_planner_in_turn(commands, out, args)
     running = {}  # side by side: each is one busy Python thread, and no timing is left to disturb
-    for name, args in commands.items():
-        args = [*args, *reuse(name)]
+    for name, argv in commands.items():
         log = (out / report_file(name)).with_suffix(".log")
-        print(f"[planner] python -m gpt.memory {' '.join(args)}  (log: {log})", flush=True)
+        print(f"[planner] python -m gpt.memory {' '.join(argv)}  (log: {log})", flush=True)
         with open(log, "w") as f:
             running[name] = (
                 subprocess.Popen(
-                    [sys.executable, "-m", "gpt.memory", *args, "--json", str(out / report_file(name))],
+                    [sys.executable, "-m", "gpt.memory", *argv, "--json", str(out / report_file(name))],
                     stdout=f,
                     stderr=subprocess.STDOUT,
                 ),
@@ -466,6 +466,47 @@ def run_memory_planner(out: Path, reuse_from: Path | None) -> None:
     for name, (proc, log) in running.items():
         if (rc := proc.wait()) != 0:
             print(f"[planner] {name} failed (exit {rc}); see {log}")
+
+
+def run_planner_in_turn(commands: dict[str, list[str]], out: Path, args) -> None:
+    """A quick run's planner reports in turn: each its plan has room for (or its time left), stopped at its limit.
+
+    One left out is not in the run's folder, so that the page shows no earlier run's report as this one's."""
+    for name, argv in commands.items():
+        record = out / report_file(name)
+        if reason := not_run_reason(args, record):
+            record.unlink(missing_ok=True)
+            print(f"[planner] {name}: {reason}", flush=True)
+            continue
+        log = record.with_suffix(".log")
+        print(f"[planner] python -m gpt.memory {' '.join(argv)}  (log: {log})", flush=True)
+        t0 = time.monotonic()
+        try:
+            rc = run_stage(
+                [sys.executable, "-m", "gpt.memory", *argv, "--json", str(record)], log, lambda s: None, args.deadline
+            )
+        except TimeLimitReached:
+            print(f"[planner] {name}: {quick_run.STOPPED.format(limit=args.deadline.label)}", flush=True)
+            continue
+        args.plan.item_of(record).wall_s = time.monotonic() - t0
+        if rc != 0:
+            print(f"[planner] {name} failed (exit {rc}); see {log}")
+
+
+def planner_items(args, figures: quick_run.Figures, out: Path, reuse_from: Path | None) -> list[quick_run.Item]:
+    """A quick plan's memory-planner reports, after the memory ladder: each reused, or computed in its recorded time."""
+    from gpt.memory.__main__ import reusable  # the planner's own arguments decide whether it will reuse a record
+
+    items = []
+    for name, argv in planner_commands(out, reuse_from).items():
+        record = out / report_file(name)
+        source = Path(argv[argv.index("--reuse") + 1]) if "--reuse" in argv else None
+        reused = source if source and reusable(argv, source) else None
+        bound = report_file("reference") if name == "compare" else None
+        seconds, why = figures.planner(report_file(name), reused, name in MACHINE_INDEPENDENT, bound)
+        command = shlex.join(["python", "-m", "gpt.memory", *argv, "--json", str(record)])
+        items.append(quick_run.Item(quick_run.PLANNER, name, seconds, why, command, record))
+    return items
 
 
 def run_to_a_loss(args, profile: str, device: str, out: Path, progress: Progress) -> tuple[int, bool]:
@@ -689,7 +730,7 @@ def run(args, device: str, profile: str, out: Path) -> int:
     if device == "cpu" and not interrupted:
         remeasure_cpu_peak(out, rounds)
     if "memory" in ladders and not interrupted:
-        run_memory_planner(out, None if args.fresh else published_dir(profile, device))
+        run_memory_planner(out, planner_reuse_from(args, profile, device), args)
 
     # the run's wall clock, data and planner included, for the README's run time (gpt/report/readme.py: run_time)
     wall_s = round(time.perf_counter() - started, 1)
@@ -721,6 +762,8 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
         seconds, why, warmed = figures.seconds(job.stage, rel, job.to_a_loss)
         cannot_run = figures.cannot_run(job.stage, rel, job.to_a_loss)
         items.append(quick_run.Item(section, job.name, seconds, why, command, job.record, cannot_run, warmed=warmed))
+    if "memory" in run_sections_of(args):
+        items += planner_items(args, figures, out, planner_reuse_from(args, profile, device))
     limit_min = args.time_limit or quick_run.DEFAULT_LIMIT_MIN[device]
     # a GPU planned from elsewhere (--gpu) is planned as a lent one starts: with nothing compiled
     cold_cache = bool(args.gpu) or quick_run.compile_cache_is_empty()
@@ -730,6 +773,11 @@ def quick_plan(args, profile: str, device: str, out: Path) -> quick_run.Plan:
     source += ", for a machine whose compile cache is empty" if cold_cache else ""
     quick_run.print_plan(plan, quick_run.minutes(60 * limit_min), source)
     return plan
+
+
+def planner_reuse_from(args, profile: str, device: str) -> Path | None:
+    """The committed folder whose planner reports a run reuses where still valid: its own kind's; none with --fresh."""
+    return None if args.fresh else published_dir(profile, device)
 
 
 def planned_jobs(args, profile: str, out: Path) -> list[tuple[str, Job]]:

@@ -61,7 +61,7 @@ def parse_args(stage: str, argv: list[str]) -> argparse.Namespace:
         "--loss-impl",
         choices=["auto", *chunked_loss.IMPLEMENTATIONS],
         help="who computes the chunked loss (loss='chunked' stages): auto picks the first available "
-        "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy)",
+        "of torch (PyTorch >= 2.12), liger (liger-kernel), cce (cut-cross-entropy), plain (plain PyTorch, everywhere)",
     )
     p.add_argument(
         "--no-profiler",

@@ -8,8 +8,9 @@ backward writes their gradient). The fused op computes the head, the loss and it
 of rows: each chunk's logits are used while they are in cache and are never stored for backward. Same loss
 and gradients up to float summation order; under bf16 the op returns the loss rounded to bf16 (the logged
 loss moves by up to ~1%; the gradients carry bf16's rounding, as under autocast). torch.compile leaves the
-op eager (a graph break). Three libraries implement it: PyTorch's F.linear_cross_entropy (2.12 and newer),
-liger-kernel and Cut Cross-Entropy (Triton, CUDA); the record's choices.loss_impl names the one that ran.
+op eager (a graph break). Four implementations: PyTorch's F.linear_cross_entropy (2.12 and newer),
+liger-kernel and Cut Cross-Entropy (Triton, CUDA), and plain PyTorch's chunks (every torch and device); the
+record's choices.loss_impl names the one that ran.
 With a small vocabulary there is nothing for it to save: a run for time on a CPU uses it only where it was
 measured faster than the full loss at the stage's shape, else keeps the full loss and says so (the lean ladder,
 a run for memory, keeps it whatever the time).

@@ -115,7 +115,8 @@ def private_machine_cache(tmp_path_factory):
 
 
 # Tests of the chunked loss through PyTorch's own op (F.linear_cross_entropy, PyTorch 2.12 and newer). On an
-# older torch the stages fall back to liger-kernel or Cut Cross-Entropy on CUDA, checked in tests/test_gpu.py.
+# older torch the stages compute it with liger-kernel or Cut Cross-Entropy on CUDA (tests/test_gpu.py), else with
+# plain PyTorch's chunks (tests/optimizations/test_chunked_loss.py).
 TORCH_CHUNKED_LOSS = chunked_loss.installed("torch")
 NO_TORCH_CHUNKED_LOSS = f"needs F.linear_cross_entropy of {chunked_loss.torch_op_needed()}"
 needs_torch_chunked_loss = pytest.mark.skipif(not TORCH_CHUNKED_LOSS, reason=NO_TORCH_CHUNKED_LOSS)

@@ -1638,6 +1638,7 @@ def test_the_kept_torch_211_ladders_show_what_their_note_and_docs_install_say():
     Seen failing with the note's range typed 0.90x-1.25x, its plan 220 s for 221 s, its loads 0.23, 1.59, 1.66, and
     lean_1's peak patched to 380.26 MiB in its record."""
     from gpt.ladder import stages_of
+    from gpt.quick_run import minutes
     from gpt.records import read_record
 
     kept, now = REPO / "records" / "cpu-epyc-bf16-2026-12-07-torch211-ladders", REPO / "records" / "cpu-cpu"
@@ -1677,4 +1678,7 @@ def test_the_kept_torch_211_ladders_show_what_their_note_and_docs_install_say():
     assert f"{min(ratios):.2f}x-{max(ratios):.2f}x" in note
     memory = [r for r in read_record(kept / "quick_run.json")["runs"] if r["items"][0]["section"] == "memory"]
     assert [f"({r['wall_s']:.0f} s against {r['planned_s']:.0f} s)" in note for r in memory] == [True]
+    running = " ".join((REPO / "docs" / "running.md").read_text().split())
+    said = f"planned {minutes(memory[0]['planned_s'])} and took {minutes(memory[0]['wall_s'])}"
+    assert said in running  # the quick run's planner paragraph, which quotes this run
     assert "records/cpu-epyc-bf16-2026-12-07-torch211-ladders/note.md" in (REPO / "docs" / "install.md").read_text()

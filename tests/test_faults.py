@@ -166,7 +166,7 @@ def test_run_all_goes_on_after_a_rank_is_killed(stage, stub_stages, char_data, m
             else stub_command(name, *args)
         ),
     )
-    monkeypatch.setattr(run_all, "run_memory_planner", lambda out, reuse_from: None)
+    monkeypatch.setattr(run_all, "run_memory_planner", lambda out, reuse_from, args=None: None)
     monkeypatch.setattr(run_all, "SECTIONS", timed_ladders())  # the ladders only: no training to a loss after them
     ended, real_run_stage = {}, run_all.run_stage
 

@@ -11,11 +11,12 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import pytest
 import torch
-from conftest import NO_TORCH_CHUNKED_LOSS, REPO, TORCH_CHUNKED_LOSS, smoke_stage_argv
+from conftest import REPO, smoke_stage_argv
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gpt import allocator_snapshot as snapshot
@@ -115,8 +116,6 @@ ON_DEMAND = {"lean_1_fsdp_bf16", "lean_2_chunked_loss"}
     "stage", [pytest.param(s, marks=pytest.mark.slow) if s in ON_DEMAND else s for s in IN_PROCESS + TWO_PROCESSES]
 )
 def test_estimate_matches_the_measured_smoke_peak(stage, char_data, tmp_path):
-    if stage_config(stage, "smoke").loss == "chunked" and not TORCH_CHUNKED_LOSS:
-        pytest.skip(NO_TORCH_CHUNKED_LOSS)
     record = measured_record(stage, char_data, tmp_path)
     [row] = compare_records([record], progress=lambda _: None)
     assert row["target"] == "cpu"
@@ -302,6 +301,16 @@ def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchange
     started.clear()
     run_all.run_memory_planner(tmp_path, None)  # --fresh
     assert len(started) == 3 and not any("--reuse" in cmd for cmd in started)
+
+
+def test_a_report_records_the_seconds_it_computed_for_a_quick_runs_plan(tmp_path, monkeypatch):
+    """compare's record (reference's and fit's too) holds its computation's seconds: a quick run plans with them."""
+    from gpt.memory import __main__ as cli
+
+    write_record(tmp_path / "speed_0_baseline.json", {"stage": "speed_0_baseline", "status": "ok", "profile": "smoke"})
+    monkeypatch.setattr(cli, "compare_records", lambda records, runner: time.sleep(0.2) or [])
+    assert cli._main(["compare", "--runs", str(tmp_path), "--json", str(tmp_path / "memory_compare.json")]) == 0
+    assert 0.2 <= read_record(tmp_path / "memory_compare.json")["seconds"] < 60
 
 
 def test_command_line_entry_point():
@@ -704,8 +713,6 @@ def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
 
     The GPU's peak leaves out the sharded parameters, their gradients and AdamW's state (host memory) but keeps a unit's
     gathered parameters, the activations, and the shards in transit."""
-    if not TORCH_CHUNKED_LOSS:
-        pytest.skip(NO_TORCH_CHUNKED_LOSS)  # the planner simulates the chunked loss with PyTorch's op
     lean_2, lean_3 = (
         estimate(stage_config(s, "smoke"), 80, "cuda") for s in ("lean_2_chunked_loss", "lean_3_cpu_offload")
     )
@@ -721,30 +728,21 @@ def test_cpu_offload_keeps_the_sharded_state_in_host_memory():
         estimate(stage_config("lean_3_cpu_offload", "smoke"), 80, "cpu")
 
 
-def test_a_stage_the_planner_cannot_simulate_is_a_row_with_the_reason(monkeypatch, tmp_path):
-    """A stage the planner cannot simulate is a row with the reason.
+def test_without_pytorchs_op_the_planner_simulates_the_chunked_loss_with_the_plain_one(monkeypatch, tmp_path):
+    """On a torch without F.linear_cross_entropy (2.11) the planner still estimates the chunked-loss stages.
 
-    With torch 2.11 (no F.linear_cross_entropy) the chunked-loss stages cannot be simulated: `compare` keeps the other
-    stages and says why for that one, and the report shows the reason."""
+    It simulates "plain" (gpt/optimizations/chunked_loss.py), the implementation such a torch runs: a row with an
+    estimate where, before it, the row had none and a reason. Its estimate holds one chunk of logits where the full
+    loss holds them all: below the full loss's at this vocabulary and chunk."""
+    from gpt.optimizations import chunked_loss
+
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
-    cfg = stage_config("fast_6_chunked_loss", "smoke").to_dict()
-    record = {
-        "stage": "fast_6_chunked_loss",
-        "status": "ok",
-        "config": cfg,
-        "model": {"vocab_size": 80},
-        "device": {"type": "cuda"},
-        "metrics": {"peak_memory_mib": 123.0},
-    }
-    [row] = compare_records([record], progress=lambda _: None)
-    assert row["estimate_mib"] is None and row["error_pct"] is None and row["measured_mib"] == 123.0
-    assert row["notes"] == [
-        "not estimated: the planner simulates the chunked loss with F.linear_cross_entropy, "
-        f"which needs PyTorch 2.12 or newer (this is {torch.__version__})"
-    ]
-    write_record(tmp_path / "memory_compare.json", {"kind": "compare", "profile": "smoke", "stages": [row]})
-    lines = planner_section(tmp_path, tmp_path / "plots", "plots")
-    assert f"- `fast_6_chunked_loss`: {row['notes'][0]}" in lines
+    monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
+    estimates = {}
+    for loss in ("chunked", "full"):
+        cfg = dataclasses.replace(stage_config("lean_2_chunked_loss", "smoke"), loss=loss)
+        estimates[loss] = estimate(cfg, 4096, "cpu")
+    assert estimates["chunked"].peak_mib < estimates["full"].peak_mib, {k: e.peak_mib for k, e in estimates.items()}
 
 
 def test_a_cuda_record_is_compared_on_what_the_planner_predicts(tmp_path):

@@ -157,10 +157,10 @@ def test_where_the_timed_stage_cannot_run_it_stops_in_one_line_before_training(c
 
 
 def test_on_a_torch_without_the_chunked_op_t_b_is_timed_with_the_full_loss(monkeypatch):
-    """On a torch without the chunked op, t(B) is timed with the full loss.
+    """On a torch without the chunked op, t(B) is timed with the full loss, and the noise scale runs.
 
-    torch 2.11 has no F.linear_cross_entropy: speedrun_1, a run for time, computes the full loss there, so the noise
-    scale runs instead of refusing."""
+    torch 2.11 has no F.linear_cross_entropy: speedrun_1, a run for time at the character vocabulary, computes the full
+    loss there as everywhere (chunked_loss.narrow_vocabulary_rule)."""
     monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)  # as on torch 2.11
     timed = stage_config(noise_scale.TIMED_WITH, "smoke", device="cpu")
     assert noise_scale.optimizations.why_cannot_run(timed, "cpu") is None

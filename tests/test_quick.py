@@ -151,7 +151,8 @@ def test_a_dry_run_prepares_runs_and_writes_nothing(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(subprocess, "Popen", nothing)
     out = tmp_path / "q"
     memory = dry_run(capsys, "--gpu", "H200", "--only", "memory", "--out", str(out))
-    assert [line.split(": ")[1].split()[0] for line in memory[2:-1]] == run_all.stages_of("memory")
+    planned = [line.split(": ")[1].split()[0] for line in memory[2:-1]]
+    assert planned == [*run_all.stages_of("memory"), "compare", "reference", "fit"]  # then the planner's reports
     cpu = dry_run(capsys, "--device", "cpu", "--out", str(out))
     assert "cpu-cpu's wall clock" in cpu[2] and cpu[-1].startswith("total: ")
     assert not out.exists()
@@ -305,3 +306,71 @@ def test_the_compile_cache_is_empty_until_a_process_compiles_into_it(tmp_path, m
     compile_one = "import torch; torch.compile(lambda x: x.sin() * 2)(torch.ones(3))"
     subprocess.run([sys.executable, "-c", compile_one], check=True, timeout=300)
     assert not quick_run.compile_cache_is_empty()
+
+
+def test_a_planner_report_is_planned_at_its_start_up_where_reused_else_at_its_recorded_seconds(tmp_path):
+    """Figures.planner: a reused report costs its start-up; one computed, the seconds its nearest record took.
+
+    This folder's earlier run first, then this kind's committed folders, then (reference and fit, which do not depend
+    on the machine) the committed CPU run's; on a GPU, compare is bounded by the reference report's seconds; without
+    a figure, 0 s. Before this rule the memory quick run on torch 2.11 planned 221 s and took 449 s: the three reports
+    were not planned and ran past its stages' deadline (records/cpu-epyc-bf16-2026-12-07-torch211-ladders/note.md)."""
+    own, committed, start = tmp_path / "own", tmp_path / "h100-x", quick_run.PLANNER_START_S
+    cpu_run = quick_run.published_dir("cpu", "cpu")
+    figures = quick_run.Figures(own, [committed], "reference", "cuda")
+    reused = figures.planner("memory_fit.json", committed / "memory_fit.json", True)
+    assert reused == (start, "start-up only: reused from h100-x, its code and torch unchanged")
+    assert figures.planner("memory_nothing.json", None, False) == (0.0, "no figure: the limit bounds it")
+    if (cpu_fit := read_record(cpu_run / "memory_fit.json") or {}).get("seconds") is not None:
+        assert figures.planner("memory_fit.json", None, True)[0] == start + cpu_fit["seconds"]
+    write_record(committed / "memory_fit.json", {"seconds": 100.0})
+    assert figures.planner("memory_fit.json", None, True) == (
+        start + 100,
+        f"h100-x: 100 s computing + start-up {start:g}",
+    )
+    write_record(own / "memory_fit.json", {"seconds": 40.0})
+    assert figures.planner("memory_fit.json", None, True)[0] == start + 40
+    write_record(committed / "memory_reference.json", {"seconds": 70.0})
+    bounded = figures.planner("memory_compare.json", None, False, bound="memory_reference.json")
+    assert bounded == (start + 70, f"h100-x: its memory_reference (an upper bound) 70 s computing + start-up {start:g}")
+    on_a_cpu = quick_run.Figures(own, [committed], "cpu", "cpu")
+    assert on_a_cpu.planner("memory_compare.json", None, False, bound="memory_reference.json")[0] == 0.0
+
+
+def test_a_memory_quick_run_plans_the_planner_after_the_ladder_and_runs_in_turn_what_its_plan_keeps(
+    tmp_path, capsys, monkeypatch
+):
+    """`--quick --only memory`: the planner's three reports come after the memory ladder in the plan and the run.
+
+    The dry run plans each (reused where its committed record still holds, at its start-up); the run runs them one at
+    a time, each the plan kept, with its wall clock in quick_run.json's item; one left out says so with the command
+    that computes it, and an earlier run's file of it is removed, so that the page does not show it as this run's."""
+    out = tmp_path / "q"
+    lines = dry_run(capsys, "--gpu", "H100", "--only", "memory", "--time-limit", "60", "--out", str(out))
+    items = [line.split(": ", 1) for line in lines[2:-1]]
+    assert [(section.split()[-2:], name.split()[0]) for section, name in items][-3:] == [
+        (["memory", "planner"], report) for report in ("compare", "reference", "fit")
+    ]
+    assert [name.split()[0] for _, name in items[:-3]] == run_all.stages_of("memory")
+
+    # the plan keeps compare; reference does not fit, so fit is left out after it; 57 s left covers neither
+    reports = {"compare": 30.0, "reference": 500.0, "fit": 60.0}
+    plan = quick_run.Plan(
+        [
+            quick_run.Item(quick_run.PLANNER, name, s, "", f"python -m gpt.memory {name}", out / f"memory_{name}.json")
+            for name, s in reports.items()
+        ],
+        budget_s=100,
+    )
+    assert [i.name for i in plan.kept] == ["compare"]
+    out.mkdir()
+    (out / "memory_fit.json").write_text("{}")  # an earlier run's
+    args = run_all.parse_args(["--quick", "--only", "memory", "--out", str(out)])
+    args.plan, args.deadline = plan, quick_run.Deadline.starting_now(1.0)
+    started = []
+    monkeypatch.setattr(run_all, "run_stage", lambda cmd, log, show, deadline: started.append(cmd[3]) or 0)
+    run_all.run_memory_planner(out, None, args)
+    printed = capsys.readouterr().out
+    assert started == ["compare"] and plan.item_of(out / "memory_compare.json").wall_s is not None
+    assert "[planner] fit: not run: the quick run's plan for 1 min 0 s had no room for it" in printed
+    assert "(`python -m gpt.memory reference` runs it)" in printed and not (out / "memory_fit.json").exists()

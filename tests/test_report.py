@@ -992,19 +992,18 @@ def test_a_quick_run_at_smoke_shapes_trains_every_section_it_plans(tmp_path):
 
 
 def test_the_run_says_at_its_start_what_cannot_run_here(capsys, monkeypatch):
-    """The run says at its start what cannot run here.
+    """The run says at its start what cannot run here: one line per stage that will record itself skipped.
 
-    Before the first stage: one line per stage that will be skipped, and per stage that computes the full loss for want
-    of a chunked implementation (here: as on torch 2.11)."""
+    Here lean_3 (nothing to offload to on a CPU). The chunked-loss stages run on a torch without PyTorch's op (as on
+    torch 2.11): the plain-PyTorch implementation stands in (gpt/optimizations/chunked_loss.py)."""
     from gpt.optimizations import chunked_loss
 
     monkeypatch.setattr(chunked_loss, "torch_op_takes_our_call", lambda: False)
-    jobs = run_all.ladder_jobs(["fast_5_fused_adamw", "fast_6_chunked_loss", "lean_2_chunked_loss"], Path("/tmp"))
-    run_all.say_what_cannot_run(jobs, "smoke", "cpu")
+    stages = ["fast_5_fused_adamw", "fast_6_chunked_loss", "lean_2_chunked_loss", "lean_3_cpu_offload"]
+    run_all.say_what_cannot_run(run_all.ladder_jobs(stages, Path("/tmp")), "smoke", "cpu")
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["fast_6_chunked_loss", "lean_2_chunked_loss"]
-    assert "computes the full loss here: the chunked loss on a cpu needs PyTorch 2.12" in lines[0]
-    assert "cannot run here: the chunked loss on a cpu needs PyTorch 2.12" in lines[1]
+    assert [line.split()[0] for line in lines] == ["lean_3_cpu_offload"]
+    assert "cannot run here: nothing to offload to: without a GPU" in lines[0]
     assert run_all.loss_stages(["speedrun"]) == ["speed_0_baseline", *stages_of("speedrun")]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, needs_torch_chunked_loss
+from conftest import REPO
 from equivalence import NO_CLIP, real_rows, tiny_config, train_with_grads
 from test_time_to_loss import learning_budget
 
@@ -62,7 +62,6 @@ def test_the_systems_stage_changes_only_what_the_fast_ladder_proves_keeps_the_mo
     assert not differ & {"batch_size", "lr", "min_lr", "betas", "train_tokens", "lr_decay_tokens", "seed"}
 
 
-@needs_torch_chunked_loss
 def test_the_systems_stage_computes_the_baselines_gradients(char_data):
     """The systems stage's settings give the baseline's first-step gradients, up to float32 reassociation.
 
@@ -632,43 +631,48 @@ def torch_211_image(monkeypatch):
 
 
 @pytest.mark.parametrize("stage", SPEEDRUN)
-def test_every_speedrun_stage_runs_on_a_cuda_image_without_a_chunked_loss(stage, torch_211_image, monkeypatch):
-    """Every speedrun stage runs on a CUDA image without a chunked loss, computing the full loss.
+def test_every_speedrun_stage_runs_on_a_cuda_image_without_a_chunked_loss_library(stage, torch_211_image, monkeypatch):
+    """Every speedrun stage runs on a CUDA image with torch 2.11 and no library, computing the full loss by rule.
 
-    The speedrun is judged by time: where no chunked implementation runs, its stages compute the full loss and say so
-    (the record's choices), instead of being skipped whole, as they were on torch 2.11."""
+    The speedrun is judged by time: its character vocabulary is no wider than the model, so its stages compute the
+    full loss (chunked_loss.narrow_vocabulary_rule) and say so in the record's choices, instead of being skipped
+    whole, as they were on torch 2.11 before the full loss stood in."""
     cfg = stage_config(stage, "reference")
-    assert cfg.loss == "chunked"  # speedrun_1 asks for it; the fallback is the device's, not the config's
+    assert cfg.loss == "chunked"  # speedrun_1 asks for it; the rule is the vocabulary's, not the config's
     assert why_cannot_run(cfg, "cuda") is None
     loss, why = chunked_loss.loss_used(cfg, "cuda", 80)
-    assert loss == "full" and why.startswith("kept the full loss: the chunked loss needs PyTorch 2.12")
+    assert loss == "full" and why.startswith("kept the full loss by rule: ")
     from gpt.optimizations import fused_attention
 
     monkeypatch.setattr(fused_attention, "measured_attention_choice", lambda cfg, device_type: ("sdpa", None))
     assert model_settings(cfg, "cuda", 80)["loss"] == "full"
 
 
-def test_a_run_for_memory_or_a_named_implementation_still_needs_the_chunked_loss(torch_211_image):
-    """A run for memory, or a loss implementation named by the user, still needs the chunked loss.
+def test_a_run_for_memory_computes_the_plain_chunked_loss_and_a_named_library_still_needs_installing(torch_211_image):
+    """On torch 2.11 without a library, lean_2 computes the chunked loss with plain PyTorch; a named library is needed.
 
-    lean_2's point is the logits it never holds, and an implementation asked for by name is the user's choice: both are
-    skipped with the reason rather than silently computing the full loss."""
-    assert why_cannot_run(stage_config("lean_2_chunked_loss", "reference"), "cuda").startswith("the chunked loss")
+    lean_2's point is the logits it never holds: "plain" holds one chunk of them on any torch. An implementation
+    asked for by name is the user's choice: without it the stage is skipped with the reason."""
+    lean_2 = stage_config("lean_2_chunked_loss", "reference")
+    assert chunked_loss.why_unavailable(lean_2.loss_impl, "cuda") is None  # it needs 2 GPUs still (its FSDP)
+    assert chunked_loss.resolve(lean_2.loss_impl, "cuda") == "plain"
     named = stage_config("speedrun_1_systems", "reference", loss_impl="liger")
     assert why_cannot_run(named, "cuda") == "the chunked loss 'liger' needs `pip install liger-kernel`"
 
 
-def test_the_record_says_which_loss_and_attention_ran_and_why(torch_211_image):
+def test_the_record_says_which_loss_and_attention_ran_and_why(monkeypatch):
     """The record says which loss and attention ran, and why.
 
     The record's choices name the loss and the attention the model computed with, and why they are not the config's:
-    here speedrun_1's chunked loss on a torch without it."""
+    here speedrun_1's chunked loss, measured slower than the full one at its shape (the measurement stubbed)."""
     from gpt.model import GPTConfig
     from gpt.run_choices import model_choices
 
+    why = "kept the full loss: the chunked loss (plain) is slower on this CPU at this shape"
+    monkeypatch.setattr(chunked_loss, "measured_loss_choice", lambda cfg, vocab_size, device_type: ("full", why))
     cfg = stage_config("speedrun_1_systems", "smoke", attention="naive")
     got = model_choices(cfg, torch.device("cpu"), GPTConfig(vocab_size=65, loss="full", attention="naive"))
-    assert got["loss"] == "full" and got["loss_why"].startswith("kept the full loss: the chunked loss on a cpu needs")
+    assert got["loss"] == "full" and got["loss_why"] == why
     assert got["attention"] == "naive" and got["attention_why"] is None
 
 

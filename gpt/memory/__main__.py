@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from gpt import allocator_snapshot, record_reuse
 from gpt.allocator_snapshot import STACK_CATEGORIES
 from gpt.data import load_prepared
-from gpt.errors import CannotSimulate, UserError, exit_on_user_error
+from gpt.errors import UserError, exit_on_user_error
 from gpt.ladder import all_stages, declaration, lineage, stage_config
 from gpt.memory.estimator import TARGET_DEVICES, estimate
 from gpt.memory.planner import (
@@ -41,7 +42,7 @@ from gpt.memory.planner import (
 )
 from gpt.optimizations.parallel import is_distributed
 from gpt.peak_memory import MEMORY_PARTS
-from gpt.records import write_record
+from gpt.records import read_record, write_record
 from gpt.settings_profiles import PROFILES
 
 
@@ -194,6 +195,16 @@ def _jobs(args) -> int:
     return args.jobs
 
 
+def reusable(argv: list[str], source: Path) -> bool:
+    """Whether `python -m gpt.memory <argv> --reuse <source>` would copy `source` instead of computing its report."""
+    return record_reuse.still_valid(read_record(source), _reuse_key(parse_args(argv)))
+
+
+def _since(started: float) -> float:
+    """A report's seconds in its record: its computation, after the imports (a quick run plans with them)."""
+    return round(time.perf_counter() - started, 1)
+
+
 def _reuse_key(args) -> dict:
     """What a reference or fit report follows from besides the code (gpt/record_reuse.py).
 
@@ -310,6 +321,7 @@ def _mib(x: float) -> str:
 
 
 def cmd_reference(args) -> int:
+    started = time.perf_counter()
     if args.json and record_reuse.reuse_record(args.reuse, _reuse_key(args), args.json):
         return 0
     snapshots = reference_snapshots(args.snapshots)
@@ -379,6 +391,7 @@ def cmd_reference(args) -> int:
                 "variant": VARIANTS["reference"][0],
                 "stages": stages,
                 "figures": [{"figure": label, "value": value} for label, value in figures],
+                "seconds": _since(started),
                 "provenance": record_reuse.provenance(_reuse_key(args)),
             },
         )
@@ -397,6 +410,7 @@ def _with_error(value: float, documented: float) -> str:
 
 
 def cmd_fit(args) -> int:
+    started = time.perf_counter()
     budget = args.budget_gib * 1024
     if budget <= 0:
         raise UserError(f"--budget-gib must be positive, got {args.budget_gib:g}")
@@ -407,18 +421,13 @@ def cmd_fit(args) -> int:
     code = "reference" if args.reference_code else "project"
     print(f"Largest model within {args.budget_gib:g} GiB per GPU (target {args.target}, {VARIANTS[code][0]}).")
     print(f"Shape rule: {SHAPE_RULE}.")
-    rows, unestimated = [], []
+    rows = []
     with Runner(_jobs(args)) as runner:
         for label, stage, world, documented in fit_settings(args.world_sizes, args.budget_gib):
             print(f"  {label}:")
-            try:
-                found = largest_fit(
-                    stage, world, budget, args.target, code, runner, verify_max_layers=args.verify_max_layers
-                )
-            except CannotSimulate as e:  # the chunked loss without PyTorch's op to simulate it with
-                print(f"    not estimated: {e}")
-                unestimated.append(f"{label}: not estimated: {e}")
-                continue
+            found = largest_fit(
+                stage, world, budget, args.target, code, runner, verify_max_layers=args.verify_max_layers
+            )
             rows.append(
                 {"setting": label, "stage": stage, "world_size": world, **found, "documented_params": documented}
             )
@@ -434,7 +443,7 @@ def cmd_fit(args) -> int:
             f"  {r['setting']:<66}{r['n_layer']:>7}{r['params'] / 1e6:>11,.0f}M{r['peak_mib']:>11,.0f}"
             f"{r['next_peak_mib']:>11,.0f}{doc:>12}{host:>14}{mark}"
         )
-    notes = documented_shapes(rows) + unestimated
+    notes = documented_shapes(rows)
     notes += [
         f"{r['setting']}: the GPU holds the activations and one unit's gathered parameters; the sharded "
         f"parameters, their gradients and AdamW's state take {r['host_mib'] / 1024:,.0f} GiB of host memory "
@@ -462,6 +471,7 @@ def cmd_fit(args) -> int:
                 "code": VARIANTS[code][0],
                 "rows": rows,
                 "notes": notes,
+                "seconds": _since(started),
                 "provenance": record_reuse.provenance(_reuse_key(args)),
             },
         )
@@ -472,6 +482,7 @@ def cmd_fit(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    started = time.perf_counter()
     runs = Path(args.runs)
     if not runs.is_dir():
         raise UserError(f"no runs directory {runs}")
@@ -496,7 +507,8 @@ def cmd_compare(args) -> int:
     if skipped:
         print(f"  not compared (no measurement): {', '.join(skipped)}")
     if args.json:
-        write_record(Path(args.json), {"kind": "compare", "profile": ", ".join(profiles), "stages": rows})
+        record = {"kind": "compare", "profile": ", ".join(profiles), "stages": rows, "seconds": _since(started)}
+        write_record(Path(args.json), record)
     return 0
 
 

@@ -17,7 +17,7 @@ from gpt import allocator_snapshot
 from gpt.allocator_snapshot import STACK_CATEGORIES, MiB, cuda_block_bytes
 from gpt.config import TrainConfig
 from gpt.data import REPO_ROOT
-from gpt.errors import CannotSimulate, UserError
+from gpt.errors import UserError
 from gpt.ladder import declaration, stage_config, stages_of
 from gpt.memory.estimator import estimate
 from gpt.model import GPT, MLP, GPTConfig
@@ -99,12 +99,9 @@ class Runner:
         if jobs > 1:  # spawn: fresh processes, no inherited process group or fake mode
             self.pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
 
-    def map(self, specs: list[tuple], or_reason: bool = False):
-        """Estimates in the order of `specs`, each yielded as soon as it and those before it are done.
-
-        or_reason: a spec that cannot be estimated here yields the reason (a str) instead of raising."""
-        fn = _estimate_or_reason if or_reason else _estimate_spec
-        return map(fn, specs) if self.pool is None else self.pool.map(fn, specs)
+    def map(self, specs: list[tuple]):
+        """Estimates in the order of `specs`, each yielded as soon as it and those before it are done."""
+        return map(_estimate_spec, specs) if self.pool is None else self.pool.map(_estimate_spec, specs)
 
     def __enter__(self):
         return self
@@ -117,14 +114,6 @@ class Runner:
 def _estimate_spec(spec: tuple):
     cfg, vocab_size, target, variant = spec
     return estimate(cfg, vocab_size, target, adapt=VARIANTS[variant][1])
-
-
-def _estimate_or_reason(spec: tuple):
-    """An Estimate, or the one-line reason this spec cannot be estimated here (a str)."""
-    try:
-        return _estimate_spec(spec)
-    except CannotSimulate as e:
-        return str(e)
 
 
 def reference_snapshots(directory=None) -> dict:
@@ -524,13 +513,9 @@ def compare_records(records: list[dict], runner: Runner | None = None, progress=
         for r in measured
     ]
     rows = []
-    for rec, spec, est in zip(measured, specs, (runner or Runner()).map(specs, or_reason=True)):
+    for rec, spec, est in zip(measured, specs, (runner or Runner()).map(specs)):
         peak, what = compared_peak(rec)
         row = {"stage": rec["stage"], "measured_mib": round(peak, 2), "measured": what, "target": spec[2]}
-        if isinstance(est, str):  # e.g. the chunked loss without PyTorch's op to simulate it with
-            rows.append({**row, "estimate_mib": None, "error_pct": None, "notes": [f"not estimated: {est}"]})
-            progress(f"  {rec['stage']}: measured {peak:,.2f} MiB ({what}), not estimated: {est}")
-            continue
         err = 100 * (est.peak_mib / peak - 1)
         rows.append({**row, "estimate_mib": est.peak_mib, "error_pct": round(err, 2), "notes": est.notes})
         progress(f"  {rec['stage']}: measured {peak:,.2f} MiB ({what}), estimate {est.peak_mib:,.2f} MiB ({err:+.1f}%)")

@@ -1,12 +1,13 @@
 """The chunked linear + cross-entropy (loss="chunked": fast_6, lean_2): the output head and the loss by chunks of rows.
 
-The (rows x vocabulary) logits never exist at once. Three implementations, as this machine's torch and packages allow:
+The (rows x vocabulary) logits never exist at once. Four implementations, as this machine's torch and packages allow:
 
     torch   F.linear_cross_entropy (PyTorch 2.12 and newer), every device
     liger   liger-kernel's fused linear cross-entropy (Triton kernels; CUDA), `pip install liger-kernel`
     cce     Apple's Cut Cross-Entropy (Triton kernels; CUDA), `pip install cut-cross-entropy`
+    plain   ChunkedLinearCrossEntropy below: plain PyTorch ops chunk by chunk; every torch and device, nothing to add
 
-`loss_impl` "auto" takes the first of IMPLEMENTATIONS available on the device. All three give the full loss's loss
+`loss_impl` "auto" takes the first of IMPLEMENTATIONS available on the device. All four give the full loss's loss
 and gradients up to summation order: docs/design.md#beyond-the-book-the-fast-and-lean-ladders.
 """
 
@@ -22,13 +23,13 @@ import torch.nn.functional as F
 from gpt import machine_cache
 from gpt.config import TrainConfig
 from gpt.devices import device_label, synchronize
-from gpt.errors import CannotSimulate, UserError
+from gpt.errors import UserError
 from gpt.optimizations.compilation import compile_mode, cuda_graphs_rule
 from gpt.optimizations.optimization import Optimization, SimulationPlan
 from gpt.optimizations.precision import mixed_precision
 
 LOSSES = ("full", "chunked")  # the whole logits, then cross-entropy | chunk by chunk of rows
-IMPLEMENTATIONS = ("torch", "liger", "cce")  # also the order of preference of "auto"
+IMPLEMENTATIONS = ("torch", "liger", "cce", "plain")  # also the order of preference of "auto": fused kernels first
 PACKAGES = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}  # what to pip install for each
 MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 TRITON_ONLY = ("liger", "cce")  # their kernels are Triton: CUDA (or Triton's interpreter, in a test)
@@ -46,6 +47,8 @@ def installed(name: str) -> bool:
     """Whether implementation `name` is there (PyTorch's own op, or the library)."""
     if name == "torch":
         return torch_op_takes_our_call()
+    if name == "plain":
+        return True
     check_impl(name)
     return importlib.util.find_spec(MODULES[name]) is not None
 
@@ -82,7 +85,7 @@ def available(name: str, device_type: str) -> bool:
 def resolve(choice: str, device_type: str) -> str:
     """The implementation a run uses: `choice` ("auto": the first of IMPLEMENTATIONS available on the device).
 
-    A UserError says what to install when there is none, or the one asked for is missing."""
+    "auto" always finds one ("plain" runs everywhere); a UserError says what one asked for and missing needs."""
     if choice != "auto":
         check_impl(choice)
         if not installed(choice):
@@ -91,18 +94,7 @@ def resolve(choice: str, device_type: str) -> str:
                 + (f"`pip install {PACKAGES[choice]}`" if choice in PACKAGES else torch_op_needed())
             )
         return choice
-    for name in IMPLEMENTATIONS:
-        if available(name, device_type):
-            return name
-    if device_type == "cuda":
-        raise UserError(
-            f"the chunked loss needs {torch_op_needed()} for F.linear_cross_entropy, or liger-kernel or "
-            "cut-cross-entropy: pip install liger-kernel"
-        )
-    raise UserError(
-        f"the chunked loss on a {device_type} needs {torch_op_needed()} for F.linear_cross_entropy; "
-        "liger-kernel and cut-cross-entropy run on CUDA only"
-    )
+    return next(name for name in IMPLEMENTATIONS if available(name, device_type))
 
 
 def why_unavailable(choice: str, device_type: str) -> str | None:
@@ -143,6 +135,8 @@ def chunked_cross_entropy(
     bias = None if padding_bias is None else padding_bias.to(dtype)
     if impl == "torch":
         return F.linear_cross_entropy(x, weight, targets, linear_bias=bias, options=loss_chunking(device_type))
+    if impl == "plain":  # eager under torch.compile, as PyTorch's op is: unrolled, its chunks would be one big graph
+        return torch.compiler.disable(ChunkedLinearCrossEntropy.apply)(x, weight, bias, targets, LOSS_CHUNK_ROWS)
     check_impl(impl)
     # marked here, not where it is defined: the marker imports Dynamo, 1.1-1.5 s of `import gpt.stage` on the 2-core
     # EPYC, paid by `--help`, `--dry-run` and the report, which never compile (tests/test_layout.py)
@@ -165,6 +159,48 @@ def triton_library_loss(
 
     # no bias argument: the real rows only; filter_eps=None computes every gradient entry (exact)
     return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of `x @ weight.T + bias` against `targets`, `chunk` rows at a time, in plain PyTorch.
+
+    Forward keeps one float per row, its log-sum-exp; backward computes each chunk's logits again, and from them the
+    chunk's gradient of the logits, softmax - one-hot over the rows. So no more than one chunk of logits (and its
+    gradient) exists at once, for one more head matmul per step than the full loss. As the full loss does, it rounds
+    the logits to the inputs' dtype and takes the softmax in fp32; the weight's and bias's gradients are summed over
+    the chunks in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, targets, chunk):
+        n = x.shape[0]
+        total = x.new_zeros((), dtype=torch.float32)
+        lse = x.new_empty(n, dtype=torch.float32)
+        for rows in (slice(start, start + chunk) for start in range(0, n, chunk)):
+            logits = F.linear(x[rows], weight, bias).float()
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            total += (lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)).sum()
+        ctx.save_for_backward(x, weight, bias, targets, lse)
+        ctx.chunk = chunk
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, targets, lse = ctx.saved_tensors
+        n, chunk = x.shape[0], ctx.chunk
+        grad_x = torch.empty_like(x)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32)
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if ctx.needs_input_grad[2] else None
+        scale = grad.float() / n
+        for rows in (slice(start, start + chunk) for start in range(0, n, chunk)):
+            logits = F.linear(x[rows], weight, bias).float()
+            g = torch.exp(logits - lse[rows, None])  # the softmax, less one at each row's target below
+            g[torch.arange(g.shape[0], device=g.device), targets[rows]] -= 1
+            g = (g * scale).to(x.dtype)  # as autograd hands the full loss's logits their gradient
+            grad_x[rows] = g @ weight
+            grad_w += (g.t() @ x[rows]).float()
+            if grad_b is not None:
+                grad_b += g.float().sum(0)
+        return grad_x, grad_w.to(weight.dtype), None if grad_b is None else grad_b.to(bias.dtype), None, None
 
 
 def loss_chunking(device_type: str):
@@ -243,14 +279,11 @@ def time_head_and_loss(
 def loss_used(cfg: TrainConfig, device_type: str, vocab_size: int) -> tuple[str, str | None]:
     """The loss a stage computes, and why it is not the one its config asks for (None when it is).
 
-    A run for time with loss_impl "auto" computes the full loss, the same mathematics, where no chunked implementation
-    runs here or the chunked one was measured slower (under CUDA graphs: chunked, by rule). A run for memory, or one
-    that names its implementation, keeps the chunked loss: its point is the logits it never holds, or the library asked
-    for."""
+    A run for time with loss_impl "auto" computes the full loss, the same mathematics, where the chunked one was
+    measured slower (under CUDA graphs: chunked, by rule). A run for memory, or one that names its implementation,
+    keeps the chunked loss: its point is the logits it never holds, or the library asked for."""
     if not _falls_back(cfg):
         return cfg.loss, None
-    if missing := why_unavailable(cfg.loss_impl, device_type):
-        return "full", f"kept the full loss: {missing}"
     if narrow_vocabulary_rule(cfg, vocab_size):
         padded, dim = padded_vocabulary(cfg, vocab_size), cfg.model_shape["n_embd"]
         return "full", (
@@ -266,8 +299,8 @@ def loss_how(cfg: TrainConfig, device_type: str, vocab_size: int) -> str | None:
     """How the loss was chosen among those that run here (the record's choices.loss_how).
 
     "measured", a rule (narrow_vocabulary_rule; under CUDA graphs gpt/optimizations/compilation.py:cuda_graphs_rule),
-    or None where the config's loss runs unchosen, or no chunked implementation runs here (loss_why says so)."""
-    if not _falls_back(cfg) or why_unavailable(cfg.loss_impl, device_type):
+    or None where the config's loss runs unchosen."""
+    if not _falls_back(cfg):
         return None
     return (
         narrow_vocabulary_rule(cfg, vocab_size)
@@ -292,13 +325,6 @@ def narrow_vocabulary_rule(cfg: TrainConfig, vocab_size: int) -> str | None:
 def padded_vocabulary(cfg: TrainConfig, vocab_size: int) -> int:
     """The rows of the output head: `vocab_size` padded to a multiple of cfg.vocab_multiple (gpt/model.py)."""
     return -(-vocab_size // cfg.vocab_multiple) * cfg.vocab_multiple
-
-
-def missing_here(cfg: TrainConfig, device_type: str) -> str | None:
-    """Why a run for time computes the full loss on this device for want of a chunked implementation, or None.
-
-    None when the device has one, or the run does not fall back. Said once when a run starts."""
-    return why_unavailable(cfg.loss_impl, device_type) if _falls_back(cfg) else None
 
 
 def _falls_back(cfg: TrainConfig) -> bool:
@@ -377,7 +403,7 @@ def _no_effect(cfg: TrainConfig, device: torch.device) -> str | None:
 
 
 def _simulated_with_torch(plan: SimulationPlan) -> None:
-    """Have the memory planner simulate the chunked loss with PyTorch's own op, whichever implementation the stage uses.
+    """Have the memory planner simulate the chunked loss with PyTorch's own op (on an older torch, "plain"'s chunks).
 
     Triton kernels cannot run on fake tensors (liger also keeps the head's fp32 weight gradient from forward to
     backward, which PyTorch's does not). A CPU estimate computes the loss the stage's run chose."""
@@ -386,11 +412,7 @@ def _simulated_with_torch(plan: SimulationPlan) -> None:
     if plan.target == "cpu" and loss_used(plan.source, "cpu", plan.vocab_size)[0] == "full":
         plan.cfg.loss = "full"
         return
-    if not installed("torch"):
-        raise CannotSimulate(
-            f"the planner simulates the chunked loss with F.linear_cross_entropy, which needs {torch_op_needed()}"
-        )
-    plan.cfg.loss_impl = "torch"
+    plan.cfg.loss_impl = "torch" if installed("torch") else "plain"
 
 
 CHUNKED_LOSS = Optimization(

@@ -342,7 +342,8 @@ def gpu_quick_runs(runs: list[dict]) -> str:
     """A GPU quick run's commands (quick_run.json's runs): the first's wall clock and what ran, then each --resume's."""
 
     def ran(run: dict) -> str:
-        names = [item["name"] for item in run["items"] if item.get("ran") and item["section"] != "gpu tests"]
+        not_stages = (quick_run.GPU_TESTS, quick_run.PLANNER)
+        names = [item["name"] for item in run["items"] if item.get("ran") and item["section"] not in not_stages]
         sections = ", ".join(dict.fromkeys(item["section"] for item in run["items"] if item.get("ran")))
         return f"{quick_run.minutes(run['wall_s'])} ({len(names)} stage runs: {sections})"
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -77,6 +78,22 @@ def test_chunked_loss_matches_the_full_loss(small_chunks, char_data, vocab_multi
         torch.testing.assert_close(gc, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
 
 
+@pytest.mark.parametrize("vocab_multiple", [1, 64])
+def test_the_plain_chunked_loss_trains_the_full_losss_model(monkeypatch, char_data, vocab_multiple):
+    """The plain chunked loss in the model trains as the full loss does: the same losses and gradients, two steps.
+
+    loss_impl="plain" (what a torch without PyTorch's op, say 2.11, resolves to), 8 chunks a step, within the same
+    summation-order tolerance as PyTorch's op (CHUNK_RTOL, CHUNK_ATOL)."""
+    monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
+    full, grads_full = train_with_grads(tiny_config(char_data, vocab_multiple=vocab_multiple), 2)
+    cfg = tiny_config(char_data, vocab_multiple=vocab_multiple, loss="chunked", loss_impl="plain")
+    plain, grads_plain = train_with_grads(cfg, 2)
+    assert plain.gpt.config.loss == "chunked" and plain.gpt.config.loss_impl == "plain"
+    assert plain.losses == pytest.approx(full.losses, rel=CHUNK_RTOL)
+    for gp, gf in zip(grads_plain, grads_full):
+        torch.testing.assert_close(gp, gf, rtol=CHUNK_RTOL, atol=CHUNK_ATOL)
+
+
 @needs_torch_chunked_loss
 def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_loss(small_chunks, monkeypatch, char_data):
     """Under bf16 autocast the chunked loss tracks fp32 as closely as the full loss does.
@@ -103,6 +120,93 @@ def test_chunked_loss_under_bf16_autocast_tracks_fp32_as_closely_as_the_full_los
     assert chunked.losses[0] == pytest.approx(fp32.losses[0], rel=n_chunks * 2**-9 + 2e-3)
 
 
+U32 = 2.0**-24  # fp32's unit roundoff
+
+
+def head_and_loss(impl: str, x, weight, bias, targets, vocab: int, dtype=torch.float64):
+    """The loss and the gradients of x and of the weight, from the full loss ("full") or a chunked one, in `dtype`."""
+    x, weight = (t.detach().to(dtype).requires_grad_() for t in (x, weight))
+    if impl == "full":
+        loss = chunked_loss.full_cross_entropy(x, weight, targets, vocab, bias.to(dtype))
+    else:
+        loss = chunked_loss.chunked_cross_entropy(x, weight, targets, vocab, bias.to(dtype), impl=impl)
+    loss.backward()
+    return [t.detach().double() for t in (loss, x.grad, weight.grad)]
+
+
+def test_the_plain_chunked_loss_gives_the_full_loss_and_gradients_within_fp32s_rounding(monkeypatch):
+    """The plain-PyTorch chunked loss in fp32 is the loss's mathematics: within a bound derived from fp32's rounding.
+
+    Against the exact result (float64), element by element, with u = 2^-24 and the first-order bound of a sum of n
+    terms, |error| <= n u sum|terms|. A logit sums `dim` products, so is off by at most dz = dim u (|x| |W|^T); a row's
+    loss, lse - z_target, moves by at most 2 dz plus the log-sum-exp's own rounding, (vocab + 2) u max(|lse|, 1); the
+    mean over N rows adds N u of its mean magnitude. A row's logit gradient (softmax - one-hot) / N moves by at most
+    (4 dz + (vocab + 4) u) times its softmax / N (exp is 1-Lipschitz in relative terms); the gradients of x and of
+    the weight add their own matmul's rounding, vocab u (|G| |W|) and N u (|G|^T |x|). The same bound holds the full
+    loss in fp32 (checked too, so that the bound is one that fp32 arithmetic meets) and is at most 1e-4 of each
+    quantity (so that a wrong gradient cannot hide in it). 61 rows in chunks of 16 (the last short), a padded
+    vocabulary (65 of 128 rows). Seen failing with the weight gradient of the last chunk only (`=` for `+=`), and with
+    0.999 for the one-hot's 1."""
+    monkeypatch.setattr(chunked_loss, "LOSS_CHUNK_ROWS", 16)
+    g = torch.Generator().manual_seed(0)
+    rows, dim, vocab, padded = 61, 32, 65, 128
+    x, weight = torch.randn(rows, dim, generator=g), 0.3 * torch.randn(padded, dim, generator=g)
+    bias = torch.zeros(padded)
+    bias[vocab:] = float("-inf")
+    targets = torch.randint(vocab, (rows,), generator=g)
+    exact = head_and_loss("full", x, weight, bias, targets, vocab)
+
+    xa, wa = x.double().abs(), weight.double().abs()
+    z = x.double() @ weight.double().T + bias.double()
+    p = torch.softmax(z, dim=-1)
+    lse = torch.logsumexp(z, dim=-1)
+    dz = (dim * U32 * (xa @ wa.T))[:, :vocab].max(dim=-1).values  # a row's largest logit error
+    row_loss = 2 * dz + (vocab + 2) * U32 * lse.abs().clamp_min(1)
+    loss_bound = row_loss.mean() + rows * U32 * exact[0].abs()
+    grad_logits = (p - torch.nn.functional.one_hot(targets, padded)).abs() / rows
+    d_grad_logits = (4 * dz + (vocab + 4) * U32)[:, None] * p / rows
+    x_bound = d_grad_logits @ wa + vocab * U32 * (grad_logits @ wa)
+    w_bound = d_grad_logits.T @ xa + rows * U32 * (grad_logits.T @ xa)
+
+    for impl in ("plain", "full"):
+        loss, grad_x, grad_w = head_and_loss(impl, x, weight, bias, targets, vocab, torch.float32)
+        assert (loss - exact[0]).abs() <= loss_bound, impl
+        assert ((grad_x - exact[1]).abs() <= x_bound).all(), impl
+        assert ((grad_w - exact[2]).abs() <= w_bound).all(), impl
+    assert loss_bound <= 1e-4 * exact[0].abs()
+    assert x_bound.max() <= 1e-4 * exact[1].abs().max() and w_bound.max() <= 1e-4 * exact[2].abs().max()
+
+
+def test_the_plain_chunked_loss_under_bf16_autocast_is_the_full_loss_but_for_the_weight_gradients_sum():
+    """Under bf16 autocast the plain chunked loss computes the full loss's logits and softmax, row by row, as it does.
+
+    Both round the logits to bf16 and take the softmax in fp32: the loss and the gradient of x come out the same to
+    the bit. The weight's gradient is a sum over rows: the full loss's matmul rounds it to bf16 once, the chunked one
+    rounds each chunk's part and sums them in fp32, so they differ by at most one bf16 rounding (2^-9 relative) per
+    chunk of each element's magnitude, here 4 chunks (61 rows by 16)."""
+    g = torch.Generator().manual_seed(1)
+    rows, dim, vocab = 61, 32, 65
+    x, weight = torch.randn(rows, dim, generator=g), 0.3 * torch.randn(vocab, dim, generator=g)
+    targets = torch.randint(vocab, (rows,), generator=g)
+    out = {}
+    for impl in ("full", "plain"):
+        xi, wi = (t.clone().requires_grad_() for t in (x, weight))
+        with torch.autocast("cpu", dtype=torch.bfloat16), mock.patch.object(chunked_loss, "LOSS_CHUNK_ROWS", 16):
+            fn = (
+                chunked_loss.full_cross_entropy
+                if impl == "full"
+                else functools.partial(chunked_loss.chunked_cross_entropy, impl="plain")
+            )
+            loss = fn(xi, wi, targets, vocab)
+        loss.backward()
+        out[impl] = (loss.detach(), xi.grad, wi.grad)
+    (loss_f, gx_f, gw_f), (loss_p, gx_p, gw_p) = out["full"], out["plain"]
+    assert loss_p.dtype == torch.float32 and torch.equal(loss_p, loss_f) and torch.equal(gx_p, gx_f)
+    chunks = -(-rows // 16)
+    rows_part = (gw_f.abs() + gw_p.abs()).max()
+    assert (gw_p - gw_f).abs().max() <= chunks * 2**-9 * rows_part
+
+
 # Which implementation computes the chunked loss (gpt/optimizations/chunked_loss.py), and the glue around the two
 # that need Triton (CUDA only): each gets its inputs as the chunked op's contract says. A stand-in with the library's
 # signature computes what the library documents (below), so the glue must reproduce the full loss exactly (same ops,
@@ -126,8 +230,8 @@ def fake_module(monkeypatch, name: str, **attributes):
 def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     """The chunked loss's implementation follows what is installed.
 
-    auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on CUDA only; with
-    none, a stage records why it is skipped; a named implementation that is missing says what to install."""
+    auto: PyTorch's own op where it exists (2.12 and newer), else liger, else Cut Cross-Entropy, both on CUDA only,
+    else plain PyTorch's chunks; a named implementation that is missing says what to install."""
 
     def skip_reason(stage):
         return why_cannot_run(stage_config(stage, "smoke", device="cpu"), "cpu")
@@ -143,14 +247,13 @@ def test_chunked_loss_implementation_follows_what_is_installed(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", op, raising=False)
     assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "torch"
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # as in torch 2.11
-    with pytest.raises(UserError, match="on a cpu needs PyTorch 2.12 or newer"):
-        chunked_loss.resolve("auto", "cpu")
-    with pytest.raises(UserError, match="pip install liger-kernel"):
-        chunked_loss.resolve("auto", "cuda")
+    assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "plain"
+    with pytest.raises(UserError, match="on a cpu needs PyTorch 2.12 or newer|'torch' needs PyTorch 2.12 or newer"):
+        chunked_loss.resolve("torch", "cpu")
     with pytest.raises(UserError, match="`pip install cut-cross-entropy`"):
         chunked_loss.resolve("cce", "cuda")
-    assert skip_reason("lean_2_chunked_loss").startswith("the chunked loss on a cpu needs PyTorch 2.12")
-    assert skip_reason("fast_6_chunked_loss") is None  # a run for time computes the full loss instead
+    assert skip_reason("lean_2_chunked_loss") is None  # plain PyTorch's chunks
+    assert skip_reason("fast_6_chunked_loss") is None
     assert skip_reason("fast_5_fused_adamw") is None
     installed.add("cut_cross_entropy")
     assert chunked_loss.resolve("auto", "cuda") == "cce"
@@ -477,14 +580,17 @@ def test_an_older_linear_cross_entropy_falls_back_instead_of_failing_the_stage(m
 
     F.linear_cross_entropy came into torch's history before its linear_bias= and options= (the call
     chunked_cross_entropy makes): a torch with the older function counts as one without it, so the stages fall back to
-    liger / Cut Cross-Entropy on CUDA or are skipped with the reason, instead of dying in a TypeError."""
+    liger / Cut Cross-Entropy on CUDA, else to plain PyTorch's chunks, instead of dying in a TypeError; one that names
+    PyTorch's op is told why it cannot have it."""
 
     def older(input, linear_weight, target, bias=None, reduction="mean"): ...  # a stand-in of the older signature
 
     monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", older, raising=False)  # 2.11 has none
     assert not chunked_loss.installed("torch")
-    reason = why_cannot_run(stage_config("lean_2_chunked_loss", "smoke", device="cpu"), "cpu")
-    assert reason.startswith("the chunked loss on a cpu needs PyTorch 2.12") and "lacks linear_bias=" in reason
+    assert why_cannot_run(stage_config("lean_2_chunked_loss", "smoke", device="cpu"), "cpu") is None
+    assert chunked_loss.resolve("auto", "cpu") == chunked_loss.resolve("auto", "cuda") == "plain"
+    reason = chunked_loss.why_unavailable("torch", "cpu")
+    assert reason.startswith("the chunked loss 'torch' needs PyTorch 2.12") and "lacks linear_bias=" in reason
     fake_module(monkeypatch, "liger_kernel")
     assert chunked_loss.resolve("auto", "cuda") == "liger"
 

@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import REPO, needs_torch_chunked_loss
+from conftest import REPO
 from dist_worker import full_params, param_name
 from equivalence import CPU, NO_CLIP, global_norm, loader_batches, report, tiny_config, train_with_grads
 
@@ -295,9 +295,7 @@ def update_error(params: dict, reference: dict, initial: dict) -> float:
     [
         dict(fsdp_mixed_precision=True),  # lean_1
         # lean_2 on demand: the chunked loss has its own tests; the default suite stays under 10 min on 2 cores
-        pytest.param(
-            dict(fsdp_mixed_precision=True, loss="chunked"), marks=[needs_torch_chunked_loss, pytest.mark.slow]
-        ),  # lean_2
+        pytest.param(dict(fsdp_mixed_precision=True, loss="chunked"), marks=[pytest.mark.slow]),  # lean_2
     ],
 )
 def test_fsdp_bf16_parameters_track_fp32_on_one_process(stage_settings, char_data, tmp_path):
