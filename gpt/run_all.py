@@ -428,16 +428,22 @@ def not_run_reason(args, record: Path) -> str | None:
 def planner_commands(out: Path, reuse_from: Path | None) -> dict[str, list[str]]:
     """The memory planner's reports by name, each one's `python -m gpt.memory` arguments but its --json.
 
-    With --reuse of `reuse_from`'s record for those that do not depend on the machine (gpt/record_reuse.py)."""
+    With --reuse of `reuse_from`'s record, where it has one, for those that do not depend on the machine
+    (gpt/record_reuse.py)."""
     commands = {
         "compare": ["compare", "--runs", str(out)],
         "reference": ["reference"],
         "fit": ["fit", "--budget-gib", "80"],
     }
     for name in MACHINE_INDEPENDENT:
-        if reuse_from:
-            commands[name] += ["--reuse", str(reuse_from / report_file(name))]
+        if reuse_from and (source := reuse_from / report_file(name)).is_file():  # a GPU's kind commits none
+            commands[name] += ["--reuse", str(source)]
     return commands
+
+
+def planner_command(argv: list[str], record: Path, python: str = sys.executable) -> list[str]:
+    """The command that runs one planner report with `argv` and writes its JSON to `record`."""
+    return [python, "-m", "gpt.memory", *argv, "--json", str(record)]
 
 
 def run_memory_planner(out: Path, reuse_from: Path | None, args=None) -> None:
@@ -456,11 +462,7 @@ def run_memory_planner(out: Path, reuse_from: Path | None, args=None) -> None:
         print(f"[planner] python -m gpt.memory {' '.join(argv)}  (log: {log})", flush=True)
         with open(log, "w") as f:
             running[name] = (
-                subprocess.Popen(
-                    [sys.executable, "-m", "gpt.memory", *argv, "--json", str(out / report_file(name))],
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                ),
+                subprocess.Popen(planner_command(argv, out / report_file(name)), stdout=f, stderr=subprocess.STDOUT),
                 log,
             )
     for name, (proc, log) in running.items():
@@ -482,9 +484,7 @@ def run_planner_in_turn(commands: dict[str, list[str]], out: Path, args) -> None
         print(f"[planner] python -m gpt.memory {' '.join(argv)}  (log: {log})", flush=True)
         t0 = time.monotonic()
         try:
-            rc = run_stage(
-                [sys.executable, "-m", "gpt.memory", *argv, "--json", str(record)], log, lambda s: None, args.deadline
-            )
+            rc = run_stage(planner_command(argv, record), log, lambda s: None, args.deadline)
         except TimeLimitReached:
             print(f"[planner] {name}: {quick_run.STOPPED.format(limit=args.deadline.label)}", flush=True)
             continue
@@ -504,7 +504,7 @@ def planner_items(args, figures: quick_run.Figures, out: Path, reuse_from: Path 
         reused = source if source and reusable(argv, source) else None
         bound = report_file("reference") if name == "compare" else None
         seconds, why = figures.planner(report_file(name), reused, name in MACHINE_INDEPENDENT, bound)
-        command = shlex.join(["python", "-m", "gpt.memory", *argv, "--json", str(record)])
+        command = shlex.join(planner_command(argv, record, python="python"))
         items.append(quick_run.Item(quick_run.PLANNER, name, seconds, why, command, record))
     return items
 
@@ -605,7 +605,8 @@ def run_noise_scale(profile: str, device: str, folder: Path, reuse_from: Path | 
     It also gives the report's plot of it. Its curve does not depend on the machine: `reuse_from`'s is reused while
     its code is unchanged (gpt/record_reuse.py); the step times t(B) are always this machine's."""
     log = folder / "noise_scale.log"
-    reuse = ["--reuse", str(reuse_from / NOISE_SCALE_FILE)] if reuse_from else []
+    source = reuse_from / NOISE_SCALE_FILE if reuse_from else None
+    reuse = ["--reuse", str(source)] if source and source.is_file() else []
     print(f"[speedrun] python -m gpt.noise_scale {' '.join(reuse)}  (log: {log})", flush=True)
     with open(log, "w") as f:
         rc = subprocess.call(

@@ -4,6 +4,7 @@ The run itself is tested with stub stages in tests/test_report.py."""
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -384,9 +385,10 @@ def test_the_memory_plan_of_a_gpu_has_a_figure_for_each_planner_report_and_keeps
 
     Each of the three has a figure (none "no figure": the committed CPU run's records hold their seconds, and compare
     on a GPU is bounded by the reference report's), what the plan keeps fits 7 minutes less the report's share, and
-    each report it leaves out is named with its own command. Seen failing on the records before the run of 9cce7a8,
-    which held no seconds: the three planned at 0 s, the defect the torch 2.11 memory quick run showed (221 s planned,
-    449 s taken)."""
+    each report it leaves out is named with its own command, which reuses no file that is not there. Seen failing on
+    the records before the run of 9cce7a8, which held no seconds: the three planned at 0 s, the defect the torch 2.11
+    memory quick run showed (221 s planned, 449 s taken); and on 9cce7a8's code, whose commands reused files of
+    records/reference-cuda/, a folder no run commits (a GPU's records are dated)."""
     out = tmp_path / "q"
     args = run_all.parse_args(["--quick", "--dry-run", "--gpu", kind, "--only", "memory", "--out", str(out)])
     plan = run_all.quick_plan(args, "reference", "cuda", out)
@@ -400,6 +402,9 @@ def test_the_memory_plan_of_a_gpu_has_a_figure_for_each_planner_report_and_keeps
     assert sum(item.seconds for item in plan.kept) <= 7 * 60 * (1 - quick_run.REPORT_RESERVE)
     for item in plan.dropped:
         assert item.command in printed and item.command.startswith("python -m gpt.memory ")
+    for item in reports:  # a GPU's kind commits no records/reference-cuda: a command reuses only a file there is
+        words = shlex.split(item.command)
+        assert "--reuse" not in words or Path(words[words.index("--reuse") + 1]).is_file(), item.command
 
 
 def test_the_memory_plan_of_this_cpu_reuses_the_committed_planner_reports_where_they_still_hold(tmp_path, capsys):

@@ -161,6 +161,11 @@ def triton_library_loss(
     return linear_cross_entropy(x, weight[:vocab_size], targets, filter_eps=None, impl="cce")
 
 
+def _chunks(n: int, chunk: int):
+    """The row slices of `n` rows, `chunk` at a time (the last one shorter)."""
+    return (slice(start, start + chunk) for start in range(0, n, chunk))
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """The mean cross-entropy of `x @ weight.T + bias` against `targets`, `chunk` rows at a time, in plain PyTorch.
 
@@ -175,7 +180,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         n = x.shape[0]
         total = x.new_zeros((), dtype=torch.float32)
         lse = x.new_empty(n, dtype=torch.float32)
-        for rows in (slice(start, start + chunk) for start in range(0, n, chunk)):
+        for rows in _chunks(n, chunk):
             logits = F.linear(x[rows], weight, bias).float()
             lse[rows] = torch.logsumexp(logits, dim=-1)
             total += (lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)).sum()
@@ -191,7 +196,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if ctx.needs_input_grad[2] else None
         scale = grad.float() / n
-        for rows in (slice(start, start + chunk) for start in range(0, n, chunk)):
+        for rows in _chunks(n, chunk):
             logits = F.linear(x[rows], weight, bias).float()
             g = torch.exp(logits - lse[rows, None])  # the softmax, less one at each row's target below
             g[torch.arange(g.shape[0], device=g.device), targets[rows]] -= 1
