@@ -292,12 +292,15 @@ def test_the_h100_reports_are_reused_while_their_code_and_arguments_are_unchange
 
     started = []
     monkeypatch.setattr(run_all.subprocess, "Popen", lambda cmd, **k: started.append(cmd) or mock.Mock(wait=lambda: 0))
-    run_all.run_memory_planner(tmp_path, tmp_path / "committed")
+    committed = tmp_path / "committed"
+    run_all.run_memory_planner(tmp_path, committed)  # a folder with no reports, as a GPU's kind has: none to reuse
+    assert len(started) == 3 and not any("--reuse" in cmd for cmd in started)
+    for name in ("reference", "fit", "compare"):
+        write_record(committed / f"memory_{name}.json", {"kind": name})
+    started.clear()
+    run_all.run_memory_planner(tmp_path, committed)
     reused = {cmd[3]: cmd[cmd.index("--reuse") + 1] for cmd in started if "--reuse" in cmd}
-    assert reused == {
-        "reference": str(tmp_path / "committed" / "memory_reference.json"),
-        "fit": str(tmp_path / "committed" / "memory_fit.json"),
-    }
+    assert reused == {"reference": str(committed / "memory_reference.json"), "fit": str(committed / "memory_fit.json")}
     started.clear()
     run_all.run_memory_planner(tmp_path, None)  # --fresh
     assert len(started) == 3 and not any("--reuse" in cmd for cmd in started)
