@@ -820,6 +820,10 @@ def test_docs_speedrun_quotes_the_last_stages_figures_from_the_committed_run():
         ("cpu-epyc-bf16-2026-12-06-be500b7", "be500b7"),  # and the next, before the choices forked the generators
         ("cpu-epyc-bf16-2026-12-06-7d2b260", "7d2b260"),  # and the next, the fork around the whole of resolve
         ("cpu-epyc-bf16-2026-12-06-f987190", "f987190"),  # and the next, the fork in matmul_rate
+        ("cpu-epyc-bf16-2026-12-07-1603ec5", "1603ec5"),  # and the next, no stage's code changed
+        ("cpu-epyc-bf16-2026-12-07-c9ed59d", "c9ed59d"),  # and the next, no stage's code changed again
+        ("cpu-epyc-bf16-2026-12-07-c42133b", "c42133b"),  # and the next, the bf16 rule timed in turns
+        ("cpu-epyc-bf16-2026-12-07-9cce7a8", "9cce7a8"),  # and the next, the chunked loss's plain implementation
     ],
 )
 def test_docs_speedrun_quotes_each_kept_runs_last_stage_from_its_records(folder, commit):
@@ -1247,6 +1251,11 @@ def committed_or_kept(folder: str) -> Path:
             "### 2026-12-07 (late night): the full run of 9cce7a8",
             "cpu-epyc-bf16-2026-12-07-9cce7a8",
             "cpu-epyc-bf16-2026-12-07-c42133b",
+        ),
+        (  # two helpers, on the machine of the run before it: no model moved
+            "### 2026-12-08 (night): the full run of ce2b634",
+            "cpu-epyc-bf16-2026-12-08-ce2b634",
+            "cpu-epyc-bf16-2026-12-07-9cce7a8",
         ),
     ],
 )
