@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -33,6 +34,20 @@ def share_the_cores_between_workers() -> None:
 
 
 share_the_cores_between_workers()
+
+
+def take_sigint_back() -> None:
+    """Python's Ctrl-C handler back where the suite was launched with SIGINT ignored, for every process a test starts.
+
+    A background job of a non-interactive shell (`pytest ... &`, `nohup ... &`) starts with SIGINT ignored, and every
+    process started from it inherits that: a stage the tests stop then waits out stop_tree's 15-s grace before its
+    SIGKILL (gpt/supervision.py). The quick run's cap tests took 16-17 s each so, instead of 1-2, and the suite's
+    timing (gpt/suite_time.py) measured how it was launched."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+take_sigint_back()
 TEST_TIMEOUT_S = 600
 
 

@@ -42,6 +42,16 @@ def test_the_gpu_tests_closing_line_is_recorded_and_a_cut_run_says_so(tmp_path, 
     assert result["exit_code"] is None and result["summary"].startswith("stopped at 1 s; last line: ")
 
 
+def test_a_process_the_tests_start_takes_ctrl_c_however_the_suite_was_launched():
+    """A process a test starts takes SIGINT as Ctrl-C, even when the suite was launched with it ignored (conftest.py).
+
+    Seen failing with the suite launched as a background job (`(trap '' INT; pytest ...)`) before conftest took the
+    handler back: the child ignored SIGINT, and each stop below waited out stop_tree's 15-s grace (16-17 s a test)."""
+    script = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert r.stdout.strip() == "True"
+
+
 def test_the_gpu_tests_stop_at_their_cap_with_every_process_they_started(tmp_path, monkeypatch):
     """At their cap the GPU tests stop as a process group: a stage process a test started is not left running."""
     pid_file = tmp_path / "grandchild.pid"
