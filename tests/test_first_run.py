@@ -97,6 +97,20 @@ def test_the_readme_gives_the_first_runs_of_the_newests_code_or_the_newest_and_t
     assert "before it" not in readme.try_first_run(committed_run)
     runs[-1] = {**runs[-1], "cpu": "Xeon with AMX", "stage": "speedrun_1_systems"}
     (tmp_path / "first_run.json").write_text(json.dumps({"runs": runs}))
+    # the newest on the committed run's kind of CPU, with its ratio, then the newer one on another kind: seen failing
+    # on the rule it replaced, the newest whatever its CPU (an AVX2 EPYC's 8.6 s took the Zen 4's 28.4x away)
+    text = readme.try_first_run(committed_run)
+    assert text.startswith("A first run of `speedrun_3`, the last stage then, with empty caches took 9.0 s") and (
+        "at commit abc1234 on a 2-core EPYC with AVX512-BF16 (family 26, model 2): 13.9x sooner than" in text
+    )
+    assert text.endswith(
+        ". The newest first run, of `speedrun_1_systems` at commit abc1234, ran on another kind of CPU, a 2-core Xeon "
+        "with AMX: 12.5 s launch to exit"
+    )
+    write_record(committed_run / "machine.json", {"cpu": "Xeon with AMX"})  # its own kind: no other named
+    text = readme.try_first_run(committed_run)
+    assert text.startswith("A first run of `speedrun_1_systems`, the last stage then, with") and "another" not in text
+    write_record(committed_run / "machine.json", {"cpu": "Graviton"})  # none on its kind: the newest, with no ratio
     text = readme.try_first_run(committed_run)
     assert "sooner" not in text and text.startswith("A first run of `speedrun_1_systems`, the last stage then, with")
 

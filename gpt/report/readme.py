@@ -462,15 +462,34 @@ def try_first_run(runs: Path) -> str:
     their median and range: they differ by the machine's state alone, and the newest alone would pick one draw of it.
     A ratio to speed_0's whole process in `runs` is given where both ran on one kind of CPU (machine.json's `cpu`;
     gpt/devices.py:same_cpu_kind). With one run of that code, the run before it is named where both name the same
-    generation; a first run of a stage that is no longer the last says which it was."""
+    generation; a first run of a stage that is no longer the last says which it was. The runs on the committed run's
+    kind of CPU come first, the ones its ratio holds for; a newer run on another kind is named after them."""
     entries = (read_record(first_run.RECORD) or {}).get("runs", [])
     if not entries:
         return "No first run of it has been timed yet"
+    cpu = (read_record(runs / MACHINE_FILE) or {}).get("cpu")
+    own = [i for i, e in enumerate(entries) if same_cpu_kind(cpu, e["cpu"])]
+    end = (own or [len(entries) - 1])[-1] + 1  # the entries up to the newest on the committed run's kind, or all
+    return first_runs_of(entries[:end], runs, cpu) + elsewhere(entries[-1], entries[end - 1])
+
+
+def elsewhere(latest: dict, newest: dict) -> str:
+    """The newest first run where it ran on another kind of CPU than the ones the README gives: which, and its time."""
+    if latest is newest:
+        return ""
+    return (
+        f". The newest first run, of `{latest['stage']}` at commit {latest['commit']}, ran on another kind of CPU, a "
+        f"{latest['cores']}-core {latest['cpu']}: {latest['wall_s']:.1f} s launch to exit"
+    )
+
+
+def first_runs_of(entries: list[dict], runs: Path, cpu: str | None) -> str:
+    """try_first_run's sentence for the last of `entries` and those of its code, kind of CPU and cores before it."""
     newest, last = entries[-1], stages_of(LADDER)[-1]
     who = "it" if newest["stage"] == last else f"`{newest['stage']}`, the last stage then,"
     split = ", ".join(f"{words} {newest['split'][key]:.1f}" for key, words in first_run.SPLIT if key in newest["split"])
     base_walls, _ = Speedrun(runs).walls(BASELINE)
-    comparable = base_walls and same_cpu_kind((read_record(runs / MACHINE_FILE) or {}).get("cpu"), newest["cpu"])
+    comparable = base_walls and same_cpu_kind(cpu, newest["cpu"])
     base = statistics.fmean(base_walls) if comparable else None
     if base:
         against = (
