@@ -1399,6 +1399,23 @@ def test_docs_speedrun_quotes_the_committed_runs_evaluations_beside_the_throwawa
     assert f"the optimizer, {metrics['tokens_per_s'] / 1e3:.0f} a millisecond in `records/{kept}/speedrun/" in entry
 
 
+def quotes_the_last_stage(text: str, sr, last: str, parent: str) -> tuple[tuple[list, list], list]:
+    """Asserts that `text` gives `last`'s speedups (training seconds, whole process), tokens and gain on its parent.
+
+    Returns speed_0's and the last stage's training seconds, and speed_0's walls, for the caller's other checks."""
+    from gpt.report.speedrun import speedup_range
+
+    base, mine = sr.seconds("speed_0_baseline"), sr.seconds(last)
+    (walls, _), (base_walls, _) = sr.walls(last), sr.walls("speed_0_baseline")
+    assert f"{speedup_range(base, mine)} sooner than `speed_0` in training seconds" in text
+    assert f"{speedup_range(base_walls, walls)} in the whole process" in text
+    tokens = sorted(round(t) for t in sr.tokens(last))
+    assert f"on {tokens[0]:,}-{tokens[-1]:,} tokens" in text
+    short = "_".join(parent.split("_")[:2])  # speedrun_19
+    assert f"against `{short}`'s one seed {speedup_range(sr.seconds(parent), mine)}" in text
+    return (base, mine), base_walls
+
+
 def test_docs_speedrun_quotes_the_afternoons_speedrun_and_its_first_run_on_one_machine():
     """The log of 2026-12-02 (afternoon) quotes records/cpu-epyc-avx2-2026-12-02-pm and the first run timed beside it.
 
@@ -1406,19 +1423,13 @@ def test_docs_speedrun_quotes_the_afternoons_speedrun_and_its_first_run_on_one_m
     the ratio to that folder's speed_0 of the first run timed after it (of its commit, 5c4ac26; one machine: the first
     run names its CPU as the folder's machine.json does), with the first run an hour before it on that CPU. Seen
     failing with 11.7x typed for 11.6x."""
-    from gpt.report.speedrun import Speedrun, speedup_range
+    from gpt.report.speedrun import Speedrun
 
     log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
     paragraph = log[log.index("**The speedrun on this CPU kind again, at 5c4ac26.**") :][:1300]
     folder = REPO / "records" / "cpu-epyc-avx2-2026-12-02-pm"
     sr, last, parent = Speedrun(folder), "speedrun_20_untied_head", "speedrun_19_gc_freeze"
-    base = sr.seconds("speed_0_baseline")
-    (walls, _), (base_walls, _) = sr.walls(last), sr.walls("speed_0_baseline")
-    assert f"{speedup_range(base, sr.seconds(last))} sooner than `speed_0` in training seconds" in paragraph
-    assert f"{speedup_range(base_walls, walls)} in the whole process" in paragraph
-    tokens = sorted(round(t) for t in sr.tokens(last))
-    assert f"on {tokens[0]:,}-{tokens[-1]:,} tokens" in paragraph
-    assert f"against `speedrun_19`'s one seed {speedup_range(sr.seconds(parent), sr.seconds(last))}" in paragraph
+    _, base_walls = quotes_the_last_stage(paragraph, sr, last, parent)
     runs = json.loads((REPO / "records" / "first_run.json").read_text())["runs"]
     # the first run timed after that folder's run (of its commit), and the one an hour before it
     first = next(run for run in runs if run["commit"] == "5c4ac26")
@@ -1498,6 +1509,56 @@ def test_docs_speedrun_quotes_speedrun_20_on_an_epyc_without_avx512_from_its_rec
     assert f"at 5fce2f5, {minutes} min" in paragraph
     row = next(line for line in (REPO / "README.md").read_text().splitlines() if "cpu-epyc-avx2-2026-12-02" in line)
     assert f"to `speedrun_20` {minutes} min (2026-12-02, commit 5fce2f5" in row
+
+
+def test_docs_speedrun_quotes_speedrun_23_on_an_epyc_without_avx512_and_its_first_runs_from_their_records():
+    """The log of 2026-12-08 (morning) quotes records/cpu-epyc-avx2-2026-12-08 and the two first runs timed after it.
+
+    The last stage's speedups, tokens and gain on its parent; each seed against speed_0's mean and the slowest against
+    the fastest baseline seed; the first runs of its commit on its CPU, their median and ratio to that folder's
+    speed_0; both CPUs' seconds beside the committed run's; the floors line's rate and the process's split; the
+    README's wall clock of that run. Seen failing with 23.4x typed for the first runs' 23.3x."""
+    from gpt.report.speedrun import Speedrun, floors_finding, speedup_range
+
+    log = " ".join((REPO / "docs" / "speedrun.md").read_text().split())
+    entry = log[log.index("### 2026-12-08 (morning): the speedrun on an EPYC without AVX-512") :][:4200]
+    here = REPO / "records" / "cpu-epyc-avx2-2026-12-08"
+    sr, last, parent = Speedrun(here), "speedrun_23_one_block", "speedrun_22_eval_near_target"
+    (base, mine), base_walls = quotes_the_last_stage(entry, sr, last, parent)
+    each = sorted(statistics.fmean(base) / s for s in mine)
+    assert f"each seed {each[0]:.1f}-{each[-1]:.1f}x against `speed_0`'s mean" in entry
+    assert f"the fastest baseline seed {min(base) / max(mine):.2f}x" in entry
+    machine = json.loads((here / "machine.json").read_text())
+    runs = [
+        r for r in json.loads((REPO / "records" / "first_run.json").read_text())["runs"] if r["commit"] == "93cc0fa"
+    ]
+    assert len(runs) == 2 and all(r["cpu"] == machine["cpu"] and r["stage"] == last for r in runs)
+    newest, mean, median = runs[-1], statistics.fmean(base_walls), statistics.median(r["wall_s"] for r in runs)
+    assert f"{runs[0]['wall_s']:.1f} s, then {newest['wall_s']:.1f} s, launch to exit" in entry
+    split = newest["split"]
+    assert f"(the second: imports and arguments {split['import_setup_s']:.1f}, set-up {split['setup_s']:.1f}" in entry
+    assert f"training {split['train_seconds']:.1f}, evaluations {split['eval_seconds']:.1f})" in entry
+    assert f"median {median:.1f} s, {mean / median:.1f}x this folder's `speed_0` whole process ({mean:.0f} s" in entry
+    committed = Speedrun(REPO / "records" / "cpu-cpu")
+    zen4 = [statistics.fmean(committed.seconds(s)) for s in ("speed_0_baseline", last)]
+    avx2 = [statistics.fmean(sr.seconds(s)) for s in ("speed_0_baseline", last)]
+    assert f"`speed_0` trained {avx2[0]:.0f} s to the target here against {zen4[0]:.0f}" in entry
+    assert f"({avx2[0] / zen4[0]:.2f}x slower), `speedrun_23` {avx2[1]:.2f} s against {zen4[1]:.2f} (" in entry
+    assert f"{avx2[1] / zen4[1]:.2f}x)" in entry
+    both = speedup_range(committed.seconds("speed_0_baseline"), committed.seconds(last)).split(" ")[0]
+    assert f"the {speedup_range(base, mine).split(' ')[0]} and the {both}" in entry
+    floors = floors_finding(sr)
+    rate = re.search(r"([\d.]+) \([\d.-]+\) model GFLOP/s .+?: (\d+)% of the (\d+) GFLOP/s fp32", floors)
+    assert f"ran {rate[1]} model GFLOP/s here, {rate[2]}% of the {rate[3]} GFLOP/s fp32 peak" in entry
+    process = re.search(
+        r"process, ([\d.]+) s: imports and arguments ([\d.]+), set-up ([\d.]+), .+?training ([\d.]+)", floors
+    )
+    assert f"process, {process[1]} s, imports and arguments were {process[2]} s and set-up {process[3]}" in entry
+    assert f"against {process[4]} s of training" in entry
+    minutes = round(machine["wall_s"] / 60)
+    assert f"at 93cc0fa, {minutes} min" in entry
+    row = next(line for line in (REPO / "README.md").read_text().splitlines() if "cpu-epyc-avx2-2026-12-08" in line)
+    assert f"to `speedrun_23` {minutes} min on another machine of the kind (2026-12-08, commit 93cc0fa" in row
 
 
 def test_the_readmes_second_finding_counts_the_speedrun_stages_there_are():
