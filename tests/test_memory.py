@@ -237,9 +237,6 @@ def test_newgelu_keeps_three_more_mlp_wide_tensors_per_layer():
     assert newgelu.peak_mib - ours.peak_mib == pytest.approx(extra, rel=0.1)
 
 
-# The planner's search simulates a step at each depth it tries: ~26 s on 2 busy cores of an AVX2 EPYC, on demand so the
-# default suite stays under 10 min there; the `fit` command's arguments and reuse stay in the default suite below
-@pytest.mark.slow
 def test_fit_finds_the_largest_depth_that_fits():
     budget = 4096  # MiB: a few GPT-2-large layers at the memory_0 settings
     found = largest_fit("memory_0_baseline", 1, budget, progress=lambda _: None)
@@ -260,11 +257,7 @@ def test_fit_finds_the_largest_depth_that_fits():
         (["estimate", "--stage", "memory_9_magic"], "unknown stage"),
         (["estimate", "--n-head", "7"], "divisible"),
         (["estimate", "--stage", "memory_0_baseline", "--world-size", "2"], "runs one process"),
-        pytest.param(  # it searches each world size's depths first: ~14 s on 2 busy cores, on demand
-            ["fit", "--budget-gib", "0.5", "--world-sizes"],
-            "below what even a 1-layer model needs",
-            marks=pytest.mark.slow,
-        ),
+        (["fit", "--budget-gib", "0.5", "--world-sizes"], "below what even a 1-layer model needs"),
         (["fit", "--budget-gib", "-1"], "must be positive"),
         (["compare", "--runs", "/nonexistent/runs"], "no runs directory"),
     ],
@@ -654,12 +647,7 @@ def test_real_snapshot_figures(stage, peak_mib, where):
 
 
 @needs_snapshots
-@pytest.mark.parametrize(
-    # memory_1's trace (~22 s on 2 busy cores) on demand, so the default suite stays under 10 min on an AVX2 EPYC;
-    # memory_0's keeps the comparison with a real H100 snapshot in it
-    "stage",
-    [pytest.param(s, marks=pytest.mark.slow) if s == "memory_1_grad_accum" else s for s in SNAPSHOTS],
-)
+@pytest.mark.parametrize("stage", list(SNAPSHOTS))
 def test_reference_estimate_matches_the_traced_step(stage):
     r = snapshot.analyse(snapshot.load(SNAPSHOT_DIR / SNAPSHOTS[stage]))
     est = estimate(reference_config(stage), 65, "cuda", adapt=VARIANTS["reference"][1])
